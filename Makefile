@@ -1,0 +1,78 @@
+# x_jobs: a PGXS extension (SQL only) plus its Python client, tests and benchmarks.
+#
+#   make demo     the demo on a throwaway server (installs what is missing first)
+#   make test     every test on a throwaway server (installs what is missing first)
+#   make bench    the benchmarks on a throwaway server with durable settings
+#   make install  PGXS install of the control file and the versioned scripts
+#
+# The check-* targets run against whatever server PGHOST/PGPORT name; `make test` wraps them in
+# scripts/throwaway-pg, so they are also the way to re-run one suite by hand.
+
+# The control file lives in sql/, so it is installed as DATA (PGXS's EXTENSION variable would
+# look for it at the top); MODULEDIR puts everything in share/extension all the same.
+MODULEDIR  = extension
+EXTVERSION = $(shell sed -n "s/^default_version *= *'\(.*\)'/\1/p" sql/x_jobs.control)
+
+# sql/x_jobs.sql is the one editable source of the newest version; released versions are frozen
+# as sql/x_jobs--A.sql and moved forward by sql/x_jobs--A--B.sql (see README, "Releasing").
+DATA_built = sql/x_jobs--$(EXTVERSION).sql
+DATA       = sql/x_jobs.control \
+             $(filter-out sql/x_jobs--$(EXTVERSION).sql,$(wildcard sql/x_jobs--*.sql))
+EXTRA_CLEAN = sql/x_jobs--$(EXTVERSION).sql
+
+VENV        ?= .venv
+VENV_PYTHON  = $(VENV)/bin/python
+SQL_SOURCES  = sql/x_jobs.sql $(wildcard sql/x_jobs--*--*.sql)
+
+.PHONY: demo test bench deps lint check check-sql check-plpgsql check-upgrade check-python \
+        check-released bench-run
+
+# Build the newest version's full script from the editable source.
+sql/x_jobs--$(EXTVERSION).sql: sql/x_jobs.sql
+	cp $< $@
+
+# Install what is missing: Debian packages (pgTAP, plpgsql_check) and the virtualenv.
+deps:
+	scripts/ensure-deps
+
+# The demo: a throwaway server, the extension, and a worker draining jobs.
+demo: deps
+	scripts/throwaway-pg -- $(VENV_PYTHON) demo/demo.py
+
+# Every test, on a throwaway server that is removed afterwards.
+test: deps
+	scripts/throwaway-pg -- $(MAKE) --no-print-directory check
+
+# Benchmarks, on a throwaway server with fsync and synchronous_commit on.
+bench: deps
+	scripts/throwaway-pg --durable -- $(VENV_PYTHON) bench/bench.py
+
+# All suites against the server in PGHOST; stops at the first that fails.
+check: lint check-released check-sql check-upgrade check-python
+
+# sqlfluff over the DDL, ruff and mypy over the Python.
+lint:
+	$(VENV)/bin/sqlfluff lint --disable-progress-bar $(SQL_SOURCES) tests/pgtap
+	$(VENV)/bin/ruff check python tests/python bench demo
+	$(VENV)/bin/ruff format --check python tests/python bench demo
+	$(VENV)/bin/mypy
+
+# A released version's script must never change: compare with the recorded checksums.
+check-released:
+	scripts/check-released
+
+# The SQL contract: pgTAP files (plpgsql_check runs as one of them) in a fresh database.
+check-sql:
+	scripts/run-pgtap
+
+# Oldest released version + every upgrade script = a fresh install of the newest.
+check-upgrade:
+	scripts/check-upgrade
+
+# The Python client and the worker, on real connections.
+check-python:
+	$(VENV)/bin/pytest -q tests/python
+
+PG_CONFIG ?= pg_config
+PGXS := $(shell $(PG_CONFIG) --pgxs)
+include $(PGXS)

@@ -1,0 +1,163 @@
+"""Typed exceptions for the refusals of the x_jobs SQL API.
+
+Every refusal raised by an ``x_jobs.*`` function carries a stable SQLSTATE (class ``XJ``, or
+``40001`` for a race the caller should retry) and a message that starts with its ``X_`` code.
+:func:`translate` turns such a :class:`psycopg.Error` into the matching exception below, keeping
+the original as ``__cause__``; anything else is returned unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import psycopg
+
+logger = logging.getLogger(__name__)
+
+
+class XJobsError(Exception):
+    """Base of every x_jobs error. ``code`` is the stable ``X_...`` name."""
+
+    code: str = "X_UNKNOWN"
+    sqlstate: str | None = None
+
+    def __init__(self, message: str, *, hint: str | None = None, detail: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return f"{self.message} (hint: {self.hint})" if self.hint else self.message
+
+
+class InvalidArgument(XJobsError):
+    """A call's argument breaks a rule of the API; the hint says which value works."""
+
+
+class NameInvalid(InvalidArgument):
+    code, sqlstate = "X_NAME_INVALID", "XJ001"
+
+
+class QueueInvalid(InvalidArgument):
+    code, sqlstate = "X_QUEUE_INVALID", "XJ002"
+
+
+class PayloadTooLarge(InvalidArgument):
+    code, sqlstate = "X_PAYLOAD_TOO_LARGE", "XJ003"
+
+
+class MaxAttemptsInvalid(InvalidArgument):
+    code, sqlstate = "X_MAX_ATTEMPTS_INVALID", "XJ004"
+
+
+class PriorityInvalid(InvalidArgument):
+    code, sqlstate = "X_PRIORITY_INVALID", "XJ005"
+
+
+class TenantInvalid(InvalidArgument):
+    code, sqlstate = "X_TENANT_INVALID", "XJ006"
+
+
+class ConcurrencyInvalid(InvalidArgument):
+    code, sqlstate = "X_CONCURRENCY_INVALID", "XJ007"
+
+
+class BackoffInvalid(InvalidArgument):
+    code, sqlstate = "X_BACKOFF_INVALID", "XJ008"
+
+
+class JobsInvalid(InvalidArgument):
+    code, sqlstate = "X_JOBS_INVALID", "XJ009"
+
+
+class QueuesInvalid(InvalidArgument):
+    code, sqlstate = "X_QUEUES_INVALID", "XJ010"
+
+
+class WorkerInvalid(InvalidArgument):
+    code, sqlstate = "X_WORKER_INVALID", "XJ011"
+
+
+class LeaseInvalid(InvalidArgument):
+    code, sqlstate = "X_LEASE_INVALID", "XJ012"
+
+
+class QtyInvalid(InvalidArgument):
+    code, sqlstate = "X_QTY_INVALID", "XJ013"
+
+
+class JobNotFound(XJobsError):
+    code, sqlstate = "X_JOB_NOT_FOUND", "XJ014"
+
+
+class JobNotRetryable(XJobsError):
+    code, sqlstate = "X_JOB_NOT_RETRYABLE", "XJ015"
+
+
+class StateUnknown(InvalidArgument):
+    code, sqlstate = "X_STATE_UNKNOWN", "XJ016"
+
+
+class IdempotencyConflict(XJobsError):
+    code, sqlstate = "X_IDEMPOTENCY_CONFLICT", "XJ017"
+
+
+class DelayInvalid(InvalidArgument):
+    code, sqlstate = "X_DELAY_INVALID", "XJ018"
+
+
+class TtlInvalid(InvalidArgument):
+    code, sqlstate = "X_TTL_INVALID", "XJ019"
+
+
+class RetentionInvalid(InvalidArgument):
+    code, sqlstate = "X_RETENTION_INVALID", "XJ020"
+
+
+class OutputsInvalid(InvalidArgument):
+    code, sqlstate = "X_OUTPUTS_INVALID", "XJ021"
+
+
+class IsolationUnsupported(XJobsError):
+    code, sqlstate = "X_ISOLATION_UNSUPPORTED", "XJ022"
+
+
+class ErrorMissing(InvalidArgument):
+    code, sqlstate = "X_ERROR_MISSING", "XJ023"
+
+
+class EnqueueRace(XJobsError):
+    """The call lost a race it cannot settle by itself; calling it again succeeds."""
+
+    code, sqlstate = "X_ENQUEUE_RACE", "40001"
+
+
+def _subclasses(cls: type[XJobsError]) -> list[type[XJobsError]]:
+    found: list[type[XJobsError]] = []
+    for sub in cls.__subclasses__():
+        found.append(sub)
+        found.extend(_subclasses(sub))
+    return found
+
+
+#: Every concrete error by its ``X_`` code; the tests hold it equal to ``x_jobs.error_codes()``.
+BY_CODE: dict[str, type[XJobsError]] = {
+    cls.code: cls for cls in _subclasses(XJobsError) if cls.sqlstate is not None
+}
+
+
+def translate(err: psycopg.Error) -> XJobsError | psycopg.Error:
+    """The typed x_jobs error for ``err``, or ``err`` itself when it is no x_jobs refusal.
+
+    The ``X_`` code at the head of the message decides, so that two refusals sharing a standard
+    SQLSTATE (``40001``) still map to their own class.
+    """
+    message = err.diag.message_primary or str(err)
+    code = message.split(":", 1)[0]
+    cls = BY_CODE.get(code)
+    if cls is None or cls.sqlstate != err.sqlstate:
+        return err
+    typed = cls(message, hint=err.diag.message_hint, detail=err.diag.message_detail)
+    typed.__cause__ = err
+    return typed
