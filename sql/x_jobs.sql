@@ -118,7 +118,7 @@ CREATE TABLE x_jobs.job (
     concurrency_limit integer,
     priority smallint NOT NULL DEFAULT 0,
     dead_letter boolean NOT NULL DEFAULT TRUE,
-    name text NOT NULL,
+    name text NOT NULL, -- noqa: RF04
     queue text NOT NULL,
     tenant_id text NOT NULL,
     claimed_by text,
@@ -126,7 +126,7 @@ CREATE TABLE x_jobs.job (
     concurrency_key text,
     traceparent text,
     enqueued_by text,
-    input jsonb NOT NULL,
+    input jsonb NOT NULL, -- noqa: RF04
     output jsonb,
     progress jsonb,
     last_error text,
@@ -187,7 +187,7 @@ CREATE TABLE x_jobs.queue_pause (
 
 CREATE TABLE x_jobs.worker (
     id text NOT NULL,
-    queues text [] NOT NULL,
+    queues text[] NOT NULL,
     build text,
     started_at timestamptz NOT NULL,
     seen_at timestamptz NOT NULL,
@@ -332,7 +332,7 @@ $$;
 --     second statement (a new snapshot, so it sees that commit) reads the row that won.
 --   * if that row settled or its transaction rolled back in between, the key is free again and
 --     the request goes round once more. A key that keeps changing hands raises 40001.
-CREATE FUNCTION x_jobs._enqueue(p_requests x_jobs.enqueue_request [])
+CREATE FUNCTION x_jobs._enqueue(p_requests x_jobs.enqueue_request[])
 RETURNS SETOF x_jobs.enqueue_many_result
 LANGUAGE plpgsql
 VOLATILE
@@ -342,8 +342,8 @@ DECLARE
     v_now timestamptz := x_jobs.now();
     v_max_payload integer := x_jobs._max_payload_bytes();
     v_bad record;
-    v_todo integer[];
-    v_result x_jobs.enqueue_many_result[] := '{}';
+    v_todo bigint[];
+    v_result x_jobs.enqueue_many_result[] := ARRAY[]::x_jobs.enqueue_many_result[];
     v_round integer := 0;
 BEGIN
     -- The first request that breaks a rule, by ord, so the message names one value.
@@ -445,7 +445,7 @@ BEGIN
         END CASE;
     END IF;
 
-    v_todo := ARRAY(SELECT pg_catalog.generate_series(1, coalesce(pg_catalog.cardinality(p_requests), 0)));
+    v_todo := ARRAY(SELECT pg_catalog.generate_series(1::bigint, coalesce(pg_catalog.cardinality(p_requests), 0)));
 
     WHILE pg_catalog.cardinality(v_todo) > 0 LOOP
         v_round := v_round + 1;
@@ -687,7 +687,7 @@ $$;
 -- up to two more passes. Rows a scan locked and the outer LIMIT dropped stay locked until the
 -- transaction ends; called on its own, a claim is its own transaction and that is at once.
 CREATE FUNCTION x_jobs.claim(
-    queues text [],
+    queues text[],
     worker text,
     lease interval DEFAULT '30 seconds',
     qty integer DEFAULT 1
@@ -704,7 +704,7 @@ DECLARE
     v_pass integer := 0;
     v_want integer;
     v_got integer := 0;
-    v_seen bigint[] := '{}';
+    v_seen bigint[] := ARRAY[]::bigint[];
     v_picked integer;
     v_take bigint[];
     v_bury bigint[];
@@ -924,7 +924,7 @@ $$;
 -- The heartbeat: push the lease of the running rows `worker` holds among `ids` to now + lease.
 -- Answers the ids still held; an id missing from the answer was lost (lapsed and re-claimed,
 -- cancelled, or settled), and its body should stop.
-CREATE FUNCTION x_jobs.extend_lease(ids bigint [], worker text, lease interval DEFAULT '30 seconds')
+CREATE FUNCTION x_jobs.extend_lease(ids bigint[], worker text, lease interval DEFAULT '30 seconds')
 RETURNS SETOF bigint
 LANGUAGE plpgsql
 VOLATILE
@@ -968,7 +968,7 @@ $$;
 -- (outputs may be NULL: no output). Answers the ids it completed; an id missing from the answer
 -- was not held by this worker (lapsed and re-claimed, cancelled, settled) and is left as it is.
 -- The same statement adds to the job name's counter bucket.
-CREATE FUNCTION x_jobs.complete_many(ids bigint [], worker text, outputs jsonb [] DEFAULT NULL)
+CREATE FUNCTION x_jobs.complete_many(ids bigint[], worker text, outputs jsonb[] DEFAULT NULL)
 RETURNS SETOF bigint
 LANGUAGE plpgsql
 VOLATILE
@@ -1329,7 +1329,7 @@ $$;
 -- swept here, so the table holds only the recent fleet. Answers the worker's row.
 CREATE FUNCTION x_jobs.announce_worker(
     worker text,
-    queues text [],
+    queues text[],
     build text DEFAULT NULL,
     draining boolean DEFAULT FALSE,
     ttl interval DEFAULT '60 seconds'
@@ -1443,7 +1443,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := x_jobs.now();
-    v_removed bigint := 0;
+    v_removed bigint := 0::bigint;
     v_n bigint;
     v_step record;
 BEGIN
@@ -1535,7 +1535,7 @@ BEGIN
     SELECT coalesce(pg_catalog.array_agg(g.id), '{}') INTO v_ids FROM gone AS g;
 
     DELETE FROM x_jobs.job_error AS e WHERE e.job_id = ANY (v_ids);
-    RETURN pg_catalog.cardinality(v_ids);
+    RETURN pg_catalog.cardinality(v_ids)::bigint;
 END
 $$;
 
@@ -1544,8 +1544,8 @@ $$;
 ------------------------------------------------------------------------------------------------
 
 -- Nothing is left to PUBLIC: new functions are executable by PUBLIC unless revoked.
-REVOKE ALL ON ALL FUNCTIONS IN SCHEMA x_jobs FROM PUBLIC;
-REVOKE ALL ON ALL TABLES IN SCHEMA x_jobs FROM PUBLIC;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA x_jobs FROM public;
+REVOKE ALL ON ALL TABLES IN SCHEMA x_jobs FROM public;
 
 -- A worker is a producer too (a job may enqueue jobs), and an admin is a worker.
 GRANT x_jobs_producer TO x_jobs_worker;
@@ -1554,29 +1554,26 @@ GRANT x_jobs_worker TO x_jobs_admin;
 GRANT USAGE ON SCHEMA x_jobs TO x_jobs_producer, pg_monitor;
 
 -- Producers: enqueue. The functions run as the caller, so the caller needs the rows they touch.
-GRANT EXECUTE ON FUNCTION
-    x_jobs.now(),
-    x_jobs.error_codes(),
-    x_jobs._max_payload_bytes(),
-    x_jobs._enqueue(x_jobs.enqueue_request []),
-    x_jobs.enqueue(text, jsonb, text, timestamptz, text, integer, integer, text, text, text, text,
-        integer, boolean, interval, interval),
-    x_jobs.enqueue_many(jsonb)
-TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs.now() TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs.error_codes() TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs._max_payload_bytes() TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs._enqueue(x_jobs.enqueue_request[]) TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs.enqueue(
+    text, jsonb, text, timestamptz, text, integer, integer, text, text, text, text, integer, boolean, interval, interval
+) TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs.enqueue_many(jsonb) TO x_jobs_producer;
 GRANT SELECT, INSERT ON x_jobs.job TO x_jobs_producer;
 
 -- Workers: claim, heartbeat, settle, announce, read demand.
-GRANT EXECUTE ON FUNCTION
-    x_jobs._minute(timestamptz),
-    x_jobs._shard(),
-    x_jobs.claim(text [], text, interval, integer),
-    x_jobs.extend_lease(bigint [], text, interval),
-    x_jobs.complete(bigint, text, jsonb),
-    x_jobs.complete_many(bigint [], text, jsonb []),
-    x_jobs.fail(bigint, text, text, text, interval, boolean),
-    x_jobs.announce_worker(text, text [], text, boolean, interval),
-    x_jobs.queue_demand()
-TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs._minute(timestamptz) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs._shard() TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.claim(text[], text, interval, integer) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.extend_lease(bigint[], text, interval) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.complete(bigint, text, jsonb) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.complete_many(bigint[], text, jsonb[]) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.fail(bigint, text, text, text, interval, boolean) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.announce_worker(text, text[], text, boolean, interval) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.queue_demand() TO x_jobs_worker;
 GRANT UPDATE ON x_jobs.job TO x_jobs_worker;
 GRANT SELECT, INSERT ON x_jobs.job_error TO x_jobs_worker;
 GRANT SELECT ON x_jobs.queue_pause TO x_jobs_worker;
@@ -1584,14 +1581,12 @@ GRANT SELECT, INSERT, UPDATE ON x_jobs.counter TO x_jobs_worker;
 GRANT SELECT, INSERT, UPDATE, DELETE ON x_jobs.worker TO x_jobs_worker;
 
 -- Admins: operate the queues and run retention.
-GRANT EXECUTE ON FUNCTION
-    x_jobs.cancel(bigint),
-    x_jobs.retry(bigint),
-    x_jobs.pause_queue(text),
-    x_jobs.resume_queue(text),
-    x_jobs.rollup_counters(interval, interval, interval),
-    x_jobs.purge(interval, integer)
-TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.cancel(bigint) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.retry(bigint) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.pause_queue(text) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.resume_queue(text) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.rollup_counters(interval, interval, interval) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.purge(interval, integer) TO x_jobs_admin;
 GRANT DELETE ON x_jobs.job, x_jobs.job_error, x_jobs.counter TO x_jobs_admin;
 GRANT INSERT, DELETE ON x_jobs.queue_pause TO x_jobs_admin;
 
