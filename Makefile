@@ -35,9 +35,9 @@ sql/x_jobs--$(EXTVERSION).sql: sql/x_jobs.sql
 deps:
 	scripts/ensure-deps
 
-# The demo: a throwaway server, the extension, and a worker draining jobs.
+# The demo: a throwaway server, the extension, and a psql session that enqueues, claims, settles.
 demo: deps
-	scripts/throwaway-pg -- $(VENV_PYTHON) demo/demo.py
+	scripts/throwaway-pg -- psql -X -q -f demo/demo.sql
 
 # Every test, on a throwaway server that is removed afterwards.
 test: deps
@@ -53,8 +53,8 @@ check: lint check-released check-sql check-upgrade check-python
 # sqlfluff over the DDL, ruff and mypy over the Python.
 lint:
 	$(VENV)/bin/sqlfluff lint --disable-progress-bar $(SQL_SOURCES) tests/pgtap
-	$(VENV)/bin/ruff check python tests/python bench demo
-	$(VENV)/bin/ruff format --check python tests/python bench demo
+	$(VENV)/bin/ruff check python tests/python bench
+	$(VENV)/bin/ruff format --check python tests/python bench
 	$(VENV)/bin/mypy
 
 # A released version's script must never change: compare with the recorded checksums.

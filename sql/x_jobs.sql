@@ -445,9 +445,8 @@ BEGIN
         END CASE;
     END IF;
 
-    v_todo := ARRAY(SELECT pg_catalog.generate_series(1::bigint, coalesce(pg_catalog.cardinality(p_requests), 0)));
-
-    WHILE pg_catalog.cardinality(v_todo) > 0 LOOP
+    -- v_todo NULL means every request: the first round. Later rounds name the unresolved ones.
+    LOOP
         v_round := v_round + 1;
         IF v_round > 5 THEN
             RAISE EXCEPTION USING
@@ -457,75 +456,127 @@ BEGIN
                 HINT = 'Retry the call; the rows holding the key were settling as it ran.';
         END IF;
 
-        -- Insert the leaders: requests without a key, and the first request of each key.
+        -- Insert the leaders: requests without a key, and the first request of each key. Their ids
+        -- are drawn in input order (a volatile expression is computed after the ORDER BY), so a
+        -- batch is claimed first in, first out. Rows without a key take a plain INSERT: ON
+        -- CONFLICT puts every row through speculative insertion, an extra WAL record and lock
+        -- per row, and cost keyless batches a third of their throughput (measured 2026-11-29).
         WITH req AS MATERIALIZED (
-            SELECT r.*, pg_catalog.gen_random_uuid() AS new_run_id,
-                   r.idempotency_key IS NULL
-                   OR r.ord = min(r.ord) OVER (PARTITION BY r.idempotency_key) AS leads
-            FROM unnest(p_requests) WITH ORDINALITY AS r (
-                name, input, queue, run_at, idempotency_key, max_attempts, priority, tenant_id,
-                concurrency_key, concurrency_limit, traceparent, enqueued_by, dead_letter,
-                backoff_base, backoff_max, ord
-            )
-            -- A hashed semi-join: p_requests[i] would walk the array from its start each time.
-            WHERE r.ord IN (SELECT t.ord FROM unnest(v_todo) AS t (ord))
+            SELECT s.ord, s.leads, s.idempotency_key,
+                   CASE WHEN s.leads THEN pg_catalog.nextval('x_jobs.job_id_seq') END AS id,
+                   CASE WHEN s.leads THEN pg_catalog.gen_random_uuid() END AS run_id,
+                   coalesce(s.run_at, v_now) AS run_at,
+                   coalesce(s.backoff_base, interval '1 second') AS backoff_base,
+                   coalesce(s.backoff_max, greatest(interval '1 hour', s.backoff_base)) AS backoff_max,
+                   CASE WHEN s.run_at > v_now THEN 'delayed' ELSE 'ready' END::x_jobs.job_state AS state,
+                   coalesce(s.max_attempts, 25) AS max_attempts,
+                   CASE WHEN s.concurrency_key IS NOT NULL THEN coalesce(s.concurrency_limit, 1) END
+                       AS concurrency_limit,
+                   coalesce(s.priority, 0) AS priority,
+                   coalesce(s.dead_letter, TRUE) AS dead_letter,
+                   s.name,
+                   coalesce(s.queue, 'default') AS queue,
+                   coalesce(s.tenant_id, 'none') AS tenant_id,
+                   s.concurrency_key, s.traceparent, s.enqueued_by,
+                   coalesce(s.input, '{}'::jsonb) AS input
+            FROM (
+                SELECT r.*, r.idempotency_key IS NULL OR r.ord = f.first_ord AS leads
+                FROM unnest(p_requests) WITH ORDINALITY AS r (
+                    name, input, queue, run_at, idempotency_key, max_attempts, priority, tenant_id,
+                    concurrency_key, concurrency_limit, traceparent, enqueued_by, dead_letter,
+                    backoff_base, backoff_max, ord
+                )
+                -- The first request of each key: a hash aggregate over the keyed requests only,
+                -- so a batch without keys pays nothing for it.
+                LEFT JOIN (
+                    SELECT k.idempotency_key, min(k.ord) AS first_ord
+                    FROM unnest(p_requests) WITH ORDINALITY AS k (
+                        name, input, queue, run_at, idempotency_key, max_attempts, priority,
+                        tenant_id, concurrency_key, concurrency_limit, traceparent, enqueued_by,
+                        dead_letter, backoff_base, backoff_max, ord
+                    )
+                    WHERE k.idempotency_key IS NOT NULL
+                    GROUP BY k.idempotency_key
+                ) AS f ON f.idempotency_key = r.idempotency_key
+                -- A hashed semi-join: p_requests[i] would walk the array from its start each time.
+                WHERE v_todo IS NULL OR r.ord IN (SELECT t.ord FROM unnest(v_todo) AS t (ord))
+            ) AS s
+            ORDER BY s.ord
         ),
-        ins AS (
+        ins_plain AS (
             INSERT INTO x_jobs.job AS j (
-                run_at, created_at, updated_at, run_id, backoff_base, backoff_max, state,
+                id, run_at, created_at, updated_at, run_id, backoff_base, backoff_max, state,
                 max_attempts, concurrency_limit, priority, dead_letter, name, queue, tenant_id,
                 idempotency_key, concurrency_key, traceparent, enqueued_by, input
             )
-            SELECT coalesce(req.run_at, v_now), v_now, v_now, req.new_run_id,
-                   coalesce(req.backoff_base, interval '1 second'),
-                   coalesce(req.backoff_max, greatest(interval '1 hour', req.backoff_base)),
-                   CASE WHEN req.run_at > v_now THEN 'delayed' ELSE 'ready' END::x_jobs.job_state,
-                   coalesce(req.max_attempts, 25),
-                   CASE WHEN req.concurrency_key IS NOT NULL THEN coalesce(req.concurrency_limit, 1) END,
-                   coalesce(req.priority, 0), coalesce(req.dead_letter, TRUE),
-                   req.name, coalesce(req.queue, 'default'), coalesce(req.tenant_id, 'none'),
-                   req.idempotency_key, req.concurrency_key, req.traceparent, req.enqueued_by,
-                   coalesce(req.input, '{}'::jsonb)
-            FROM req
-            WHERE req.leads
-            ORDER BY req.ord
+            OVERRIDING SYSTEM VALUE
+            SELECT r.id, r.run_at, v_now, v_now, r.run_id, r.backoff_base, r.backoff_max, r.state,
+                   r.max_attempts, r.concurrency_limit, r.priority, r.dead_letter, r.name, r.queue,
+                   r.tenant_id, r.idempotency_key, r.concurrency_key, r.traceparent, r.enqueued_by,
+                   r.input
+            FROM req AS r
+            WHERE r.idempotency_key IS NULL
+            ORDER BY r.id
+            RETURNING j.id, j.queue, j.state
+        ),
+        ins_keyed AS (
+            INSERT INTO x_jobs.job AS j (
+                id, run_at, created_at, updated_at, run_id, backoff_base, backoff_max, state,
+                max_attempts, concurrency_limit, priority, dead_letter, name, queue, tenant_id,
+                idempotency_key, concurrency_key, traceparent, enqueued_by, input
+            )
+            OVERRIDING SYSTEM VALUE
+            SELECT r.id, r.run_at, v_now, v_now, r.run_id, r.backoff_base, r.backoff_max, r.state,
+                   r.max_attempts, r.concurrency_limit, r.priority, r.dead_letter, r.name, r.queue,
+                   r.tenant_id, r.idempotency_key, r.concurrency_key, r.traceparent, r.enqueued_by,
+                   r.input
+            FROM req AS r
+            WHERE r.leads AND r.idempotency_key IS NOT NULL
+            ORDER BY r.id
             ON CONFLICT (idempotency_key)
             WHERE idempotency_key IS NOT NULL AND state IN ('ready', 'delayed', 'suspended', 'running')
             DO NOTHING
-            RETURNING j.id, j.run_id, j.queue, j.state
+            RETURNING j.id, j.queue, j.state
+        ),
+        ins AS (
+            SELECT * FROM ins_plain
+            UNION ALL
+            SELECT * FROM ins_keyed
         ),
         woken AS (
             SELECT pg_catalog.pg_notify('x_jobs', q.queue)
             FROM (SELECT DISTINCT ins.queue FROM ins WHERE ins.state = 'ready') AS q
         )
-        SELECT coalesce(pg_catalog.array_agg(ROW(req.ord, ins.id, ins.run_id, FALSE)::x_jobs.enqueue_many_result)
+        SELECT coalesce(pg_catalog.array_agg(ROW(req.ord, req.id, req.run_id, FALSE)::x_jobs.enqueue_many_result)
                    FILTER (WHERE ins.id IS NOT NULL), '{}') || v_result,
                coalesce(pg_catalog.array_agg(req.ord) FILTER (WHERE ins.id IS NULL), '{}')
         INTO v_result, v_todo
         FROM req
-        LEFT JOIN ins ON ins.run_id = req.new_run_id
+        LEFT JOIN ins ON ins.id = req.id
         CROSS JOIN (SELECT count(*) FROM woken) AS w;
 
-        IF pg_catalog.cardinality(v_todo) > 0 THEN
-            -- A new statement, so a new snapshot: it sees the rows that won the keys, whether this
-            -- call inserted them (a later request of the same key) or another transaction did.
-            SELECT v_result || coalesce(pg_catalog.array_agg(ROW(o.ord, live.id, live.run_id, TRUE)::x_jobs.enqueue_many_result)
-                       FILTER (WHERE live.id IS NOT NULL), '{}'),
-                   coalesce(pg_catalog.array_agg(o.ord) FILTER (WHERE live.id IS NULL), '{}')
-            INTO v_result, v_todo
-            FROM unnest(p_requests) WITH ORDINALITY AS o (
-                name, input, queue, run_at, idempotency_key, max_attempts, priority, tenant_id,
-                concurrency_key, concurrency_limit, traceparent, enqueued_by, dead_letter,
-                backoff_base, backoff_max, ord
-            )
-            LEFT JOIN LATERAL (
-                SELECT j.id, j.run_id
-                FROM x_jobs.job AS j
-                WHERE j.idempotency_key = o.idempotency_key
-                    AND j.state IN ('ready', 'delayed', 'suspended', 'running')
-            ) AS live ON TRUE
-            WHERE o.ord IN (SELECT t.ord FROM unnest(v_todo) AS t (ord));
-        END IF;
+        EXIT WHEN pg_catalog.cardinality(v_todo) = 0;
+
+        -- A new statement, so a new snapshot: it sees the rows that won the keys, whether this
+        -- call inserted them (a later request of the same key) or another transaction did.
+        SELECT v_result || coalesce(pg_catalog.array_agg(ROW(o.ord, live.id, live.run_id, TRUE)::x_jobs.enqueue_many_result)
+                   FILTER (WHERE live.id IS NOT NULL), '{}'),
+               coalesce(pg_catalog.array_agg(o.ord) FILTER (WHERE live.id IS NULL), '{}')
+        INTO v_result, v_todo
+        FROM unnest(p_requests) WITH ORDINALITY AS o (
+            name, input, queue, run_at, idempotency_key, max_attempts, priority, tenant_id,
+            concurrency_key, concurrency_limit, traceparent, enqueued_by, dead_letter,
+            backoff_base, backoff_max, ord
+        )
+        LEFT JOIN LATERAL (
+            SELECT j.id, j.run_id
+            FROM x_jobs.job AS j
+            WHERE j.idempotency_key = o.idempotency_key
+                AND j.state IN ('ready', 'delayed', 'suspended', 'running')
+        ) AS live ON TRUE
+        WHERE o.ord IN (SELECT t.ord FROM unnest(v_todo) AS t (ord));
+
+        EXIT WHEN pg_catalog.cardinality(v_todo) = 0;
     END LOOP;
 
     RETURN QUERY SELECT r.* FROM unnest(v_result) AS r ORDER BY r.ord;
@@ -585,6 +636,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_bad record;
+    v_fields text[];
     v_requests x_jobs.enqueue_request[];
 BEGIN
     IF enqueue_many.jobs IS NULL OR pg_catalog.jsonb_typeof(enqueue_many.jobs) <> 'array' THEN
@@ -595,23 +647,24 @@ BEGIN
             HINT = 'Pass a JSON array of objects, such as ''[{"name": "send_email", "input": {}}]''.';
     END IF;
 
-    -- A typo in a key ("que" for "queue") would otherwise be dropped silently.
-    SELECT e.ord, pg_catalog.jsonb_typeof(e.value) AS kind, k.key
+    -- A typo in a key ("que" for "queue") would otherwise be dropped silently. The known keys
+    -- are the attributes of x_jobs.enqueue_request, so a field added there is accepted here.
+    v_fields := ARRAY(
+        SELECT a.attname::text
+        FROM pg_catalog.pg_attribute AS a
+        WHERE a.attrelid = 'x_jobs.enqueue_request'::regclass AND a.attnum > 0 AND NOT a.attisdropped
+        ORDER BY a.attnum
+    );
+    SELECT e.ord, pg_catalog.jsonb_typeof(e.value) AS kind,
+           CASE WHEN pg_catalog.jsonb_typeof(e.value) = 'object' THEN (
+               SELECT k.key FROM pg_catalog.jsonb_object_keys(e.value - v_fields) AS k (key) LIMIT 1
+           ) END AS key
     INTO v_bad
     FROM pg_catalog.jsonb_array_elements(enqueue_many.jobs) WITH ORDINALITY AS e (value, ord)
-    LEFT JOIN LATERAL (
-        SELECT k.key
-        FROM pg_catalog.jsonb_object_keys(
-            CASE WHEN pg_catalog.jsonb_typeof(e.value) = 'object' THEN e.value END
-        ) AS k (key)
-        WHERE k.key <> ALL (ARRAY[
-            'name', 'input', 'queue', 'run_at', 'idempotency_key', 'max_attempts', 'priority',
-            'tenant_id', 'concurrency_key', 'concurrency_limit', 'traceparent', 'enqueued_by',
-            'dead_letter', 'backoff_base', 'backoff_max'
-        ])
-        LIMIT 1
-    ) AS k ON TRUE
-    WHERE pg_catalog.jsonb_typeof(e.value) <> 'object' OR k.key IS NOT NULL
+    WHERE CASE
+        WHEN pg_catalog.jsonb_typeof(e.value) <> 'object' THEN TRUE
+        ELSE e.value - v_fields <> '{}'::jsonb
+    END
     ORDER BY e.ord
     LIMIT 1;
 
@@ -627,9 +680,8 @@ BEGIN
             ERRCODE = 'XJ009',
             MESSAGE = pg_catalog.format('X_JOBS_INVALID: request %s has an unknown field %L',
                 v_bad.ord, v_bad.key),
-            HINT = 'Use the argument names of x_jobs.enqueue: name, input, queue, run_at, '
-                'idempotency_key, max_attempts, priority, tenant_id, concurrency_key, '
-                'concurrency_limit, traceparent, enqueued_by, dead_letter, backoff_base, backoff_max.';
+            HINT = pg_catalog.format('Use the argument names of x_jobs.enqueue: %s.',
+                pg_catalog.array_to_string(v_fields, ', '));
     END IF;
 
     BEGIN
@@ -655,8 +707,8 @@ $$;
 ------------------------------------------------------------------------------------------------
 
 -- Hand up to `qty` due jobs of `queues` to `worker` for `lease`. Answers the claimed rows
--- (state 'running', attempt counted) and, beside them, any row it buried (state 'dead' or
--- 'failed'): a worker runs only the rows whose state is 'running'.
+-- (state 'running', attempt counted) in claim order, and after them any row it buried (state
+-- 'dead' or 'failed'): a worker runs only the rows whose state is 'running'.
 --
 -- SKIP LOCKED is the design: a row another claimer holds is passed over, never waited for, so
 -- claimers never queue behind one another.
@@ -696,6 +748,10 @@ RETURNS SETOF x_jobs.job
 LANGUAGE plpgsql
 VOLATILE
 SET search_path = pg_catalog, pg_temp
+-- Every call would otherwise be planned afresh: the generic plans are costed above the custom
+-- ones (LIMIT of a parameter), so the plan cache keeps re-planning, which cost 2 ms a call here
+-- (measured 2026-11-29: 3.0 ms against 1.0 ms for qty 10). The generic plans are the same seeks.
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -860,59 +916,77 @@ BEGIN
             v_seen := v_seen || v_keyed;
         END IF;
 
-        RETURN QUERY
-        WITH buried AS (
-            UPDATE x_jobs.job AS j
-            SET state = CASE WHEN j.dead_letter THEN 'dead' ELSE 'failed' END::x_jobs.job_state,
-                visible_at = NULL,
-                claimed_by = NULL,
-                last_error = 'lease lapsed on the final attempt',
-                last_error_stack = NULL,
-                finished_at = v_now,
-                updated_at = v_now
-            WHERE j.id = ANY (v_bury)
-            RETURNING j.*
-        ),
-        -- A lapsed lease is an attempt that ended without a word: keep it in the error history.
-        lapse_logged AS (
-            INSERT INTO x_jobs.job_error (job_id, attempt, failed_at, worker, error)
-            SELECT l.id, l.attempt, v_now, l.worker,
-                   'lease lapsed: the worker stopped heartbeating before it settled the job'
-            FROM unnest(v_lapsed, v_lapsed_attempt, v_lapsed_worker) AS l (id, attempt, worker)
-        ),
-        counted AS (
-            INSERT INTO x_jobs.counter AS c (job, bucket_seconds, bucket_start, shard, retried, failed, dead)
-            SELECT l.name, 60, x_jobs._minute(v_now), x_jobs._shard(),
-                   count(*) FILTER (WHERE l.state = 'running'),
-                   count(*) FILTER (WHERE l.state = 'failed'),
-                   count(*) FILTER (WHERE l.state = 'dead')
-            FROM (
-                SELECT b.name, b.state FROM buried AS b
-                UNION ALL
-                SELECT j.name, j.state FROM x_jobs.job AS j
-                WHERE j.id = ANY (v_lapsed) AND NOT j.id = ANY (v_bury)
-            ) AS l
-            GROUP BY l.name
-            ON CONFLICT (job, bucket_seconds, bucket_start, shard) DO UPDATE
-            SET retried = c.retried + excluded.retried,
-                failed = c.failed + excluded.failed,
-                dead = c.dead + excluded.dead
-        ),
-        claimed AS (
-            UPDATE x_jobs.job AS j
-            SET state = 'running',
-                attempt = j.attempt + 1,
-                claims = j.claims + 1,
-                claimed_by = claim.worker,
-                visible_at = v_now + claim.lease,
-                started_at = v_now,
-                updated_at = v_now
-            WHERE j.id = ANY (v_take)
-            RETURNING j.*
-        )
-        SELECT * FROM claimed
-        UNION ALL
-        SELECT * FROM buried;
+        IF pg_catalog.cardinality(v_lapsed) = 0 THEN
+            -- The common case, nothing lapsed and so nothing to bury, log or count: one update.
+            RETURN QUERY
+            WITH claimed AS (
+                UPDATE x_jobs.job AS j
+                SET state = 'running',
+                    attempt = j.attempt + 1,
+                    claims = j.claims + 1,
+                    claimed_by = claim.worker,
+                    visible_at = v_now + claim.lease,
+                    started_at = v_now,
+                    updated_at = v_now
+                WHERE j.id = ANY (v_take)
+                RETURNING j.*
+            )
+            SELECT * FROM claimed AS c ORDER BY c.priority, c.run_at, c.id;
+        ELSE
+            RETURN QUERY
+            WITH buried AS (
+                UPDATE x_jobs.job AS j
+                SET state = CASE WHEN j.dead_letter THEN 'dead' ELSE 'failed' END::x_jobs.job_state,
+                    visible_at = NULL,
+                    claimed_by = NULL,
+                    last_error = 'lease lapsed on the final attempt',
+                    last_error_stack = NULL,
+                    finished_at = v_now,
+                    updated_at = v_now
+                WHERE j.id = ANY (v_bury)
+                RETURNING j.*
+            ),
+            -- A lapsed lease is an attempt that ended without a word: keep it in the error history.
+            lapse_logged AS (
+                INSERT INTO x_jobs.job_error (job_id, attempt, failed_at, worker, error)
+                SELECT l.id, l.attempt, v_now, l.worker,
+                       'lease lapsed: the worker stopped heartbeating before it settled the job'
+                FROM unnest(v_lapsed, v_lapsed_attempt, v_lapsed_worker) AS l (id, attempt, worker)
+            ),
+            counted AS (
+                INSERT INTO x_jobs.counter AS c (job, bucket_seconds, bucket_start, shard, retried, failed, dead)
+                SELECT l.name, 60, x_jobs._minute(v_now), x_jobs._shard(),
+                       count(*) FILTER (WHERE l.state = 'running'),
+                       count(*) FILTER (WHERE l.state = 'failed'),
+                       count(*) FILTER (WHERE l.state = 'dead')
+                FROM (
+                    SELECT b.name, b.state FROM buried AS b
+                    UNION ALL
+                    SELECT j.name, j.state FROM x_jobs.job AS j
+                    WHERE j.id = ANY (v_lapsed) AND NOT j.id = ANY (v_bury)
+                ) AS l
+                GROUP BY l.name
+                ON CONFLICT (job, bucket_seconds, bucket_start, shard) DO UPDATE
+                SET retried = c.retried + excluded.retried,
+                    failed = c.failed + excluded.failed,
+                    dead = c.dead + excluded.dead
+            ),
+            claimed AS (
+                UPDATE x_jobs.job AS j
+                SET state = 'running',
+                    attempt = j.attempt + 1,
+                    claims = j.claims + 1,
+                    claimed_by = claim.worker,
+                    visible_at = v_now + claim.lease,
+                    started_at = v_now,
+                    updated_at = v_now
+                WHERE j.id = ANY (v_take)
+                RETURNING j.*
+            )
+            SELECT * FROM (SELECT * FROM claimed ORDER BY priority, run_at, id) AS c
+            UNION ALL
+            SELECT * FROM buried;
+        END IF;
 
         v_got := v_got + pg_catalog.cardinality(v_take);
         -- Another pass only if this one found a full pick but could not hand all of it out.
@@ -1563,6 +1637,8 @@ GRANT EXECUTE ON FUNCTION x_jobs.enqueue(
 ) TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs.enqueue_many(jsonb) TO x_jobs_producer;
 GRANT SELECT, INSERT ON x_jobs.job TO x_jobs_producer;
+-- enqueue draws ids with nextval, in input order (see x_jobs._enqueue).
+GRANT USAGE ON SEQUENCE x_jobs.job_id_seq TO x_jobs_producer;
 
 -- Workers: claim, heartbeat, settle, announce, read demand.
 GRANT EXECUTE ON FUNCTION x_jobs._minute(timestamptz) TO x_jobs_worker;

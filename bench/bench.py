@@ -1,0 +1,382 @@
+"""x_jobs benchmarks: `make bench` runs this on a throwaway server with durable settings.
+
+It prints the server's settings and a table of figures; each figure is compared with its target
+from the issues as a ratio measured in the same run, because the machines are shared and noisy.
+
+  enqueue_many   jobs/s, batches of 1,000 from one connection
+  claim latency  median and p99 of one claim call, qty 1 and 10, at a backlog of 1,000 and of
+                 100,000 due rows, both beside 1,000,000 done rows
+  claim+complete rows/s from 8 connections (claim 100, complete them in one call), against the
+                 ceiling: a hand-written FOR UPDATE SKIP LOCKED update of a plain table
+
+Run it by hand against any server with `python bench/bench.py` (PGHOST etc. name the server;
+it creates and drops its own database). `--quick` shrinks every size for a smoke run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+BENCH_DB = "x_jobs_bench"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    enqueue_batches: int
+    done_rows: int
+    big_backlog: int
+    small_backlog: int
+    claims_per_point: int
+    throughput_rows: int
+    threads: int
+
+
+FULL = Sizes(
+    enqueue_batches=100,
+    done_rows=1_000_000,
+    big_backlog=100_000,
+    small_backlog=1_000,
+    claims_per_point=400,
+    throughput_rows=200_000,
+    threads=8,
+)
+QUICK = Sizes(
+    enqueue_batches=5,
+    done_rows=20_000,
+    big_backlog=5_000,
+    small_backlog=500,
+    claims_per_point=40,
+    throughput_rows=10_000,
+    threads=8,
+)
+
+
+@contextmanager
+def bench_database() -> Iterator[str]:
+    """A fresh database with the extension; its conninfo. Dropped afterwards."""
+    with psycopg.connect(dbname="postgres", autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(BENCH_DB)))
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(BENCH_DB)))
+    try:
+        with psycopg.connect(dbname=BENCH_DB, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION x_jobs")
+        yield f"dbname={BENCH_DB}"
+    finally:
+        with psycopg.connect(dbname="postgres", autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(BENCH_DB))
+            )
+
+
+def settings(conn: psycopg.Connection[tuple[object, ...]]) -> list[tuple[str, str]]:
+    names = [
+        "server_version",
+        "fsync",
+        "synchronous_commit",
+        "full_page_writes",
+        "wal_level",
+        "shared_buffers",
+        "max_wal_size",
+    ]
+    rows = conn.execute(
+        "SELECT name, setting || coalesce(' ' || unit, '') FROM pg_settings WHERE name = ANY(%s)",
+        [names],
+    ).fetchall()
+    found = {str(name): str(value) for name, value in rows}
+    return [(name, found.get(name, "?")) for name in names]
+
+
+def percentile(samples: list[float], fraction: float) -> float:
+    ordered = sorted(samples)
+    index = min(len(ordered) - 1, max(0, round(fraction * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def batch_json(start: int, count: int, queue: str = "bench") -> str:
+    return json.dumps(
+        [{"name": "bench", "queue": queue, "input": {"n": n}} for n in range(start, start + count)]
+    )
+
+
+def enqueue_backlog(dsn: str, rows: int, queue: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for start in range(0, rows, 1000):
+            count = min(1000, rows - start)
+            conn.execute(
+                "SELECT count(*) FROM x_jobs.enqueue_many(%s::jsonb)",
+                [batch_json(start, count, queue)],
+            )
+
+
+# --- enqueue_many ------------------------------------------------------------------------------
+
+
+def bench_enqueue_many(dsn: str, sizes: Sizes) -> float:
+    """jobs/s of enqueue_many in batches of 1,000 from one connection."""
+    payloads = [batch_json(i * 1000, 1000) for i in range(sizes.enqueue_batches)]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT count(*) FROM x_jobs.enqueue_many(%s::jsonb)", [batch_json(0, 10)])
+        started = time.perf_counter()
+        for payload in payloads:
+            conn.execute("SELECT count(*) FROM x_jobs.enqueue_many(%s::jsonb)", [payload])
+        elapsed = time.perf_counter() - started
+        conn.execute("DELETE FROM x_jobs.job")
+    return sizes.enqueue_batches * 1000 / elapsed
+
+
+# --- claim latency -----------------------------------------------------------------------------
+
+
+def fill_done_rows(dsn: str, rows: int) -> None:
+    """`rows` finished jobs, written straight into the table: history a claim must not read."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            """
+            INSERT INTO x_jobs.job (
+                run_at, created_at, updated_at, finished_at, started_at, run_id, backoff_base,
+                backoff_max, state, attempt, max_attempts, name, queue, tenant_id, input, output)
+            SELECT now() - interval '1 hour', now() - interval '1 hour', now(), now(), now(),
+                   gen_random_uuid(), interval '1 second', interval '1 hour', 'done', 1, 25,
+                   'bench', 'bench', 'none', jsonb_build_object('n', g), '{}'
+            FROM generate_series(1, %s) AS g
+            """,
+            [rows],
+        )
+        conn.execute("VACUUM ANALYZE x_jobs.job")
+
+
+def claim_latency(dsn: str, sizes: Sizes, qty: int) -> list[float]:
+    """Seconds per claim call, the backlog topped up (untimed) after each call."""
+    samples: list[float] = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for i in range(sizes.claims_per_point):
+            started = time.perf_counter()
+            rows = conn.execute(
+                "SELECT id FROM x_jobs.claim(ARRAY['bench'], 'bench-worker', '5 minutes', %s)",
+                [qty],
+            ).fetchall()
+            samples.append(time.perf_counter() - started)
+            ids = [row[0] for row in rows]
+            conn.execute("SELECT count(*) FROM x_jobs.complete_many(%s, 'bench-worker')", [ids])
+            conn.execute(
+                "SELECT count(*) FROM x_jobs.enqueue_many(%s::jsonb)",
+                [batch_json(i * qty, len(ids))],
+            )
+    return samples
+
+
+def bench_claim_latency(dsn: str, sizes: Sizes) -> dict[tuple[int, int], list[float]]:
+    fill_done_rows(dsn, sizes.done_rows)
+    results: dict[tuple[int, int], list[float]] = {}
+    backlog = 0
+    for target in (sizes.small_backlog, sizes.big_backlog):
+        enqueue_backlog(dsn, target - backlog, "bench")
+        backlog = target
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("VACUUM ANALYZE x_jobs.job")
+        for qty in (1, 10):
+            results[(target, qty)] = claim_latency(dsn, sizes, qty)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DELETE FROM x_jobs.job")
+        conn.execute("VACUUM ANALYZE x_jobs.job")
+    return results
+
+
+# --- claim + complete throughput ----------------------------------------------------------------
+
+
+def run_threads(dsn: str, threads: int, step: Callable[[psycopg.Connection[tuple[int]]], int]) -> int:
+    """Run `step` on `threads` connections until it answers 0 everywhere; rows handled in total."""
+    barrier = threading.Barrier(threads)
+    totals = [0] * threads
+    errors: list[BaseException] = []
+
+    def loop(slot: int) -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                barrier.wait()
+                while (n := step(conn)) > 0:
+                    totals[slot] += n
+        except BaseException as err:
+            errors.append(err)
+            raise
+
+    workers = [threading.Thread(target=loop, args=(slot,)) for slot in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    if errors:
+        raise errors[0]
+    return sum(totals)
+
+
+def x_jobs_step(conn: psycopg.Connection[tuple[int]]) -> int:
+    worker = f"bench-{threading.get_ident()}"
+    ids = [
+        row[0]
+        for row in conn.execute(
+            "SELECT id FROM x_jobs.claim(ARRAY['bench'], %s, '5 minutes', 100)", [worker]
+        ).fetchall()
+    ]
+    if ids:
+        conn.execute("SELECT count(*) FROM x_jobs.complete_many(%s, %s)", [ids, worker])
+    return len(ids)
+
+
+def plain_step(conn: psycopg.Connection[tuple[int]]) -> int:
+    rows = conn.execute(
+        """
+        UPDATE bench_plain SET state = 'done'
+        WHERE id IN (
+            SELECT id FROM bench_plain WHERE state = 'ready'
+            ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED
+        )
+        RETURNING id
+        """
+    ).fetchall()
+    return len(rows)
+
+
+def bench_throughput(dsn: str, sizes: Sizes, rounds: int = 2) -> tuple[list[float], list[float]]:
+    """rows/s of x_jobs claim+complete and of the plain-table ceiling, alternating rounds."""
+    ours: list[float] = []
+    ceiling: list[float] = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            """
+            CREATE TABLE bench_plain (
+                id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                state text NOT NULL,
+                payload jsonb NOT NULL
+            )
+            """
+        )
+        conn.execute("CREATE INDEX bench_plain_ready ON bench_plain (id) WHERE state = 'ready'")
+    for _ in range(rounds):
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("TRUNCATE bench_plain")
+            conn.execute(
+                "INSERT INTO bench_plain (state, payload) "
+                "SELECT 'ready', jsonb_build_object('n', g) FROM generate_series(1, %s) AS g",
+                [sizes.throughput_rows],
+            )
+            conn.execute("VACUUM ANALYZE bench_plain")
+        started = time.perf_counter()
+        handled = run_threads(dsn, sizes.threads, plain_step)
+        ceiling.append(handled / (time.perf_counter() - started))
+
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("DELETE FROM x_jobs.job")
+        enqueue_backlog(dsn, sizes.throughput_rows, "bench")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("VACUUM ANALYZE x_jobs.job")
+        started = time.perf_counter()
+        handled = run_threads(dsn, sizes.threads, x_jobs_step)
+        ours.append(handled / (time.perf_counter() - started))
+        if handled != sizes.throughput_rows:
+            raise RuntimeError(f"claimed {handled} rows of {sizes.throughput_rows}")
+    return ours, ceiling
+
+
+# --- report ------------------------------------------------------------------------------------
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "MISSED"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    parser.add_argument(
+        "--only",
+        choices=["enqueue", "latency", "throughput"],
+        action="append",
+        help="run only these parts (repeatable)",
+    )
+    args = parser.parse_args()
+    sizes = QUICK if args.quick else FULL
+    parts = set(args.only or ["enqueue", "latency", "throughput"])
+
+    with bench_database() as dsn:
+        with psycopg.connect(dsn) as conn:
+            print(f"x_jobs benchmark, {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC")
+            print(f"machine: {platform.node()}, {os.cpu_count()} cores, {platform.platform()}")
+            print("server: " + ", ".join(f"{k}={v}" for k, v in settings(conn)))
+            print(f"sizes: {sizes}")
+            print()
+
+        lines: list[tuple[str, str, str, str]] = []
+        if "enqueue" in parts:
+            rate = bench_enqueue_many(dsn, sizes)
+            lines.append(
+                ("enqueue_many, batches of 1,000", f"{rate:,.0f} jobs/s", ">= 50,000 jobs/s",
+                 verdict(rate >= 50_000))
+            )
+
+        if "latency" in parts:
+            lat = bench_claim_latency(dsn, sizes)
+            for (backlog, qty), samples in sorted(lat.items()):
+                lines.append(
+                    (
+                        f"claim qty {qty:>2}, backlog {backlog:,}",
+                        f"median {statistics.median(samples) * 1000:.2f} ms, "
+                        f"p99 {percentile(samples, 0.99) * 1000:.2f} ms",
+                        "",
+                        "",
+                    )
+                )
+            for qty in (1, 10):
+                big = statistics.median(lat[(sizes.big_backlog, qty)])
+                small = statistics.median(lat[(sizes.small_backlog, qty)])
+                lines.append(
+                    (f"claim qty {qty}, median ratio big/small backlog", f"{big / small:.2f}",
+                     "<= 1.5", verdict(big / small <= 1.5))
+                )
+            big10 = statistics.median(lat[(sizes.big_backlog, 10)]) * 1000
+            lines.append(
+                (f"claim qty 10 median at backlog {sizes.big_backlog:,}", f"{big10:.2f} ms",
+                 "< 2 ms", verdict(big10 < 2))
+            )
+
+        if "throughput" in parts:
+            ours, ceiling = bench_throughput(dsn, sizes)
+            best_ours, best_ceiling = max(ours), max(ceiling)
+            ratio = best_ours / best_ceiling
+            lines.append(
+                (f"claim 100 + complete_many, {sizes.threads} connections",
+                 ", ".join(f"{r:,.0f}" for r in ours) + " rows/s", "", "")
+            )
+            lines.append(
+                (f"ceiling: plain SKIP LOCKED update, {sizes.threads} connections",
+                 ", ".join(f"{r:,.0f}" for r in ceiling) + " rows/s", "", "")
+            )
+            lines.append(("x_jobs / ceiling (best rounds)", f"{ratio:.0%}", ">= 70%",
+                          verdict(ratio >= 0.7)))
+
+    width = max(len(line[0]) for line in lines)
+    value_width = max(len(line[1]) for line in lines)
+    print(f"{'measure':<{width}}  {'result':<{value_width}}  target")
+    for name, value, target, met in lines:
+        print(f"{name:<{width}}  {value:<{value_width}}  {target} {met}".rstrip())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
