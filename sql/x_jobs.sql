@@ -17,7 +17,8 @@
 --   extend_lease            the heartbeat of a running job.
 --   complete / fail         settle a row, only by the worker that holds it; fail retries with
 --                           exponential backoff and jitter, or settles dead (or failed).
---   cancel / retry          the operator's: stop a live row, re-queue a finished one.
+--   cancel / retry          the operator's: stop a live row, re-queue a finished one;
+--   list_jobs               and a keyset-paged listing.
 --   queue_demand            what an autoscaler polls: the rows a serving worker must hold.
 --   purge / rollup_counters retention: bounded deletes of old terminal rows, folding of counters.
 --
@@ -268,7 +269,7 @@ AS $$
         ('XJ010', 'X_QUEUES_INVALID', 'The queue list is missing, empty or holds an empty name.'),
         ('XJ011', 'X_WORKER_INVALID', 'A worker id is missing or empty.'),
         ('XJ012', 'X_LEASE_INVALID', 'A lease is missing or not positive.'),
-        ('XJ013', 'X_QTY_INVALID', 'qty is outside 1..1000.'),
+        ('XJ013', 'X_QTY_INVALID', 'qty (or a page size) is outside 1..1000.'),
         ('XJ014', 'X_JOB_NOT_FOUND', 'No job has this id.'),
         ('XJ015', 'X_JOB_NOT_RETRYABLE', 'retry was asked of a row that is live or done.'),
         ('XJ016', 'X_STATE_UNKNOWN', 'A state name is not one of the job states.'),
@@ -1344,6 +1345,49 @@ BEGIN
 END
 $$;
 
+-- The operator's listing: jobs newest first, optionally of one state and one queue, one page
+-- at a time. Keyset paging: pass the last id of a page as before_id to get the next, which
+-- costs the same on page 1 and page 1,000 (an OFFSET would read every row it skips).
+CREATE FUNCTION x_jobs.list_jobs(
+    state text DEFAULT NULL,
+    queue text DEFAULT NULL,
+    before_id bigint DEFAULT NULL,
+    max_rows integer DEFAULT 50
+)
+RETURNS SETOF x_jobs.job
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF list_jobs.state IS NOT NULL
+        AND list_jobs.state <> ALL (pg_catalog.enum_range(NULL::x_jobs.job_state)::text[]) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ016',
+            MESSAGE = pg_catalog.format('X_STATE_UNKNOWN: %L is not a job state', list_jobs.state),
+            HINT = 'Use one of: ' || pg_catalog.array_to_string(
+                pg_catalog.enum_range(NULL::x_jobs.job_state)::text[], ', ') || '.';
+    END IF;
+    IF list_jobs.max_rows IS NULL OR list_jobs.max_rows < 1 OR list_jobs.max_rows > 1000 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ013',
+            MESSAGE = pg_catalog.format('X_QTY_INVALID: max_rows %s is outside 1..1000',
+                coalesce(list_jobs.max_rows::text, 'NULL')),
+            HINT = 'Ask for a page of 1 to 1000 rows and page on with before_id.';
+    END IF;
+
+    RETURN QUERY
+    SELECT j.*
+    FROM x_jobs.job AS j
+    WHERE (list_jobs.state IS NULL OR j.state = list_jobs.state::x_jobs.job_state)
+        AND (list_jobs.queue IS NULL OR j.queue = list_jobs.queue)
+        AND (list_jobs.before_id IS NULL OR j.id < list_jobs.before_id)
+    ORDER BY j.id DESC
+    LIMIT list_jobs.max_rows;
+END
+$$;
+
 -- Hold a queue back from every claim (and from queue_demand). Answers true when this call paused
 -- it, false when it was paused already. Running jobs of the queue finish as usual.
 CREATE FUNCTION x_jobs.pause_queue(queue text)
@@ -1659,12 +1703,14 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON x_jobs.worker TO x_jobs_worker;
 -- Admins: operate the queues and run retention.
 GRANT EXECUTE ON FUNCTION x_jobs.cancel(bigint) TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs.retry(bigint) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.list_jobs(text, text, bigint, integer) TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs.pause_queue(text) TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs.resume_queue(text) TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs.rollup_counters(interval, interval, interval) TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs.purge(interval, integer) TO x_jobs_admin;
 GRANT DELETE ON x_jobs.job, x_jobs.job_error, x_jobs.counter TO x_jobs_admin;
 GRANT INSERT, DELETE ON x_jobs.queue_pause TO x_jobs_admin;
+GRANT SELECT ON x_jobs.worker, x_jobs.counter, x_jobs.job_error TO x_jobs_admin;
 
 -- Monitoring: demand counts only (queue_demand is SECURITY DEFINER, see above).
 GRANT EXECUTE ON FUNCTION x_jobs.queue_demand(), x_jobs.now() TO pg_monitor;
