@@ -276,7 +276,7 @@ AS $$
         ('XJ017', 'X_IDEMPOTENCY_CONFLICT', 'A live row already holds the idempotency key.'),
         ('XJ018', 'X_DELAY_INVALID', 'A retry delay is negative.'),
         ('XJ019', 'X_TTL_INVALID', 'A worker announce ttl is missing or not positive.'),
-        ('XJ020', 'X_RETENTION_INVALID', 'purge got a negative age or a batch size below 1.'),
+        ('XJ020', 'X_RETENTION_INVALID', 'purge or rollup_counters got a missing or negative age, or a batch below 1.'),
         ('XJ021', 'X_OUTPUTS_INVALID', 'complete_many got a different number of outputs than ids.'),
         ('XJ022', 'X_ISOLATION_UNSUPPORTED', 'claim was called in a REPEATABLE READ or SERIALIZABLE transaction.'),
         ('XJ023', 'X_ERROR_MISSING', 'fail was called without an error message.'),
@@ -1469,7 +1469,7 @@ BEGIN
                 coalesce(pg_catalog.quote_literal(announce_worker.worker), 'NULL')),
             HINT = 'Pass an id unique to the worker process, such as host:pid:random.';
     END IF;
-    IF announce_worker.queues IS NULL
+    IF announce_worker.queues IS NULL OR pg_catalog.cardinality(announce_worker.queues) = 0
         OR EXISTS (SELECT FROM unnest(announce_worker.queues) AS q WHERE q IS NULL OR q = '') THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ010',
@@ -1565,12 +1565,15 @@ DECLARE
     v_n bigint;
     v_step record;
 BEGIN
-    IF rollup_counters.minutes_for < interval '0' OR rollup_counters.hours_for < interval '0'
-        OR rollup_counters.days_for < interval '0' THEN
+    IF rollup_counters.minutes_for IS NULL OR rollup_counters.minutes_for < interval '0'
+        OR rollup_counters.hours_for IS NULL OR rollup_counters.hours_for < interval '0'
+        OR rollup_counters.days_for IS NULL OR rollup_counters.days_for < interval '0' THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ020',
-            MESSAGE = pg_catalog.format('X_RETENTION_INVALID: retention %s / %s / %s has a negative age',
-                rollup_counters.minutes_for, rollup_counters.hours_for, rollup_counters.days_for),
+            MESSAGE = pg_catalog.format('X_RETENTION_INVALID: retention %s / %s / %s is not a set of ages',
+                coalesce(rollup_counters.minutes_for::text, 'NULL'),
+                coalesce(rollup_counters.hours_for::text, 'NULL'),
+                coalesce(rollup_counters.days_for::text, 'NULL')),
             HINT = 'Pass ages of zero or more, such as minutes_for => ''2 hours''.';
     END IF;
 
@@ -1613,9 +1616,14 @@ END
 $$;
 
 -- Delete up to `batch_size` terminal jobs (done, failed, dead, cancelled) that finished more than
--- `older_than` ago, oldest first, with their error history. Answers how many it deleted: call it
--- again while that equals batch_size. Bounded, so a purge never holds locks or writes WAL in one
--- unbounded burst; SKIP LOCKED, so two purgers share the work instead of waiting.
+-- `older_than` ago, lowest id first, with their error history. Answers how many it deleted: call
+-- it again while that equals batch_size. Bounded, so a purge never holds locks or writes WAL in
+-- one unbounded burst; SKIP LOCKED, so two purgers share the work instead of waiting.
+--
+-- Lowest id, not earliest finished_at: ids follow enqueue order, so this is nearly oldest first
+-- and walks the primary key, where finished_at order would need an index that every settling
+-- statement pays to maintain, or a sort of every finished row on each call. Every row it takes
+-- is past the retention either way.
 CREATE FUNCTION x_jobs.purge(older_than interval, batch_size integer DEFAULT 10000)
 RETURNS bigint
 LANGUAGE plpgsql
