@@ -142,7 +142,7 @@ CREATE TABLE x_jobs.job (
 );
 
 COMMENT ON TABLE x_jobs.job IS 'Every job from enqueue until purge; state says where it is.';
-COMMENT ON COLUMN x_jobs.job.visible_at IS 'Lease expiry of a running row: past it, a claim may take the row.';
+COMMENT ON COLUMN x_jobs.job.visible_at IS 'Lease expiry of a running row: from then on, a claim may take the row.';
 COMMENT ON COLUMN x_jobs.job.claims IS 'How many times a claim handed the row out (lapsed leases included).';
 
 -- The claim's three arms, one index each, every one partial so that done rows (the bulk of the
@@ -362,7 +362,8 @@ BEGIN
                    OR (r.concurrency_limit IS NOT NULL AND r.concurrency_key IS NULL)
                    OR r.concurrency_key = '' THEN 'concurrency'
                WHEN r.backoff_base < interval '0' OR r.backoff_max < interval '0'
-                   OR r.backoff_base > r.backoff_max THEN 'backoff'
+                   OR coalesce(r.backoff_base, interval '1 second')
+                   > coalesce(r.backoff_max, interval '1 hour') THEN 'backoff'
            END AS problem
     INTO v_bad
     FROM unnest(p_requests) WITH ORDINALITY AS r (
@@ -380,7 +381,7 @@ BEGIN
         OR (r.concurrency_limit IS NOT NULL AND r.concurrency_key IS NULL)
         OR r.concurrency_key = ''
         OR r.backoff_base < interval '0' OR r.backoff_max < interval '0'
-        OR r.backoff_base > r.backoff_max
+        OR coalesce(r.backoff_base, interval '1 second') > coalesce(r.backoff_max, interval '1 hour')
     ORDER BY r.ord
     LIMIT 1;
 
@@ -440,9 +441,11 @@ BEGIN
                 RAISE EXCEPTION USING
                     ERRCODE = 'XJ008',
                     MESSAGE = pg_catalog.format('X_BACKOFF_INVALID: backoff from %s to %s is not a range',
-                        v_bad.backoff_base, v_bad.backoff_max),
+                        coalesce(v_bad.backoff_base, interval '1 second'),
+                        coalesce(v_bad.backoff_max, interval '1 hour')),
                     DETAIL = pg_catalog.format('In request %s (job %L).', v_bad.ord, v_bad.name),
-                    HINT = 'Pass backoff_base and backoff_max of zero or more, base not above max.';
+                    HINT = 'Pass backoff_base and backoff_max of zero or more, base not above max '
+                        '(they default to 1 second and 1 hour).';
         END CASE;
     END IF;
 
@@ -468,7 +471,7 @@ BEGIN
                    CASE WHEN s.leads THEN pg_catalog.gen_random_uuid() END AS run_id,
                    coalesce(s.run_at, v_now) AS run_at,
                    coalesce(s.backoff_base, interval '1 second') AS backoff_base,
-                   coalesce(s.backoff_max, greatest(interval '1 hour', s.backoff_base)) AS backoff_max,
+                   coalesce(s.backoff_max, interval '1 hour') AS backoff_max,
                    CASE WHEN s.run_at > v_now THEN 'delayed' ELSE 'ready' END::x_jobs.job_state AS state,
                    coalesce(s.max_attempts, 25) AS max_attempts,
                    CASE WHEN s.concurrency_key IS NOT NULL THEN coalesce(s.concurrency_limit, 1) END
@@ -769,6 +772,10 @@ DECLARE
     v_lapsed bigint[];
     v_lapsed_attempt integer[];
     v_lapsed_worker text[];
+    v_granted integer;
+    v_claimed x_jobs.job[];
+    v_buried x_jobs.job[];
+    v_buried_all x_jobs.job[] := ARRAY[]::x_jobs.job[];
 BEGIN
     IF claim.queues IS NULL OR pg_catalog.cardinality(claim.queues) = 0
         OR EXISTS (SELECT FROM unnest(claim.queues) AS q WHERE q IS NULL OR q = '') THEN
@@ -799,7 +806,8 @@ BEGIN
                 coalesce(claim.qty::text, 'NULL')),
             HINT = 'Pass how many jobs the worker has free slots for, from 1 to 1000.';
     END IF;
-    IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
+    -- READ UNCOMMITTED runs as READ COMMITTED in PostgreSQL, so only these two are refused.
+    IF pg_catalog.current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ022',
             MESSAGE = pg_catalog.format('X_ISOLATION_UNSUPPORTED: claim cannot run at isolation level %s',
@@ -818,6 +826,7 @@ BEGIN
     WHILE v_pass < 3 AND v_got < claim.qty AND pg_catalog.cardinality(v_queues) > 0 LOOP
         v_pass := v_pass + 1;
         v_want := claim.qty - v_got;
+        v_granted := NULL;
 
         SELECT count(*)::integer,
                coalesce(pg_catalog.array_agg(c.id) FILTER (
@@ -898,6 +907,7 @@ BEGIN
                 ORDER BY 1
             ) AS k;
 
+            v_granted := pg_catalog.cardinality(v_take);
             v_take := v_take || ARRAY(
                 SELECT g.id
                 FROM (
@@ -914,6 +924,7 @@ BEGIN
                 ) AS g
                 WHERE g.rank <= g.room
             );
+            v_granted := pg_catalog.cardinality(v_take) - v_granted;
             v_seen := v_seen || v_keyed;
         END IF;
 
@@ -934,7 +945,7 @@ BEGIN
             )
             SELECT * FROM claimed AS c ORDER BY c.priority, c.run_at, c.id;
         ELSE
-            RETURN QUERY
+            -- Buried rows are answered after every claimed one, so they wait for the last pass.
             WITH buried AS (
                 UPDATE x_jobs.job AS j
                 SET state = CASE WHEN j.dead_letter THEN 'dead' ELSE 'failed' END::x_jobs.job_state,
@@ -984,15 +995,24 @@ BEGIN
                 WHERE j.id = ANY (v_take)
                 RETURNING j.*
             )
-            SELECT * FROM (SELECT * FROM claimed ORDER BY priority, run_at, id) AS c
-            UNION ALL
-            SELECT * FROM buried;
+            SELECT (SELECT pg_catalog.array_agg(ROW(c.*)::x_jobs.job ORDER BY c.priority, c.run_at, c.id) FROM claimed AS c),
+                   (SELECT pg_catalog.array_agg(ROW(b.*)::x_jobs.job) FROM buried AS b)
+            INTO v_claimed, v_buried;
+
+            RETURN QUERY SELECT * FROM unnest(v_claimed);
+            v_buried_all := v_buried_all || coalesce(v_buried, ARRAY[]::x_jobs.job[]);
         END IF;
 
         v_got := v_got + pg_catalog.cardinality(v_take);
-        -- Another pass only if this one found a full pick but could not hand all of it out.
-        EXIT WHEN v_picked < v_want;
+        -- Another pass only when this one spent slots on rows it could not hand out (buried, or
+        -- denied by a key), since that may have freed a key or left due rows behind; a pick that
+        -- came back short with nothing spent means the queues are drained.
+        EXIT WHEN v_picked < v_want
+            AND pg_catalog.cardinality(v_bury) = 0
+            AND pg_catalog.cardinality(v_keyed) = coalesce(v_granted, 0);
     END LOOP;
+
+    RETURN QUERY SELECT * FROM unnest(v_buried_all);
 END
 $$;
 

@@ -105,7 +105,7 @@ END
 $$;
 
 CREATE TEMP TABLE snap AS
-SELECT * FROM x_jobs.job -- noqa: AM04
+SELECT * FROM x_jobs.job
 WHERE id IN (SELECT j.id FROM j);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:06+00';
@@ -345,7 +345,7 @@ SELECT results_eq(
 );
 
 CREATE TEMP TABLE snap_lapsed AS
-SELECT * FROM x_jobs.job -- noqa: AM04
+SELECT * FROM x_jobs.job
 WHERE id = pg_temp.jid('lapsed');
 
 SELECT is(
@@ -377,5 +377,5 @@ SELECT results_eq(
     'The row should carry the output of the worker that held it'
 );
 
-SELECT * FROM finish(); -- noqa: AM04
+SELECT * FROM finish();
 ROLLBACK;

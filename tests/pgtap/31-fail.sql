@@ -315,7 +315,7 @@ SELECT results_eq(
 ------------------------------------------------------------------------------------------------
 
 CREATE TEMP TABLE snap AS
-SELECT * FROM x_jobs.job -- noqa: AM04
+SELECT * FROM x_jobs.job
 WHERE id IN (SELECT j.id FROM j);
 
 SELECT is(
@@ -425,5 +425,5 @@ SELECT results_eq(
     'Twenty retried failures of one job name should add up to retried = 20'
 );
 
-SELECT * FROM finish(); -- noqa: AM04
+SELECT * FROM finish();
 ROLLBACK;

@@ -51,7 +51,7 @@ END
 $$;
 
 CREATE TEMP TABLE snap AS
-SELECT * FROM x_jobs.job -- noqa: AM04
+SELECT * FROM x_jobs.job
 WHERE id IN (SELECT j.id FROM j);
 
 ------------------------------------------------------------------------------------------------
@@ -158,7 +158,7 @@ SELECT set_eq(
 ------------------------------------------------------------------------------------------------
 
 CREATE TEMP TABLE snap_b AS
-SELECT * FROM x_jobs.job -- noqa: AM04
+SELECT * FROM x_jobs.job
 WHERE id = pg_temp.jid('b');
 
 SELECT throws_ok(
@@ -202,5 +202,5 @@ SELECT set_eq(
     'A refused heartbeat should leave the lease as it was'
 );
 
-SELECT * FROM finish(); -- noqa: AM04
+SELECT * FROM finish();
 ROLLBACK;

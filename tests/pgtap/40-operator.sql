@@ -111,7 +111,7 @@ SELECT results_eq(
 );
 
 CREATE TEMP TABLE snap AS
-SELECT * FROM x_jobs.job -- noqa: AM04
+SELECT * FROM x_jobs.job
 WHERE id IN (SELECT j.id FROM j);
 
 SELECT results_eq(
@@ -197,7 +197,7 @@ SELECT results_eq(
 );
 
 CREATE TEMP TABLE snap_retry AS
-SELECT * FROM x_jobs.job -- noqa: AM04
+SELECT * FROM x_jobs.job
 WHERE id IN (
     SELECT j.id FROM j
     WHERE j.tag IN ('r_ready', 'r_delayed', 'r_running', 'r_done', 'k_dead')
@@ -346,5 +346,5 @@ SELECT throws_ok(
     'resume_queue should refuse a NULL queue name'
 );
 
-SELECT * FROM finish(); -- noqa: AM04
+SELECT * FROM finish();
 ROLLBACK;

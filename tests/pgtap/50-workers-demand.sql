@@ -333,5 +333,5 @@ SELECT is(
     'Once resumed, a queue''s due rows should count again'
 );
 
-SELECT * FROM finish(); -- noqa: AM04
+SELECT * FROM finish();
 ROLLBACK;

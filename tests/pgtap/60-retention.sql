@@ -306,7 +306,7 @@ SELECT is(
 );
 
 CREATE TEMP TABLE counter_after AS
-SELECT * FROM x_jobs.counter; -- noqa: AM04
+SELECT * FROM x_jobs.counter;
 
 SELECT is(
     x_jobs.rollup_counters('2 hours', '2 days', '30 days'),
@@ -360,5 +360,5 @@ SELECT throws_ok(
     'rollup_counters should refuse a missing age rather than fold nothing'
 );
 
-SELECT * FROM finish(); -- noqa: AM04
+SELECT * FROM finish();
 ROLLBACK;

@@ -96,5 +96,5 @@ SELECT is_empty(
     'The SQLSTATEs of our own class should be XJ followed by three digits'
 );
 
-SELECT * FROM finish(); -- noqa: AM04
+SELECT * FROM finish();
 ROLLBACK;

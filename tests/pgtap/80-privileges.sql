@@ -228,5 +228,5 @@ SELECT throws_ok(
 
 RESET ROLE;
 
-SELECT * FROM finish(); -- noqa: AM04
+SELECT * FROM finish();
 ROLLBACK;

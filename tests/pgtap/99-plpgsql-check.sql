@@ -29,5 +29,5 @@ SELECT is_empty(
     'plpgsql_check should find nothing in any PL/pgSQL function of the extension'
 );
 
-SELECT * FROM finish(); -- noqa: AM04
+SELECT * FROM finish();
 ROLLBACK;
