@@ -333,15 +333,19 @@ SELECT results_eq(
 SELECT throws_ok(
     $$SELECT * FROM x_jobs.enqueue_many('[{"name": "backoff_default_job", "backoff_max": "500 milliseconds"}]')$$,
     'XJ008',
-    pg_catalog.format('X_BACKOFF_INVALID: backoff from %s to %s is not a range', interval '1 second',
-        interval '500 milliseconds'),
+    pg_catalog.format(
+        'X_BACKOFF_INVALID: backoff from %s to %s is not a range', interval '1 second',
+        interval '500 milliseconds'
+    ),
     'A backoff_max below the default backoff_base should be refused, not stored as base above max'
 );
 SELECT throws_ok(
     $$SELECT * FROM x_jobs.enqueue_many('[{"name": "backoff_default_job", "backoff_base": "2 hours"}]')$$,
     'XJ008',
-    pg_catalog.format('X_BACKOFF_INVALID: backoff from %s to %s is not a range', interval '2 hours',
-        interval '1 hour'),
+    pg_catalog.format(
+        'X_BACKOFF_INVALID: backoff from %s to %s is not a range', interval '2 hours',
+        interval '1 hour'
+    ),
     'A backoff_base above the default backoff_max should be refused, as enqueue refuses it'
 );
 
