@@ -5,8 +5,8 @@
 #   make bench    the benchmarks on a throwaway server with durable settings
 #   make install  PGXS install of the control file and the versioned scripts
 #
-# The check-* targets run against whatever server PGHOST/PGPORT name; `make test` wraps them in
-# scripts/throwaway-pg, so they are also the way to re-run one suite by hand.
+# The check-* targets (check-all runs them all) use whatever server PGHOST/PGPORT name;
+# `make test` wraps them in scripts/throwaway-pg, and they re-run one suite by hand.
 
 # The control file lives in sql/, so it is installed as DATA (PGXS's EXTENSION variable would
 # look for it at the top); MODULEDIR puts everything in share/extension all the same.
@@ -24,8 +24,7 @@ VENV        ?= .venv
 VENV_PYTHON  = $(VENV)/bin/python
 SQL_SOURCES  = sql/x_jobs.sql $(wildcard sql/x_jobs--*--*.sql)
 
-.PHONY: demo test bench deps lint check check-sql check-plpgsql check-upgrade check-python \
-        check-released bench-run
+.PHONY: demo test bench deps lint check-all check-sql check-upgrade check-python check-released
 
 # Build the newest version's full script from the editable source.
 sql/x_jobs--$(EXTVERSION).sql: sql/x_jobs.sql
@@ -41,14 +40,14 @@ demo: deps
 
 # Every test, on a throwaway server that is removed afterwards.
 test: deps
-	scripts/throwaway-pg -- $(MAKE) --no-print-directory check
+	scripts/throwaway-pg -- $(MAKE) --no-print-directory check-all
 
 # Benchmarks, on a throwaway server with fsync and synchronous_commit on.
 bench: deps
 	scripts/throwaway-pg --durable -- $(VENV_PYTHON) bench/bench.py
 
 # All suites against the server in PGHOST; stops at the first that fails.
-check: lint check-released check-sql check-upgrade check-python
+check-all: lint check-released check-sql check-upgrade check-python
 
 # sqlfluff over the DDL, ruff and mypy over the Python.
 lint:

@@ -1,0 +1,153 @@
+"""Fixtures for the x_jobs tests: real PostgreSQL databases, a fresh one per test.
+
+The server is the one scripts/throwaway-pg (or ``make test``) starts: the tests read PGHOST,
+PGPORT, PGUSER and PGDATABASE from the environment, as libpq does. A session template database
+gets ``CREATE EXTENSION x_jobs`` once; every test then runs in a copy of it
+(``CREATE DATABASE ... TEMPLATE ...``), dropped afterwards, so tests never see each other's rows.
+
+Helpers the test modules share live here too (``from conftest import ...``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Protocol, TypeAlias
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+logger = logging.getLogger(__name__)
+
+#: A connection whose rows are plain tuples (psycopg's default row factory).
+Conn: TypeAlias = psycopg.Connection[tuple[Any, ...]]
+
+#: How long a test waits for something that should happen within milliseconds.
+DEADLINE_SECONDS = 30.0
+
+_NO_SERVER = (
+    "PGHOST is not set: the x_jobs tests need a real PostgreSQL server with the extension staged "
+    "from this checkout. Run them through the throwaway server:\n"
+    "    scripts/throwaway-pg -- .venv/bin/pytest -q tests/python\n"
+    "or `make test`."
+)
+
+
+class Connect(Protocol):
+    """Opens one more connection to the test's database; the fixture closes it afterwards."""
+
+    def __call__(self, *, autocommit: bool = True, name: str = "x_jobs_test") -> Conn: ...
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = DEADLINE_SECONDS) -> None:
+    """Poll ``condition`` until it holds; fail naming ``what`` once ``timeout`` seconds passed."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.01)
+
+
+def wait_for_lock_waiters(observer: Conn, pids: Sequence[int]) -> None:
+    """Wait until every backend in ``pids`` is blocked on a lock (pg_stat_activity says so)."""
+
+    def all_blocked() -> bool:
+        row = observer.execute(
+            "SELECT count(*) FROM pg_catalog.pg_stat_activity"
+            " WHERE pid = ANY (%s) AND wait_event_type = 'Lock'",
+            [list(pids)],
+        ).fetchone()
+        assert row is not None
+        return int(row[0]) == len(pids)
+
+    wait_for(all_blocked, f"{len(pids)} backends to wait on a lock")
+
+
+def _drop_database(admin: Conn, name: str) -> None:
+    admin.execute(
+        "SELECT pg_catalog.pg_terminate_backend(pid) FROM pg_catalog.pg_stat_activity"
+        " WHERE datname = %s AND pid <> pg_catalog.pg_backend_pid()",
+        [name],
+    )
+    admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@contextmanager
+def fresh_database(admin: Conn, template: str, prefix: str = "x_jobs_test") -> Iterator[str]:
+    """A new database cloned from ``template``; yields its conninfo and drops it afterwards."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    admin.execute(
+        sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+            sql.Identifier(name), sql.Identifier(template)
+        )
+    )
+    try:
+        yield make_conninfo("", dbname=name)
+    finally:
+        _drop_database(admin, name)
+
+
+@contextmanager
+def connections(dsn: str) -> Iterator[Connect]:
+    """A ``Connect`` for ``dsn`` that closes every connection it opened on exit."""
+    opened: list[Conn] = []
+
+    def connect(*, autocommit: bool = True, name: str = "x_jobs_test") -> Conn:
+        conn = psycopg.connect(dsn, autocommit=autocommit, application_name=name)
+        opened.append(conn)
+        return conn
+
+    try:
+        yield connect
+    finally:
+        for conn in opened:
+            conn.close()
+
+
+@pytest.fixture(scope="session")
+def admin() -> Iterator[Conn]:
+    """An autocommit superuser connection to the server's maintenance database."""
+    if not os.environ.get("PGHOST"):
+        # One clear message and a failing exit status, not one error per test.
+        pytest.exit(_NO_SERVER, returncode=pytest.ExitCode.USAGE_ERROR)
+    with psycopg.connect(autocommit=True, application_name="x_jobs_test_admin") as conn:
+        yield conn
+
+
+@pytest.fixture(scope="session")
+def template_db(admin: Conn) -> Iterator[str]:
+    """The name of a database holding a fresh ``CREATE EXTENSION x_jobs``, for cloning."""
+    name = f"x_jobs_template_{uuid.uuid4().hex[:12]}"
+    admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        with psycopg.connect(dbname=name, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION x_jobs")
+        yield name
+    finally:
+        _drop_database(admin, name)
+
+
+@pytest.fixture
+def dsn(admin: Conn, template_db: str) -> Iterator[str]:
+    """The conninfo of a database of this test's own, with x_jobs installed."""
+    with fresh_database(admin, template_db) as conninfo:
+        yield conninfo
+
+
+@pytest.fixture
+def connect(dsn: str) -> Iterator[Connect]:
+    """Opens more connections to the test's database (closed after the test)."""
+    with connections(dsn) as opener:
+        yield opener
+
+
+@pytest.fixture
+def conn(connect: Connect) -> Conn:
+    """An autocommit connection to the test's database."""
+    return connect()

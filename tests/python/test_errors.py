@@ -1,0 +1,128 @@
+"""x_jobs.errors: the Python classes match the server's catalogue, and translate types refusals."""
+
+from __future__ import annotations
+
+import logging
+from typing import LiteralString
+
+import psycopg
+import pytest
+from conftest import Conn
+from x_jobs import errors
+
+logger = logging.getLogger(__name__)
+
+
+def _refusal(conn: Conn, query: LiteralString) -> psycopg.Error:
+    with pytest.raises(psycopg.Error) as caught:
+        conn.execute(query)
+    return caught.value
+
+
+def test_by_code_is_the_servers_catalogue(conn: Conn) -> None:
+    catalogue = {
+        str(code): str(sqlstate)
+        for sqlstate, code, _ in conn.execute("SELECT * FROM x_jobs.error_codes()").fetchall()
+    }
+    # Every code the server can raise has its class, under the same SQLSTATE...
+    for code, sqlstate in catalogue.items():
+        assert code in errors.BY_CODE, f"no Python class for {code}"
+        assert errors.BY_CODE[code].sqlstate == sqlstate, code
+    # ...and every class names a code the server has.
+    for code, cls in errors.BY_CODE.items():
+        assert catalogue.get(code) == cls.sqlstate, f"{cls.__name__} ({code}) is not a server code"
+        assert cls.code == code
+    assert len(errors.BY_CODE) == len(catalogue)
+
+
+def test_a_refusal_becomes_its_typed_error(conn: Conn) -> None:
+    err = _refusal(conn, "SELECT * FROM x_jobs.claim(ARRAY['default'], 'w1', '30 seconds', 0)")
+    assert err.sqlstate == "XJ013"
+
+    typed = errors.translate(err)
+
+    assert type(typed) is errors.QtyInvalid
+    assert isinstance(typed, errors.InvalidArgument)
+    assert typed.code == "X_QTY_INVALID"
+    assert typed.message.startswith("X_QTY_INVALID: qty 0 ")
+    assert typed.hint
+    assert typed.hint == err.diag.message_hint
+    assert typed.__cause__ is err
+    assert typed.hint in str(typed)
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("SELECT x_jobs.enqueue('')", errors.NameInvalid),
+        ("SELECT x_jobs.enqueue('a', queue => '')", errors.QueueInvalid),
+        ("SELECT x_jobs.enqueue('a', max_attempts => 0)", errors.MaxAttemptsInvalid),
+        ("SELECT x_jobs.enqueue_many('{}')", errors.JobsInvalid),
+        ('SELECT x_jobs.enqueue_many(\'[{"nmae": "a"}]\')', errors.JobsInvalid),
+        ("SELECT * FROM x_jobs.claim(ARRAY[]::text[], 'w1')", errors.QueuesInvalid),
+        ("SELECT * FROM x_jobs.claim(ARRAY['default'], '')", errors.WorkerInvalid),
+        ("SELECT * FROM x_jobs.claim(ARRAY['default'], 'w1', '0 seconds')", errors.LeaseInvalid),
+        ("SELECT x_jobs.fail(1, 'w1', '')", errors.ErrorMissing),
+        ("SELECT x_jobs.cancel(-1)", errors.JobNotFound),
+        ("SELECT x_jobs.purge('-1 day')", errors.RetentionInvalid),
+    ],
+)
+def test_every_kind_of_refusal_translates(
+    conn: Conn, query: LiteralString, expected: type[errors.XJobsError]
+) -> None:
+    err = _refusal(conn, query)
+    typed = errors.translate(err)
+    assert type(typed) is expected, err
+    assert isinstance(typed, errors.XJobsError)
+    assert typed.sqlstate == err.sqlstate
+    assert typed.message.startswith(expected.code + ":")
+    assert typed.hint
+    assert typed.__cause__ is err
+
+
+def test_claim_outside_read_committed_is_refused(conn: Conn) -> None:
+    with pytest.raises(psycopg.Error) as caught, conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        conn.execute("SELECT * FROM x_jobs.claim(ARRAY['default'], 'w1')")
+    typed = errors.translate(caught.value)
+    assert type(typed) is errors.IsolationUnsupported
+    assert typed.__cause__ is caught.value
+
+
+def test_an_enqueue_race_is_told_from_other_serialization_failures(conn: Conn) -> None:
+    # The same SQLSTATE as any serialization failure: the X_ code decides.
+    race = _refusal(
+        conn,
+        "DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = '40001',"
+        " MESSAGE = 'X_ENQUEUE_RACE: an idempotency key kept changing hands'; END $$",
+    )
+    typed = errors.translate(race)
+    assert type(typed) is errors.EnqueueRace
+    assert typed.__cause__ is race
+
+    other = _refusal(
+        conn,
+        "DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = '40001',"
+        " MESSAGE = 'could not serialize access'; END $$",
+    )
+    assert errors.translate(other) is other
+
+
+def test_errors_that_are_no_refusal_come_back_unchanged(conn: Conn) -> None:
+    division = _refusal(conn, "SELECT 1 / 0")
+    assert division.sqlstate == "22012"
+    assert errors.translate(division) is division
+
+    # An X_ code under a SQLSTATE that is not its own is no x_jobs refusal either...
+    foreign = _refusal(
+        conn,
+        "DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = 'P0001',"
+        " MESSAGE = 'X_QTY_INVALID: not from x_jobs'; END $$",
+    )
+    assert errors.translate(foreign) is foreign
+    # ...nor an x_jobs SQLSTATE without the X_ code at the head of the message.
+    headless = _refusal(
+        conn, "DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = 'XJ013', MESSAGE = 'qty'; END $$"
+    )
+    assert errors.translate(headless) is headless
+    assert conn.execute("SELECT 1").fetchone() == (1,)

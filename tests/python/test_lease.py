@@ -1,0 +1,130 @@
+"""Leases: a lapsed lease goes to the next claimer, and the worker that lost it cannot settle."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import pytest
+from conftest import DEADLINE_SECONDS, Conn, Connect
+
+logger = logging.getLogger(__name__)
+
+SHORT_LEASE = "300 milliseconds"
+COLUMNS = "id, state::text, claimed_by, attempt, claims"
+
+
+def _enqueue(conn: Conn, max_attempts: int = 25, dead_letter: bool = True) -> int:
+    row = conn.execute(
+        "SELECT id FROM x_jobs.enqueue('lease_test', max_attempts => %s, dead_letter => %s)",
+        [max_attempts, dead_letter],
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _claim(conn: Conn, worker: str, lease: str = "30 seconds") -> list[tuple[Any, ...]]:
+    return conn.execute(
+        "SELECT " + COLUMNS + " FROM x_jobs.claim(ARRAY['default'], %s, %s::interval, 10)",
+        [worker, lease],
+    ).fetchall()
+
+
+def _claim_until_found(conn: Conn, worker: str) -> list[tuple[Any, ...]]:
+    """Claim in a loop until a claim answers rows (the lapse happened); fail at the deadline."""
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    while time.monotonic() < deadline:
+        rows = _claim(conn, worker)
+        if rows:
+            return rows
+        time.sleep(0.02)
+    pytest.fail(f"{worker} got nothing within {DEADLINE_SECONDS:.0f} s")
+
+
+def _row(conn: Conn, job_id: int) -> tuple[Any, ...]:
+    row = conn.execute("SELECT " + COLUMNS + " FROM x_jobs.job WHERE id = %s", [job_id]).fetchone()
+    assert row is not None
+    return row
+
+
+def test_lapsed_lease_is_reclaimed_and_the_loser_cannot_settle(
+    conn: Conn, connect: Connect
+) -> None:
+    a, b = connect(name="worker-a"), connect(name="worker-b")
+    job_id = _enqueue(conn)
+
+    assert _claim(a, "A", SHORT_LEASE) == [(job_id, "running", "A", 1, 1)]
+    # While A holds the lease the job is nobody else's: B's claims answer nothing until it lapses.
+    assert _claim_until_found(b, "B") == [(job_id, "running", "B", 2, 2)]
+
+    # A lost the lease: none of its settling calls touch the row.
+    assert a.execute("SELECT x_jobs.complete(%s, 'A')", [job_id]).fetchone() == (False,)
+    assert a.execute("SELECT x_jobs.fail(%s, 'A', 'boom')", [job_id]).fetchone() == (None,)
+    assert (
+        a.execute(
+            "SELECT * FROM x_jobs.extend_lease(ARRAY[%s]::bigint[], 'A')", [job_id]
+        ).fetchall()
+        == []
+    )
+    assert (
+        a.execute(
+            "SELECT * FROM x_jobs.complete_many(ARRAY[%s]::bigint[], 'A')", [job_id]
+        ).fetchall()
+        == []
+    )
+    assert _row(conn, job_id) == (job_id, "running", "B", 2, 2)
+
+    # The lapse is in the job's error history as attempt 1 of worker A; A's refused fail is not.
+    errors = conn.execute(
+        "SELECT attempt, worker FROM x_jobs.job_error WHERE job_id = %s", [job_id]
+    ).fetchall()
+    assert errors == [(1, "A")]
+
+    # B still holds it: its heartbeat and its complete work.
+    assert b.execute(
+        "SELECT * FROM x_jobs.extend_lease(ARRAY[%s]::bigint[], 'B')", [job_id]
+    ).fetchall() == [(job_id,)]
+    assert b.execute("SELECT x_jobs.complete(%s, 'B')", [job_id]).fetchone() == (True,)
+    done = conn.execute(
+        "SELECT state::text, visible_at, finished_at IS NOT NULL FROM x_jobs.job WHERE id = %s",
+        [job_id],
+    ).fetchone()
+    assert done == ("done", None, True)
+    counted = conn.execute(
+        "SELECT sum(completed), sum(retried), sum(dead)"
+        " FROM x_jobs.counter WHERE job = 'lease_test'"
+    ).fetchone()
+    assert counted == (1, 1, 0)
+
+
+@pytest.mark.parametrize(("dead_letter", "buried_as"), [(True, "dead"), (False, "failed")])
+def test_lapse_on_the_final_attempt_buries_the_job(
+    conn: Conn, connect: Connect, dead_letter: bool, buried_as: str
+) -> None:
+    a, b = connect(name="worker-a"), connect(name="worker-b")
+    job_id = _enqueue(conn, max_attempts=1, dead_letter=dead_letter)
+
+    assert _claim(a, "A", SHORT_LEASE) == [(job_id, "running", "A", 1, 1)]
+    # The next claim after the lapse answers the row beside its claims, buried, not handed out.
+    assert _claim_until_found(b, "B") == [(job_id, buried_as, None, 1, 1)]
+    buried = conn.execute(
+        "SELECT state::text, claimed_by, visible_at, finished_at IS NOT NULL, last_error"
+        " FROM x_jobs.job WHERE id = %s",
+        [job_id],
+    ).fetchone()
+    assert buried is not None
+    assert buried[:4] == (buried_as, None, None, True)
+    assert buried[4]
+
+    # Never handed out again, and the stalled worker cannot settle it.
+    assert _claim(b, "B") == []
+    assert _claim(conn, "C") == []
+    assert a.execute("SELECT x_jobs.complete(%s, 'A')", [job_id]).fetchone() == (False,)
+    assert a.execute("SELECT x_jobs.fail(%s, 'A', 'late')", [job_id]).fetchone() == (None,)
+    assert _row(conn, job_id) == (job_id, buried_as, None, 1, 1)
+
+    counted = conn.execute(
+        "SELECT sum(dead), sum(failed), sum(retried) FROM x_jobs.counter WHERE job = 'lease_test'"
+    ).fetchone()
+    assert counted == ((1, 0, 0) if buried_as == "dead" else (0, 1, 0))

@@ -1,0 +1,295 @@
+"""The claim SEEKS: on a big table its statements read about qty rows, through the partial indexes.
+
+A module database gets 1,000,000 done rows and 100,000 due ready rows (plus some not-yet-due
+delayed rows and unexpired running rows, and a few concurrency keys), so that any plan that reads
+the backlog instead of seeking into it shows up as tens of thousands of rows. auto_explain logs
+the real (ANALYZE) plan of every statement the claim runs, as JSON, through NOTICEs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any, LiteralString
+
+import psycopg
+import pytest
+from conftest import Conn, Connect, connections, fresh_database
+
+logger = logging.getLogger(__name__)
+
+#: The rows FILL writes, by state.
+FILLED = {
+    "done": 1_000_000,
+    "ready": 100_000,
+    "delayed": 10_000,
+    "suspended": 10_000,
+    "running": 10_000,
+}
+READY_ROWS = FILLED["ready"]
+QTY = 10
+
+#: Through which indexes the claim may read x_jobs.job: the three arms, the concurrency count,
+#: and the primary key for the statements that update the picked ids.
+ARM_INDEXES = {"job_ready_idx", "job_waiting_idx", "job_running_idx"}
+ALLOWED_INDEXES = ARM_INDEXES | {"job_concurrency_idx", "job_pkey"}
+#: Room over 3 x qty x queues for the concurrency-key count (a few running rows per key).
+SLACK = 50
+
+FILL: list[LiteralString] = [
+    # The history: done rows in all three queues, none in any partial index of the claim.
+    """
+    INSERT INTO x_jobs.job (
+        run_at, created_at, updated_at, started_at, finished_at, run_id, backoff_base,
+        backoff_max, state, attempt, max_attempts, claims, name, queue, tenant_id, claimed_by,
+        input
+    )
+    SELECT t, t, t, t, t, gen_random_uuid(), '1 second', '1 hour', 'done', 1, 25, 1, 'old',
+           (ARRAY['default', 'q2', 'q3'])[1 + g % 3], 'none', 'old-worker', '{}'
+    FROM generate_series(1, 1000000) AS g,
+         LATERAL (SELECT now() - interval '30 days' + g * interval '1 second' AS t) AS x
+    """,
+    # The backlog: due ready rows, 80% in 'default'; every 7th carries a concurrency key.
+    """
+    INSERT INTO x_jobs.job (
+        run_at, created_at, updated_at, run_id, backoff_base, backoff_max, state, max_attempts,
+        priority, name, queue, tenant_id, concurrency_key, concurrency_limit, input
+    )
+    SELECT now() - interval '1 day' + g * interval '500 milliseconds', now(), now(),
+           gen_random_uuid(), '1 second', '1 hour', 'ready', 25, 0, 'work',
+           CASE g % 10 WHEN 0 THEN 'q2' WHEN 1 THEN 'q3' ELSE 'default' END, 'none',
+           CASE WHEN g % 7 = 0 THEN 'key-' || g % 5 END,
+           CASE WHEN g % 7 = 0 THEN 1000 END,
+           '{}'
+    FROM generate_series(1, 100000) AS g
+    """,
+    # Not due yet: the waiting arm must read none of them.
+    """
+    INSERT INTO x_jobs.job (
+        run_at, created_at, updated_at, run_id, backoff_base, backoff_max, state, max_attempts,
+        name, queue, tenant_id, input
+    )
+    SELECT now() + interval '1 day' + g * interval '1 second', now(), now(), gen_random_uuid(),
+           '1 second', '1 hour',
+           CASE WHEN g % 2 = 0 THEN 'delayed' ELSE 'suspended' END::x_jobs.job_state,
+           25, 'later', (ARRAY['default', 'q2', 'q3'])[1 + g % 3], 'none', '{}'
+    FROM generate_series(1, 20000) AS g
+    """,
+    # Held under unexpired leases: the lapsed arm must read none of them. A few hold a key.
+    """
+    INSERT INTO x_jobs.job (
+        run_at, visible_at, started_at, created_at, updated_at, run_id, backoff_base,
+        backoff_max, state, attempt, claims, max_attempts, name, queue, tenant_id, claimed_by,
+        concurrency_key, concurrency_limit, input
+    )
+    SELECT now() - interval '1 hour', now() + interval '1 day', now(), now(), now(),
+           gen_random_uuid(), '1 second', '1 hour', 'running', 1, 1, 25, 'busy',
+           (ARRAY['default', 'q2', 'q3'])[1 + g % 3], 'none', 'busy-worker',
+           CASE WHEN g % 400 = 0 THEN 'key-' || (g / 400) % 5 END,
+           CASE WHEN g % 400 = 0 THEN 1000 END,
+           '{}'
+    FROM generate_series(1, 10000) AS g
+    """,
+    "VACUUM ANALYZE x_jobs.job",
+]
+
+AUTO_EXPLAIN: list[LiteralString] = [
+    "LOAD 'auto_explain'",
+    "SET auto_explain.log_min_duration = 0",
+    "SET auto_explain.log_nested_statements = on",
+    "SET auto_explain.log_analyze = on",
+    "SET auto_explain.log_format = 'json'",
+    "SET auto_explain.log_level = 'notice'",
+    "SET client_min_messages = 'notice'",
+]
+
+NAIVE = """
+    SELECT id FROM x_jobs.job
+    WHERE queue = 'default' AND state IN ('ready', 'delayed', 'suspended') AND run_at <= now()
+    ORDER BY run_at
+    LIMIT 10
+    FOR UPDATE SKIP LOCKED
+"""
+
+
+@pytest.fixture(scope="module")
+def big_dsn(admin: Conn, template_db: str) -> Iterator[str]:
+    """A database of this module's own with a big job table (about 15-25 s to fill)."""
+    with fresh_database(admin, template_db, prefix="x_jobs_plan") as dsn:
+        started = time.monotonic()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for statement in FILL:
+                conn.execute(statement)
+            filled = conn.execute(
+                "SELECT state::text, count(*) FROM x_jobs.job GROUP BY 1"
+            ).fetchall()
+            assert dict(filled) == FILLED
+        logger.info("filled the big job table in %.1f s", time.monotonic() - started)
+        yield dsn
+
+
+@pytest.fixture
+def big_connect(big_dsn: str) -> Iterator[Connect]:
+    with connections(big_dsn) as opener:
+        yield opener
+
+
+class PlanLog:
+    """Collects the JSON plans auto_explain sends as NOTICEs on one connection."""
+
+    def __init__(self, conn: Conn) -> None:
+        self.plans: list[dict[str, Any]] = []
+        for statement in AUTO_EXPLAIN:
+            conn.execute(statement)
+        conn.add_notice_handler(self._on_notice)
+
+    def _on_notice(self, diag: psycopg.errors.Diagnostic) -> None:
+        message = diag.message_primary or ""
+        if message.startswith("duration:") and "{" in message:
+            self.plans.append(json.loads(message[message.index("{") :]))
+
+    def take(self) -> list[dict[str, Any]]:
+        plans, self.plans = self.plans, []
+        return plans
+
+
+def _nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield node
+    for child in node.get("Plans", []):
+        yield from _nodes(child)
+
+
+def _rows_read(node: dict[str, Any]) -> float:
+    """Rows a node handled over all its loops, counting those its filters threw away."""
+    per_loop = (
+        node.get("Actual Rows", 0)
+        + node.get("Rows Removed by Filter", 0)
+        + node.get("Rows Removed by Index Recheck", 0)
+    )
+    return float(per_loop) * float(node.get("Actual Loops", 0))
+
+
+def _arm_scans(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """The scans under the LockRows nodes: the rows each arm of the pick locked."""
+    return [
+        child
+        for node in _nodes(plan["Plan"])
+        if node["Node Type"] == "LockRows"
+        for child in node.get("Plans", [])
+        if child.get("Parent Relationship") == "Outer"
+    ]
+
+
+def _is_job(node: dict[str, Any]) -> bool:
+    return node.get("Relation Name") == "job" and node.get("Schema", "x_jobs") == "x_jobs"
+
+
+def access_problems(plan: dict[str, Any]) -> list[str]:
+    """How a statement's plan reads x_jobs.job other than by the allowed index scans."""
+    problems = []
+    for node in _nodes(plan["Plan"]):
+        if not _is_job(node) or node["Node Type"] == "ModifyTable":
+            continue
+        kind, index = node["Node Type"], node.get("Index Name")
+        if kind not in ("Index Scan", "Index Only Scan") or index not in ALLOWED_INDEXES:
+            problems.append(f"{kind} on x_jobs.job (index {index})")
+    return problems
+
+
+def seek_problems(plan: dict[str, Any], qty: int, queues: int) -> list[str]:
+    """Why a picking statement's plan is no seek: bad access paths or too many rows anywhere."""
+    bound = 3 * qty * queues + SLACK
+    problems = access_problems(plan)
+    for node in _nodes(plan["Plan"]):
+        if node["Node Type"] == "Sort" and node.get("Plans"):
+            fed = node["Plans"][0]
+            sorted_rows = float(fed.get("Actual Rows", 0)) * float(fed.get("Actual Loops", 0))
+            if sorted_rows > bound:
+                problems.append(f"Sort of {sorted_rows:.0f} rows (bound {bound})")
+        if _rows_read(node) > bound:
+            where = node.get("Index Name") or node.get("Relation Name") or ""
+            problems.append(
+                f"{node['Node Type']} {where} handled {_rows_read(node):.0f} rows (bound {bound})"
+            )
+    return problems
+
+
+def _is_pick(plan: dict[str, Any]) -> bool:
+    text = str(plan.get("Query Text", ""))
+    return "FOR UPDATE SKIP LOCKED" in text and "CROSS JOIN LATERAL" in text
+
+
+def _claim_plans(conn: Conn, log: PlanLog, queues: list[str]) -> list[dict[str, Any]]:
+    """Run one claim of QTY; answer the plans of the statements it ran inside."""
+    log.take()
+    rows = conn.execute(
+        "SELECT id, state::text, queue FROM x_jobs.claim(%s, 'plan-worker', '1 hour', %s)",
+        [queues, QTY],
+    ).fetchall()
+    # A claim that found nothing would pass every check below without seeking anything.
+    assert len(rows) == QTY
+    assert {state for _, state, _ in rows} == {"running"}
+    assert {queue for _, _, queue in rows} <= set(queues)
+    nested = [p for p in log.take() if "x_jobs.claim(" not in str(p.get("Query Text", ""))]
+    assert any(_is_pick(p) for p in nested), "auto_explain logged no picking statement"
+    return nested
+
+
+@pytest.mark.parametrize("plan_cache_mode", ["auto", "force_custom_plan", "force_generic_plan"])
+def test_claim_seeks_on_a_big_table(big_connect: Connect, plan_cache_mode: str) -> None:
+    conn = big_connect(name="plan-claimer")
+    log = PlanLog(conn)
+    # JIT changes no plan, only what a call costs; test_claim_statements_are_not_jit_compiled
+    # holds that part. Off here, so these claims take milliseconds, not a second each.
+    conn.execute("SET jit = off")
+    # PL/pgSQL plans its statements afresh for 5 calls, then may keep a generic plan; the
+    # session's plan_cache_mode covers both, unless the function pins a mode of its own.
+    conn.execute("SELECT set_config('plan_cache_mode', %s, false)", [plan_cache_mode])
+
+    calls = [["default"]] * 8 + [["default", "q2", "q3"]]
+    for call, queues in enumerate(calls, 1):
+        plans = _claim_plans(conn, log, queues)
+        for plan in plans:
+            where = f"call {call} ({queues}): {plan['Query Text'][:60]!r}"
+            if _is_pick(plan):
+                assert seek_problems(plan, QTY, len(queues)) == [], where
+                arms = _arm_scans(plan)
+                # One seek per arm and queue, each through its own index.
+                assert sorted(n.get("Index Name", "") for n in arms) == sorted(ARM_INDEXES), where
+                assert all(n["Actual Loops"] == len(queues) for n in arms), where
+            else:
+                assert access_problems(plan) == [], where
+
+
+def test_the_checker_rejects_a_naive_claim(big_connect: Connect) -> None:
+    conn = big_connect(name="naive-claimer")
+    with conn.transaction():
+        row = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + NAIVE).fetchone()
+        assert row is not None
+        plan: dict[str, Any] = row[0][0]
+        raise psycopg.Rollback()
+
+    problems = seek_problems(plan, QTY, 1)
+    assert problems, "the checker passed a query that reads the whole backlog"
+    # It is caught for what it does: a scan or sort of (at least) the due backlog of 'default'.
+    read = max(_rows_read(n) for n in _nodes(plan["Plan"]) if _is_job(n))
+    assert read >= 0.8 * READY_ROWS, problems
+    logger.info("the naive claim: %s", problems)
+
+
+def test_claim_statements_are_not_jit_compiled(big_connect: Connect) -> None:
+    """A claim is a few index seeks; compiling its plans with LLVM costs 50-900 ms a call.
+
+    JIT kicks in when a plan's estimated cost passes jit_above_cost (100,000 by default), and a
+    generic plan costs a LIMIT of a parameter as if it read much of the table.
+    """
+    conn = big_connect(name="jit-claimer")
+    log = PlanLog(conn)
+    for queues in [["default"]] * 8 + [["default", "q2", "q3"]]:
+        for plan in _claim_plans(conn, log, queues):
+            assert "JIT" not in plan, (
+                f"JIT compiled {plan['Query Text'][:60]!r} (plan cost "
+                f"{plan['Plan']['Total Cost']}, JIT {plan['JIT']['Timing']['Total']} ms)"
+            )
