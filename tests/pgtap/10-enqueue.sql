@@ -6,25 +6,6 @@ SELECT plan(50);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:00:00+00';
 
--- Runs a statement and answers what it raised (no row when it raised nothing), read with GET
--- STACKED DIAGNOSTICS, so a test can check the DETAIL and HINT that throws_ok does not see.
-CREATE FUNCTION pg_temp.caught(p_sql text)
-RETURNS TABLE (err_state text, err_message text, err_detail text, err_hint text)
-LANGUAGE plpgsql
-AS $$
-BEGIN
-    EXECUTE p_sql;
-EXCEPTION
-    WHEN OTHERS THEN
-        GET STACKED DIAGNOSTICS
-            err_state = RETURNED_SQLSTATE,
-            err_message = MESSAGE_TEXT,
-            err_detail = PG_EXCEPTION_DETAIL,
-            err_hint = PG_EXCEPTION_HINT;
-        RETURN NEXT;
-END
-$$;
-
 -- What each enqueue of this file answered, by tag.
 CREATE TEMP TABLE answer (tag text PRIMARY KEY, id bigint, run_id uuid, deduped boolean);
 
@@ -443,7 +424,7 @@ SELECT lives_ok(
 -- XJ008 exists to refuse. Either refusing or keeping base <= max honours the contract.
 CREATE TEMP TABLE backoff_default AS
 SELECT c.*
-FROM pg_temp.caught($$
+FROM tap_helpers.caught($$
     SELECT x_jobs.enqueue('backoff_default_job', backoff_base => NULL, backoff_max => '500 milliseconds')
 $$) AS c;
 SELECT ok(
@@ -470,7 +451,7 @@ WHERE j.name = 'backoff_default_job';
 SELECT results_eq(
     $$
     SELECT c.err_state, c.err_message LIKE e.code || ': %', c.err_detail, c.err_hint
-    FROM pg_temp.caught($q$ SELECT x_jobs.enqueue('') $q$) AS c
+    FROM tap_helpers.caught($q$ SELECT x_jobs.enqueue('') $q$) AS c
     LEFT JOIN x_jobs.error_codes() AS e ON c.err_state = e.sqlstate
     $$,
     $$
@@ -483,7 +464,7 @@ SELECT results_eq(
 SELECT results_eq(
     $$
     SELECT c.err_state, c.err_message LIKE e.code || ': %', c.err_detail, c.err_hint
-    FROM pg_temp.caught($q$ SELECT x_jobs.enqueue('hint_job', queue => '') $q$) AS c
+    FROM tap_helpers.caught($q$ SELECT x_jobs.enqueue('hint_job', queue => '') $q$) AS c
     LEFT JOIN x_jobs.error_codes() AS e ON c.err_state = e.sqlstate
     $$,
     $$
@@ -497,7 +478,7 @@ SET LOCAL "x_jobs.max_payload_bytes" = 100;
 SELECT results_eq(
     $$
     SELECT c.err_state, c.err_message LIKE e.code || ': %', c.err_detail, c.err_hint
-    FROM pg_temp.caught($q$ SELECT x_jobs.enqueue('hint_job', jsonb_build_object('x', repeat('a', 200))) $q$) AS c
+    FROM tap_helpers.caught($q$ SELECT x_jobs.enqueue('hint_job', jsonb_build_object('x', repeat('a', 200))) $q$) AS c
     LEFT JOIN x_jobs.error_codes() AS e ON c.err_state = e.sqlstate
     $$,
     $$
@@ -511,7 +492,7 @@ SET LOCAL "x_jobs.max_payload_bytes" = '';
 SELECT results_eq(
     $$
     SELECT c.err_state, c.err_message LIKE e.code || ': %', c.err_detail, c.err_hint
-    FROM pg_temp.caught($q$ SELECT x_jobs.enqueue('hint_job', max_attempts => 0) $q$) AS c
+    FROM tap_helpers.caught($q$ SELECT x_jobs.enqueue('hint_job', max_attempts => 0) $q$) AS c
     LEFT JOIN x_jobs.error_codes() AS e ON c.err_state = e.sqlstate
     $$,
     $$
@@ -524,7 +505,7 @@ SELECT results_eq(
 SELECT results_eq(
     $$
     SELECT c.err_state, c.err_message LIKE e.code || ': %', c.err_detail, c.err_hint
-    FROM pg_temp.caught($q$ SELECT x_jobs.enqueue('hint_job', priority => 40000) $q$) AS c
+    FROM tap_helpers.caught($q$ SELECT x_jobs.enqueue('hint_job', priority => 40000) $q$) AS c
     LEFT JOIN x_jobs.error_codes() AS e ON c.err_state = e.sqlstate
     $$,
     $$
@@ -537,7 +518,7 @@ SELECT results_eq(
 SELECT results_eq(
     $$
     SELECT c.err_state, c.err_message LIKE e.code || ': %', c.err_detail, c.err_hint
-    FROM pg_temp.caught($q$ SELECT x_jobs.enqueue('hint_job', tenant_id => '') $q$) AS c
+    FROM tap_helpers.caught($q$ SELECT x_jobs.enqueue('hint_job', tenant_id => '') $q$) AS c
     LEFT JOIN x_jobs.error_codes() AS e ON c.err_state = e.sqlstate
     $$,
     $$
@@ -550,7 +531,7 @@ SELECT results_eq(
 SELECT results_eq(
     $$
     SELECT c.err_state, c.err_message LIKE e.code || ': %', c.err_detail, c.err_hint
-    FROM pg_temp.caught($q$ SELECT x_jobs.enqueue('hint_job', concurrency_limit => 2) $q$) AS c
+    FROM tap_helpers.caught($q$ SELECT x_jobs.enqueue('hint_job', concurrency_limit => 2) $q$) AS c
     LEFT JOIN x_jobs.error_codes() AS e ON c.err_state = e.sqlstate
     $$,
     $$
@@ -563,7 +544,7 @@ SELECT results_eq(
 SELECT results_eq(
     $$
     SELECT c.err_state, c.err_message LIKE e.code || ': %', c.err_detail, c.err_hint
-    FROM pg_temp.caught($q$ SELECT x_jobs.enqueue('hint_job', backoff_base => '-1 second') $q$) AS c
+    FROM tap_helpers.caught($q$ SELECT x_jobs.enqueue('hint_job', backoff_base => '-1 second') $q$) AS c
     LEFT JOIN x_jobs.error_codes() AS e ON c.err_state = e.sqlstate
     $$,
     $$

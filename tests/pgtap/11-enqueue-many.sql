@@ -5,25 +5,6 @@ SELECT plan(32);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:00:00+00';
 
--- Runs a statement and answers what it raised (no row when it raised nothing), read with GET
--- STACKED DIAGNOSTICS, so a test can check the DETAIL and HINT that throws_ok does not see.
-CREATE FUNCTION pg_temp.caught(p_sql text)
-RETURNS TABLE (err_state text, err_message text, err_detail text, err_hint text)
-LANGUAGE plpgsql
-AS $$
-BEGIN
-    EXECUTE p_sql;
-EXCEPTION
-    WHEN OTHERS THEN
-        GET STACKED DIAGNOSTICS
-            err_state = RETURNED_SQLSTATE,
-            err_message = MESSAGE_TEXT,
-            err_detail = PG_EXCEPTION_DETAIL,
-            err_hint = PG_EXCEPTION_HINT;
-        RETURN NEXT;
-END
-$$;
-
 -- A batch of four: every field of enqueue in the first request, a delayed one, a keyed one, and
 -- one with only a name. `pos` is the position in which the function answered the row.
 CREATE TEMP TABLE batch AS
@@ -245,7 +226,7 @@ SELECT throws_ok(
 SELECT results_eq(
     $$
     SELECT c.err_state, c.err_hint
-    FROM pg_temp.caught($q$ SELECT * FROM x_jobs.enqueue_many('[{"name": "typo", "que": "q"}]') $q$) AS c
+    FROM tap_helpers.caught($q$ SELECT * FROM x_jobs.enqueue_many('[{"name": "typo", "que": "q"}]') $q$) AS c
     $$,
     $$
     VALUES ('XJ009',
@@ -259,7 +240,7 @@ SELECT results_eq(
 SELECT results_eq(
     $$
     SELECT c.err_state, c.err_hint
-    FROM pg_temp.caught($q$ SELECT * FROM x_jobs.enqueue_many('{}') $q$) AS c
+    FROM tap_helpers.caught($q$ SELECT * FROM x_jobs.enqueue_many('{}') $q$) AS c
     $$,
     $$
     VALUES ('XJ009', 'Pass a JSON array of objects, such as ''[{"name": "send_email", "input": {}}]''.')
@@ -283,7 +264,7 @@ SELECT throws_ok(
 SELECT results_eq(
     $$
     SELECT c.err_state, c.err_message, c.err_detail
-    FROM pg_temp.caught($q$
+    FROM tap_helpers.caught($q$
         SELECT * FROM x_jobs.enqueue_many('[{"name": "ok1"}, {"name": "ok2"}, {"name": ""}, {"name": "ok4"}]')
     $q$) AS c
     $$,
@@ -294,7 +275,7 @@ SELECT results_eq(
 SELECT results_eq(
     $$
     SELECT c.err_state, c.err_detail
-    FROM pg_temp.caught($q$
+    FROM tap_helpers.caught($q$
         SELECT * FROM x_jobs.enqueue_many('[{"name": "ok1"}, {"name": "zero", "max_attempts": 0}]')
     $q$) AS c
     $$,
@@ -305,7 +286,7 @@ SELECT results_eq(
 SELECT results_eq(
     $$
     SELECT c.err_state, c.err_detail
-    FROM pg_temp.caught($q$
+    FROM tap_helpers.caught($q$
         SELECT * FROM x_jobs.enqueue_many('[{"name": "ok1"}, {"name": "p", "priority": 40000}, {"name": ""}]')
     $q$) AS c
     $$,

@@ -13,30 +13,11 @@
 SET default_transaction_isolation = 'repeatable read';
 BEGIN;
 
--- Runs a statement and answers what it raised (no row when it raised nothing), read with GET
--- STACKED DIAGNOSTICS, so a test can check the DETAIL and HINT that throws_ok does not see.
-CREATE FUNCTION pg_temp.caught(p_sql text)
-RETURNS TABLE (err_state text, err_message text, err_detail text, err_hint text)
-LANGUAGE plpgsql
-AS $$
-BEGIN
-    EXECUTE p_sql;
-EXCEPTION
-    WHEN OTHERS THEN
-        GET STACKED DIAGNOSTICS
-            err_state = RETURNED_SQLSTATE,
-            err_message = MESSAGE_TEXT,
-            err_detail = PG_EXCEPTION_DETAIL,
-            err_hint = PG_EXCEPTION_HINT;
-        RETURN NEXT;
-END
-$$;
-
 CREATE TEMP TABLE isolation_refusal AS
 SELECT
     'repeatable read' AS iso_level,
     c.*
-FROM pg_temp.caught($$ SELECT * FROM x_jobs.claim(ARRAY['isolation'], 'isolation-worker') $$) AS c;
+FROM tap_helpers.caught($$ SELECT * FROM x_jobs.claim(ARRAY['isolation'], 'isolation-worker') $$) AS c;
 COMMIT;
 
 SET default_transaction_isolation = 'serializable';
@@ -45,7 +26,7 @@ INSERT INTO isolation_refusal
 SELECT
     'serializable' AS iso_level,
     c.*
-FROM pg_temp.caught($$ SELECT * FROM x_jobs.claim(ARRAY['isolation'], 'isolation-worker') $$) AS c;
+FROM tap_helpers.caught($$ SELECT * FROM x_jobs.claim(ARRAY['isolation'], 'isolation-worker') $$) AS c;
 COMMIT;
 
 RESET default_transaction_isolation;
@@ -706,7 +687,7 @@ SELECT throws_ok(
 SELECT results_eq(
     $$
     SELECT c.err_state, c.err_hint
-    FROM pg_temp.caught($q$ SELECT * FROM x_jobs.claim(ARRAY['default'], 'w', '1 minute', 0) $q$) AS c
+    FROM tap_helpers.caught($q$ SELECT * FROM x_jobs.claim(ARRAY['default'], 'w', '1 minute', 0) $q$) AS c
     $$,
     $$ VALUES ('XJ013', 'Pass how many jobs the worker has free slots for, from 1 to 1000.') $$,
     'A refused qty should hint at the accepted range'
