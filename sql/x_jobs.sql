@@ -290,6 +290,20 @@ AS $$
         ('40001', 'X_ENQUEUE_RACE', 'An idempotency key kept changing hands during enqueue; retry the call.')
 $$;
 
+-- The version of the SQL API installed here. Clients check it before they speak to the database
+-- (the Python worker refuses one it cannot speak to); it answers the same whether the schema came
+-- from CREATE EXTENSION or from `x-jobs install` on a server that allows no extension files.
+-- Each version's script (and upgrade script) replaces this function with its own number.
+CREATE FUNCTION x_jobs.version()
+RETURNS text
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT '0.1.0'::text
+$$;
+
 -- The bucket a settling statement adds to: its minute, in UTC whatever the session's TimeZone.
 CREATE FUNCTION x_jobs._minute(p_at timestamptz)
 RETURNS timestamptz
@@ -1578,6 +1592,51 @@ AS $$
     ORDER BY d.queue COLLATE "C"
 $$;
 
+-- Per queue, how many live rows are in each state, whether the queue is paused, and its demand
+-- (as queue_demand counts it). Queues with no live row and no pause are absent. For an operator's
+-- `x-jobs queues`: it reads the three partial indexes, never the finished rows.
+CREATE FUNCTION x_jobs.queue_stats()
+RETURNS TABLE (
+    queue text,
+    ready bigint,
+    delayed bigint,
+    suspended bigint,
+    running bigint,
+    paused boolean,
+    demand bigint
+)
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH live AS (
+        SELECT j.queue, j.state FROM x_jobs.job AS j WHERE j.state = 'ready'
+        UNION ALL
+        SELECT j.queue, j.state FROM x_jobs.job AS j WHERE j.state IN ('delayed', 'suspended')
+        UNION ALL
+        SELECT j.queue, j.state FROM x_jobs.job AS j WHERE j.state = 'running'
+    ),
+    counted AS (
+        SELECT l.queue,
+               count(*) FILTER (WHERE l.state = 'ready') AS ready,
+               count(*) FILTER (WHERE l.state = 'delayed') AS delayed,
+               count(*) FILTER (WHERE l.state = 'suspended') AS suspended,
+               count(*) FILTER (WHERE l.state = 'running') AS running
+        FROM live AS l
+        GROUP BY l.queue
+    )
+    SELECT q.queue,
+           coalesce(c.ready, 0), coalesce(c.delayed, 0), coalesce(c.suspended, 0),
+           coalesce(c.running, 0),
+           p.queue IS NOT NULL,
+           coalesce(d.demand, 0)
+    FROM (SELECT c.queue FROM counted AS c UNION SELECT p.queue FROM x_jobs.queue_pause AS p) AS q
+    LEFT JOIN counted AS c ON c.queue = q.queue
+    LEFT JOIN x_jobs.queue_pause AS p ON p.queue = q.queue
+    LEFT JOIN x_jobs.queue_demand() AS d ON d.queue = q.queue
+    ORDER BY q.queue COLLATE "C"
+$$;
+
 ------------------------------------------------------------------------------------------------
 -- Functions: retention
 ------------------------------------------------------------------------------------------------
@@ -1720,6 +1779,7 @@ GRANT USAGE ON SCHEMA x_jobs TO x_jobs_producer, pg_monitor;
 -- Producers: enqueue. The functions run as the caller, so the caller needs the rows they touch.
 GRANT EXECUTE ON FUNCTION x_jobs.now() TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs.error_codes() TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs.version() TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs._max_payload_bytes() TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs._enqueue(x_jobs.enqueue_request[]) TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs.enqueue(
@@ -1750,6 +1810,7 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON x_jobs.worker TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.cancel(bigint) TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs.retry(bigint) TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs.list_jobs(text, text, bigint, integer) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.queue_stats() TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs.pause_queue(text) TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs.resume_queue(text) TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs.rollup_counters(interval, interval, interval) TO x_jobs_admin;
@@ -1759,4 +1820,4 @@ GRANT INSERT, DELETE ON x_jobs.queue_pause TO x_jobs_admin;
 GRANT SELECT ON x_jobs.worker, x_jobs.counter, x_jobs.job_error TO x_jobs_admin;
 
 -- Monitoring: demand counts only (queue_demand is SECURITY DEFINER, see above).
-GRANT EXECUTE ON FUNCTION x_jobs.queue_demand(), x_jobs.now() TO pg_monitor;
+GRANT EXECUTE ON FUNCTION x_jobs.queue_demand(), x_jobs.now(), x_jobs.version() TO pg_monitor;

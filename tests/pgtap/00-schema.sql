@@ -2,7 +2,7 @@
 -- volatile it is, whose rights it runs with, which settings it pins, and who may use what.
 -- A change to any of these is a change to the API: it shows up here first, on purpose.
 BEGIN;
-SELECT plan(259);
+SELECT plan(275);
 
 -- The functions of the API, one row each, with what 00-schema pins about them. `args` is how
 -- pgTAP's catalog view spells the argument types (regtype output: 'timestamp with time zone',
@@ -18,6 +18,7 @@ CREATE TEMP TABLE api (
 INSERT INTO api (fn, args, return_type, volatility, runs_as_owner) VALUES
 ('now', '{}', 'timestamp with time zone', 'STABLE', FALSE),
 ('error_codes', '{}', 'setof record', 'IMMUTABLE', FALSE),
+('version', '{}', 'text', 'IMMUTABLE', FALSE),
 ('_minute', '{timestamp with time zone}', 'timestamp with time zone', 'IMMUTABLE', FALSE),
 ('_shard', '{}', 'smallint', 'STABLE', FALSE),
 ('_max_payload_bytes', '{}', 'integer', 'STABLE', FALSE),
@@ -37,6 +38,7 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner) VALUES
 ('cancel', '{bigint}', 'boolean', 'VOLATILE', FALSE),
 ('retry', '{bigint}', 'boolean', 'VOLATILE', FALSE),
 ('list_jobs', '{text,text,bigint,integer}', 'setof x_jobs.job', 'STABLE', FALSE),
+('queue_stats', '{}', 'setof record', 'STABLE', FALSE),
 ('pause_queue', '{text}', 'boolean', 'VOLATILE', FALSE),
 ('resume_queue', '{text}', 'boolean', 'VOLATILE', FALSE),
 ('announce_worker', '{text,text[],text,boolean,interval}', 'x_jobs.worker', 'VOLATILE', FALSE),
@@ -57,6 +59,7 @@ CREATE TEMP TABLE api_grant (
 INSERT INTO api_grant (fn, lowest_role, to_pg_monitor) VALUES
 ('now', 'x_jobs_producer', TRUE),
 ('error_codes', 'x_jobs_producer', FALSE),
+('version', 'x_jobs_producer', TRUE),
 ('_max_payload_bytes', 'x_jobs_producer', FALSE),
 ('_enqueue', 'x_jobs_producer', FALSE),
 ('enqueue', 'x_jobs_producer', FALSE),
@@ -73,6 +76,7 @@ INSERT INTO api_grant (fn, lowest_role, to_pg_monitor) VALUES
 ('cancel', 'x_jobs_admin', FALSE),
 ('retry', 'x_jobs_admin', FALSE),
 ('list_jobs', 'x_jobs_admin', FALSE),
+('queue_stats', 'x_jobs_admin', FALSE),
 ('pause_queue', 'x_jobs_admin', FALSE),
 ('resume_queue', 'x_jobs_admin', FALSE),
 ('rollup_counters', 'x_jobs_admin', FALSE),
