@@ -14,7 +14,7 @@
 --   claim                   hands due rows and lapsed leases to a worker for `lease`, skipping
 --                           locked rows, paused queues and full concurrency keys; a lapsed row
 --                           on its final attempt is buried instead of handed out again.
---   extend_lease            the heartbeat of a running job.
+--   extend_lease            the heartbeat of a running job; release hands jobs back (drain).
 --   complete / fail         settle a row, only by the worker that holds it; fail retries with
 --                           exponential backoff and jitter, or settles dead (or failed).
 --   cancel / retry          the operator's: stop a live row, re-queue a finished one;
@@ -1087,6 +1087,53 @@ BEGIN
 END
 $$;
 
+-- Hand running jobs back: the worker holding them stops without running them to the end (a
+-- drain whose grace ran out, a shutdown). They are due again at once, in their old place in the
+-- queue (run_at is kept), and the interrupted attempt is not counted, so that deploys cannot
+-- use up a job's attempts. Answers the ids released; those the worker no longer held are left.
+CREATE FUNCTION x_jobs.release(ids bigint [], worker text)
+RETURNS SETOF bigint
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := x_jobs.now();
+    v_queues text[];
+    v_ids bigint[];
+BEGIN
+    IF release.worker IS NULL OR release.worker = '' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ011',
+            MESSAGE = pg_catalog.format('X_WORKER_INVALID: worker id %s is empty',
+                coalesce(pg_catalog.quote_literal(release.worker), 'NULL')),
+            HINT = 'Pass the id the worker claimed with.';
+    END IF;
+
+    WITH released AS (
+        UPDATE x_jobs.job AS j
+        SET state = 'ready',
+            attempt = j.attempt - 1,
+            visible_at = NULL,
+            claimed_by = NULL,
+            updated_at = v_now
+        WHERE j.id = ANY (release.ids)
+            AND j.state = 'running'
+            AND j.claimed_by = release.worker
+        RETURNING j.id, j.queue
+    )
+    SELECT coalesce(pg_catalog.array_agg(r.id), '{}'),
+           coalesce(pg_catalog.array_agg(DISTINCT r.queue), '{}')
+    INTO v_ids, v_queues
+    FROM released AS r;
+
+    -- Another worker should take them now, not at its next poll.
+    PERFORM pg_catalog.pg_notify('x_jobs', q.queue) FROM unnest(v_queues) AS q (queue);
+    RETURN QUERY SELECT unnest(v_ids);
+END
+$$;
+
 ------------------------------------------------------------------------------------------------
 -- Functions: settle
 ------------------------------------------------------------------------------------------------
@@ -1795,6 +1842,7 @@ GRANT EXECUTE ON FUNCTION x_jobs._minute(timestamptz) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs._shard() TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.claim(text[], text, interval, integer) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.extend_lease(bigint[], text, interval) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.release(bigint[], text) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.complete(bigint, text, jsonb) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.complete_many(bigint[], text, jsonb[]) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.fail(bigint, text, text, text, interval, boolean) TO x_jobs_worker;

@@ -2,7 +2,7 @@
 -- volatile it is, whose rights it runs with, which settings it pins, and who may use what.
 -- A change to any of these is a change to the API: it shows up here first, on purpose.
 BEGIN;
-SELECT plan(275);
+SELECT plan(283);
 
 -- The functions of the API, one row each, with what 00-schema pins about them. `args` is how
 -- pgTAP's catalog view spells the argument types (regtype output: 'timestamp with time zone',
@@ -32,6 +32,7 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner) VALUES
 ('enqueue_many', '{jsonb}', 'setof x_jobs.enqueue_many_result', 'VOLATILE', FALSE),
 ('claim', '{text[],text,interval,integer}', 'setof x_jobs.job', 'VOLATILE', FALSE),
 ('extend_lease', '{bigint[],text,interval}', 'setof bigint', 'VOLATILE', FALSE),
+('release', '{bigint[],text}', 'setof bigint', 'VOLATILE', FALSE),
 ('complete_many', '{bigint[],text,jsonb[]}', 'setof bigint', 'VOLATILE', FALSE),
 ('complete', '{bigint,text,jsonb}', 'boolean', 'VOLATILE', FALSE),
 ('fail', '{bigint,text,text,text,interval,boolean}', 'x_jobs.job_state', 'VOLATILE', FALSE),
@@ -68,6 +69,7 @@ INSERT INTO api_grant (fn, lowest_role, to_pg_monitor) VALUES
 ('_shard', 'x_jobs_worker', FALSE),
 ('claim', 'x_jobs_worker', FALSE),
 ('extend_lease', 'x_jobs_worker', FALSE),
+('release', 'x_jobs_worker', FALSE),
 ('complete', 'x_jobs_worker', FALSE),
 ('complete_many', 'x_jobs_worker', FALSE),
 ('fail', 'x_jobs_worker', FALSE),
