@@ -1,8 +1,33 @@
-"""x_jobs: a durable job queue inside PostgreSQL, and its thin Python client."""
+"""x_jobs: a durable job queue inside PostgreSQL, and its thin Python client.
+
+import x_jobs
+
+app = x_jobs.App()                      # DATABASE_URL, or libpq's PG* environment
+
+@app.job(name="send_email", queue="mail", max_attempts=5)
+def send_email(input: Email, ctx: x_jobs.JobContext) -> dict[str, str]: ...
+
+send_email.enqueue(Email(to="ada@example.com"))
+x_jobs.Worker(app).run()                # or: x-jobs worker myapp.jobs:app
+"""
 
 from __future__ import annotations
 
+from x_jobs.app import App, Concurrency, Enqueued, Job, Retry
 from x_jobs.errors import XJobsError, translate
+from x_jobs.worker import JobCancelled, JobContext, PermanentError, Worker
 
-__all__ = ["XJobsError", "translate"]
+__all__ = [
+    "App",
+    "Concurrency",
+    "Enqueued",
+    "Job",
+    "JobCancelled",
+    "JobContext",
+    "PermanentError",
+    "Retry",
+    "Worker",
+    "XJobsError",
+    "translate",
+]
 __version__ = "0.1.0"

@@ -133,6 +133,34 @@ class EnqueueRace(XJobsError):
     code, sqlstate = "X_ENQUEUE_RACE", "40001"
 
 
+class ClientError(XJobsError):
+    """A refusal of the Python client itself, before anything reaches the database."""
+
+
+class InputInvalid(ClientError, InvalidArgument):
+    """An input does not validate against the job's input type; nothing was enqueued."""
+
+    code = "X_INPUT_INVALID"
+
+
+class JobUnknown(ClientError):
+    """A job name that no ``@app.job`` declared."""
+
+    code = "X_JOB_UNKNOWN"
+
+
+class VersionUnsupported(ClientError):
+    """The database has no x_jobs, or a version this client cannot speak to."""
+
+    code = "X_VERSION_UNSUPPORTED"
+
+
+class OutputInvalid(ClientError):
+    """A handler returned something that is not JSON."""
+
+    code = "X_OUTPUT_INVALID"
+
+
 def _subclasses(cls: type[XJobsError]) -> list[type[XJobsError]]:
     found: list[type[XJobsError]] = []
     for sub in cls.__subclasses__():

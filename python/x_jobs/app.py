@@ -1,0 +1,396 @@
+"""The application object: job declarations and enqueueing.
+
+An :class:`App` knows the database (a DSN, or libpq's environment) and the jobs declared with
+``@app.job(...)``. Enqueueing validates the input against the handler's type annotation first, so
+a bad input is refused here with :class:`~x_jobs.errors.InputInvalid`, never discovered by a
+worker, and then calls ``x_jobs.enqueue`` / ``x_jobs.enqueue_many``: deduplication, defaults and
+the wake-up all happen in SQL.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Generic, LiteralString, TypeVar, cast, overload
+
+import psycopg
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+from pydantic import TypeAdapter, ValidationError
+
+from x_jobs.errors import InputInvalid, JobUnknown, VersionUnsupported, translate
+
+logger = logging.getLogger(__name__)
+
+#: The SQL API versions this client speaks to (``x_jobs.version()``).
+SUPPORTED_VERSIONS = frozenset({"0.1.0"})
+
+I = TypeVar("I")  # noqa: E741 - the input type, as in Job[I]
+
+Seconds = float | int | timedelta
+
+
+def seconds(value: Seconds) -> float:
+    """A duration given as seconds (a number) or a ``timedelta``, in seconds."""
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+def interval(value: Seconds | None) -> timedelta | None:
+    """A duration as the ``timedelta`` psycopg sends as an SQL interval."""
+    return None if value is None else timedelta(seconds=seconds(value))
+
+
+@dataclass(frozen=True)
+class Retry:
+    """How a failed attempt is retried: ``x_jobs.fail`` waits ``min(max, base * 2^(n-1))`` with
+    jitter. ``dead_letter=False`` settles a job that runs out of attempts as ``failed`` instead of
+    keeping it as ``dead``."""
+
+    base: Seconds = 1.0
+    max: Seconds = 3600.0
+    dead_letter: bool = True
+
+
+@dataclass(frozen=True)
+class Concurrency:
+    """At most ``limit`` jobs of one key run at once; the others wait unclaimed. ``key`` derives
+    the key from the input; without it the key is the job's name (a limit for the whole job)."""
+
+    limit: int = 1
+    key: Callable[[Any], str] | None = None
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    """What an enqueue answered: the row, and whether a live row with the same idempotency key
+    answered instead of a new one."""
+
+    id: int
+    run_id: str
+    deduped: bool
+
+
+@dataclass
+class Job(Generic[I]):
+    """A declared job: its handler and the options every enqueue of it carries."""
+
+    app: App
+    name: str
+    fn: Callable[..., Any]
+    queue: str = "default"
+    max_attempts: int = 25
+    retry: Retry = field(default_factory=Retry)
+    timeout: float | None = None
+    concurrency: Concurrency | None = None
+    idempotency_key: Callable[[I], str | None] | None = None
+    tenant: str | Callable[[I], str] | None = None
+    priority: int = 0
+
+    def __post_init__(self) -> None:
+        params = list(inspect.signature(self.fn).parameters.values())
+        if not params or len(params) > 2:
+            raise TypeError(
+                f"job {self.name!r}: the handler takes (input) or (input, ctx), "
+                f"not {len(params)} parameters"
+            )
+        self.takes_ctx = len(params) == 2
+        self.is_async = inspect.iscoroutinefunction(self.fn)
+        annotation = params[0].annotation
+        if isinstance(annotation, str):
+            # `from __future__ import annotations`: resolve in the handler's own module.
+            annotation = inspect.get_annotations(self.fn, eval_str=True).get(params[0].name, Any)
+        self.input_type: Any = Any if annotation is inspect.Parameter.empty else annotation
+        self.adapter: TypeAdapter[Any] = TypeAdapter(self.input_type)
+
+    def validate(self, value: Any) -> Any:
+        """The handler's input from a JSON value (as the worker reads it from the row)."""
+        return self.adapter.validate_python(value)
+
+    def dump(self, value: Any) -> Any:
+        """Validate an input and answer it as JSON, refusing a bad one with InputInvalid."""
+        try:
+            return self.adapter.dump_python(self.adapter.validate_python(value), mode="json")
+        except ValidationError as err:
+            raise InputInvalid(
+                f"X_INPUT_INVALID: input of job {self.name!r} is not a {self.type_name}: "
+                f"{err.errors(include_url=False)}",
+                hint=f"Pass an input that validates as {self.type_name}.",
+            ) from err
+
+    @property
+    def type_name(self) -> str:
+        return getattr(self.input_type, "__name__", str(self.input_type))
+
+    def enqueue(self, input: I | None = None, **options: Any) -> Enqueued:
+        return self.app.enqueue(self, input, **options)
+
+    def enqueue_many(self, inputs: Iterable[I], **options: Any) -> list[Enqueued]:
+        return self.app.enqueue_many(self, inputs, **options)
+
+    def request(self, input: Any, **options: Any) -> dict[str, Any]:
+        """One request for ``x_jobs.enqueue_many``: the job's options, then the call's."""
+        payload = self.dump(input)
+        req: dict[str, Any] = {
+            "name": self.name,
+            "input": payload,
+            "queue": self.queue,
+            "max_attempts": self.max_attempts,
+            "priority": self.priority,
+            "dead_letter": self.retry.dead_letter,
+            "backoff_base": f"{seconds(self.retry.base)} seconds",
+            "backoff_max": f"{seconds(self.retry.max)} seconds",
+        }
+        if self.idempotency_key is not None:
+            req["idempotency_key"] = self.idempotency_key(payload)
+        if self.tenant is not None:
+            req["tenant_id"] = self.tenant(payload) if callable(self.tenant) else self.tenant
+        if self.concurrency is not None:
+            key = self.concurrency.key
+            req["concurrency_key"] = key(payload) if key is not None else f"job:{self.name}"
+            req["concurrency_limit"] = self.concurrency.limit
+        for name, value in options.items():
+            if name not in ENQUEUE_OPTIONS:
+                raise TypeError(
+                    f"unknown enqueue option {name!r}; known: {sorted(ENQUEUE_OPTIONS)}"
+                )
+            if value is None:
+                continue
+            if name == "delay":
+                req["_delay"] = seconds(value)  # counted from the database's clock, below
+            elif name == "run_at":
+                req["run_at"] = cast(datetime, value).isoformat()
+            else:
+                req[name] = value
+        return req
+
+
+#: Options an enqueue may set per call (the SQL arguments, plus `delay` in seconds).
+ENQUEUE_OPTIONS = frozenset(
+    {
+        "queue",
+        "run_at",
+        "delay",
+        "idempotency_key",
+        "max_attempts",
+        "priority",
+        "tenant_id",
+        "traceparent",
+        "enqueued_by",
+    }
+)
+
+ENQUEUE_MANY: LiteralString = (
+    "SELECT ord, id, run_id::text, deduped FROM x_jobs.enqueue_many(%(jobs)s) ORDER BY ord"
+)
+DB_NOW: LiteralString = "SELECT x_jobs.now()"
+
+
+class App:
+    """Where the jobs live: a database and the jobs declared on it.
+
+    ``App()`` with no DSN uses ``DATABASE_URL`` when it is set, else libpq's own environment
+    (``PGHOST``, ``PGDATABASE``, ...), so a script finds the database the way psql does.
+    """
+
+    def __init__(self, dsn: str | None = None, *, pool_size: int = 4) -> None:
+        self.dsn = dsn if dsn is not None else os.environ.get("DATABASE_URL", "")
+        self.jobs: dict[str, Job[Any]] = {}
+        self._pool_size = pool_size
+        self._pool: ConnectionPool | None = None
+        self._lock = threading.Lock()
+
+    # --- declarations -------------------------------------------------------------------------
+
+    @overload
+    def job(self, fn: Callable[..., Any], /) -> Job[Any]: ...
+
+    @overload
+    def job(
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str = "default",
+        max_attempts: int = 25,
+        retry: Retry | None = None,
+        timeout: Seconds | None = None,
+        concurrency: int | Concurrency | None = None,
+        idempotency_key: Callable[[Any], str | None] | None = None,
+        tenant: str | Callable[[Any], str] | None = None,
+        priority: int = 0,
+    ) -> Callable[[Callable[..., Any]], Job[Any]]: ...
+
+    def job(
+        self,
+        fn: Callable[..., Any] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str = "default",
+        max_attempts: int = 25,
+        retry: Retry | None = None,
+        timeout: Seconds | None = None,
+        concurrency: int | Concurrency | None = None,
+        idempotency_key: Callable[[Any], str | None] | None = None,
+        tenant: str | Callable[[Any], str] | None = None,
+        priority: int = 0,
+    ) -> Job[Any] | Callable[[Callable[..., Any]], Job[Any]]:
+        """Declare a job over a plain function, sync or ``async``:
+        ``def handle(input)`` or ``def handle(input, ctx)``. The input's type annotation (a
+        pydantic model, a dataclass, a TypedDict, ``dict``...) is what enqueue validates."""
+
+        def declare(handler: Callable[..., Any]) -> Job[Any]:
+            job_name = name or f"{handler.__module__}.{handler.__qualname__}"
+            if job_name in self.jobs:
+                raise ValueError(f"a job named {job_name!r} is declared already")
+            limit = Concurrency(limit=concurrency) if isinstance(concurrency, int) else concurrency
+            declared: Job[Any] = Job(
+                app=self,
+                name=job_name,
+                fn=handler,
+                queue=queue,
+                max_attempts=max_attempts,
+                retry=retry or Retry(),
+                timeout=None if timeout is None else seconds(timeout),
+                concurrency=limit,
+                idempotency_key=idempotency_key,
+                tenant=tenant,
+                priority=priority,
+            )
+            self.jobs[job_name] = declared
+            return declared
+
+        return declare(fn) if fn is not None else declare
+
+    def lookup(self, name: str) -> Job[Any]:
+        try:
+            return self.jobs[name]
+        except KeyError:
+            raise JobUnknown(
+                f"X_JOB_UNKNOWN: no job named {name!r} is declared on this app",
+                hint=f"Declare it with @app.job(name={name!r}); declared: {sorted(self.jobs)}.",
+            ) from None
+
+    # --- connections --------------------------------------------------------------------------
+
+    @property
+    def pool(self) -> ConnectionPool:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ConnectionPool(
+                    self.dsn,
+                    min_size=1,
+                    max_size=self._pool_size,
+                    kwargs={"autocommit": True},
+                    open=True,
+                    name="x_jobs",
+                )
+            return self._pool
+
+    @contextmanager
+    def connection(
+        self, conn: psycopg.Connection[Any] | None = None
+    ) -> Iterator[psycopg.Connection[Any]]:
+        """The caller's connection when given (its transaction is the enqueue's), else one of
+        the pool's, in autocommit. SQL refusals come out as typed x_jobs errors."""
+        try:
+            if conn is not None:
+                yield conn
+            else:
+                with self.pool.connection() as pooled:
+                    yield pooled
+        except psycopg.Error as err:
+            typed = translate(err)
+            if typed is err:
+                raise
+            raise typed from err
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
+
+    def check_version(self, conn: psycopg.Connection[Any]) -> str:
+        """The installed SQL API version, or VersionUnsupported when this client cannot speak
+        to it (or finds no x_jobs at all)."""
+        try:
+            row = conn.execute("SELECT x_jobs.version()").fetchone()
+        except (psycopg.errors.UndefinedFunction, psycopg.errors.InvalidSchemaName) as err:
+            if not conn.autocommit:
+                conn.rollback()
+            raise VersionUnsupported(
+                "X_NOT_INSTALLED: x_jobs is not installed in this database",
+                hint="Run CREATE EXTENSION x_jobs (or `x-jobs install` where extensions are not "
+                "allowed), then start again.",
+            ) from err
+        version = str(row[0]) if row else "?"
+        if version not in SUPPORTED_VERSIONS:
+            raise VersionUnsupported(
+                f"X_VERSION_UNSUPPORTED: this client speaks x_jobs {sorted(SUPPORTED_VERSIONS)}, "
+                f"the database has {version}",
+                hint="Upgrade the client or the extension (ALTER EXTENSION x_jobs UPDATE) so that "
+                "they match.",
+            )
+        return version
+
+    # --- enqueue ------------------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        job: Job[Any] | str,
+        input: Any = None,
+        *,
+        conn: psycopg.Connection[Any] | None = None,
+        **options: Any,
+    ) -> Enqueued:
+        """Enqueue one job (validated first). With ``conn=`` it joins the caller's transaction:
+        a rollback leaves no job. Options: queue, run_at, delay (seconds), idempotency_key,
+        max_attempts, priority, tenant_id, traceparent, enqueued_by."""
+        return self.enqueue_many(job, [input], conn=conn, **options)[0]
+
+    def enqueue_many(
+        self,
+        job: Job[Any] | str,
+        inputs: Iterable[Any],
+        *,
+        conn: psycopg.Connection[Any] | None = None,
+        **options: Any,
+    ) -> list[Enqueued]:
+        """Enqueue many jobs of one kind in one round trip (``x_jobs.enqueue_many``), in order."""
+        declared = self.lookup(job) if isinstance(job, str) else job
+        requests = [declared.request(value, **options) for value in inputs]
+        return self.enqueue_requests(requests, conn=conn)
+
+    def enqueue_requests(
+        self,
+        requests: Sequence[Mapping[str, Any]],
+        *,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> list[Enqueued]:
+        """Enqueue prepared requests (``Job.request``), jobs of several kinds mixed."""
+        if not requests:
+            return []
+        with self.connection(conn) as db:
+            if any("_delay" in req for req in requests):
+                # A delay counts from the database's clock, not this machine's.
+                row = db.execute(DB_NOW).fetchone()
+                assert row is not None
+                now = cast(datetime, row[0])
+                requests = [_with_run_at(req, now) for req in requests]
+            rows = db.execute(ENQUEUE_MANY, {"jobs": Jsonb(requests)}).fetchall()
+        return [Enqueued(id=int(r[1]), run_id=str(r[2]), deduped=bool(r[3])) for r in rows]
+
+
+def _with_run_at(req: Mapping[str, Any], now: datetime) -> dict[str, Any]:
+    out = {k: v for k, v in req.items() if k != "_delay"}
+    if "_delay" in req:
+        out["run_at"] = (now + timedelta(seconds=float(req["_delay"]))).isoformat()
+    return out

@@ -1,0 +1,672 @@
+"""The worker loop: claim with ``x_jobs.claim``, run handlers, settle with ``x_jobs.complete_many``
+and ``x_jobs.fail``, keep leases alive with ``x_jobs.extend_lease``.
+
+One dispatcher thread owns the database conversation and all bookkeeping; handlers never touch
+the database through it. Sync handlers run on a fixed set of executor threads, ``async`` ones on
+an event loop in a thread of its own. A finished handler drops its outcome in a queue and wakes
+the dispatcher, which settles every finished job of a turn in one ``complete_many`` call.
+
+The dispatcher claims when a notification names one of its queues, when the poll interval has
+passed (no notification comes for a delayed row becoming due or a lease lapsing), and at once
+after a claim that filled every free slot (more may be waiting). It heartbeats the running jobs:
+an id that ``extend_lease`` no longer answers was lost (cancelled, or its lease lapsed and
+another worker took it), and its handler is told to stop; its outcome is dropped.
+
+Stopping: the first SIGTERM or SIGINT drains (announce draining, claim nothing more, let running
+jobs finish within ``grace``, hand the rest back with ``x_jobs.release``); a second one stops at
+once. A lost connection is retried with backoff while handlers keep running; their outcomes wait
+in memory until the database answers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import queue
+import random
+import signal
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any, LiteralString
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from x_jobs.app import App, Job, Seconds, interval, seconds
+from x_jobs.errors import OutputInvalid
+from x_jobs.metrics import WorkerMetrics
+
+logger = logging.getLogger(__name__)
+
+CLAIM: LiteralString = """
+    SELECT id, name, queue, state::text, input, attempt, max_attempts, run_id::text, tenant_id
+    FROM x_jobs.claim(queues => %s, worker => %s, lease => %s, qty => %s)
+"""
+COMPLETE_MANY: LiteralString = (
+    "SELECT c FROM x_jobs.complete_many(ids => %s, worker => %s, outputs => %s::jsonb[]) AS c"
+)
+FAIL: LiteralString = """
+    SELECT x_jobs.fail(id => %s, worker => %s, error => %s, error_stack => %s,
+                       retry_delay => %s, retryable => %s)::text
+"""
+EXTEND: LiteralString = (
+    "SELECT e FROM x_jobs.extend_lease(ids => %s, worker => %s, lease => %s) AS e"
+)
+RELEASE: LiteralString = "SELECT r FROM x_jobs.release(ids => %s, worker => %s) AS r"
+ANNOUNCE: LiteralString = """
+    SELECT draining_at FROM x_jobs.announce_worker(
+        worker => %s, queues => %s, build => %s, draining => %s, ttl => %s)
+"""
+
+
+#: What a lost connection raises: a dropped socket, a server restart, a closed connection.
+DB_GONE = (psycopg.OperationalError, psycopg.InterfaceError)
+
+
+class JobCancelled(Exception):
+    """Raised by ``ctx.raise_if_cancelled()`` once the job was cancelled, timed out or lost."""
+
+
+class PermanentError(Exception):
+    """Raise it (or a subclass) from a handler to fail the job for good, with no retry."""
+
+
+@dataclass
+class JobContext:
+    """What a handler knows about its run: ids, attempt, and the signal to stop."""
+
+    id: int
+    name: str
+    queue: str
+    attempt: int
+    max_attempts: int
+    run_id: str
+    tenant_id: str
+    worker: str
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    #: Why the job was told to stop: "cancelled", "timeout", "lost", "shutdown"; None if not.
+    reason: str | None = None
+
+    def is_cancelled(self) -> bool:
+        return self.cancelled.is_set()
+
+    def raise_if_cancelled(self) -> None:
+        if self.cancelled.is_set():
+            raise JobCancelled(self.reason or "cancelled")
+
+
+@dataclass
+class _Run:
+    """A claimed job while it runs, as the dispatcher tracks it."""
+
+    job: Job[Any]
+    ctx: JobContext
+    deadline: float | None
+    started: float
+    payload: Any = None
+    task: Any = None  # the concurrent.futures.Future of an async handler
+    #: Set when the dispatcher settled or dropped the job already: a late outcome is ignored.
+    done: bool = False
+
+
+@dataclass
+class _Outcome:
+    id: int
+    ok: bool
+    output: Any = None
+    error: str = ""
+    stack: str | None = None
+    retryable: bool = True
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{random.getrandbits(32):08x}"
+
+
+class Worker:
+    """Runs the jobs of ``app`` from ``queues`` (default: the queues of its declared jobs)."""
+
+    def __init__(
+        self,
+        app: App,
+        *,
+        queues: Sequence[str] | None = None,
+        concurrency: int = 10,
+        lease: Seconds = 30,
+        poll_interval: Seconds = 1.0,
+        heartbeat_interval: Seconds | None = None,
+        announce_interval: Seconds = 10,
+        grace: Seconds = 30,
+        worker_id: str | None = None,
+        build: str | None = None,
+        metrics_port: int | None = None,
+        check_version: bool = True,
+    ) -> None:
+        self.app = app
+        self.queues = sorted(set(queues or {job.queue for job in app.jobs.values()}))
+        if not self.queues:
+            raise ValueError("the worker has no queue to serve: declare a job or pass queues")
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be 1 or more, not {concurrency}")
+        self.concurrency = concurrency
+        self.lease = seconds(lease)
+        self.poll_interval = seconds(poll_interval)
+        # Well before the lease lapses, and often enough that a cancel reaches a handler soon.
+        self.heartbeat_interval = (
+            seconds(heartbeat_interval)
+            if heartbeat_interval is not None
+            else min(self.lease / 3, 5.0)
+        )
+        self.announce_interval = seconds(announce_interval)
+        self.grace = seconds(grace)
+        self.worker_id = worker_id or default_worker_id()
+        self.build = build
+        self.check_version = check_version
+        self.metrics = WorkerMetrics(metrics_port)
+
+        self._running: dict[int, _Run] = {}
+        self._outbox: queue.SimpleQueue[_Outcome] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[_Run | None] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._notified = threading.Event()
+        self._stop_requests = 0
+        self._draining = False
+        self._drain_deadline = 0.0
+        self._conn: psycopg.Connection[Any] | None = None
+        self._threads: list[threading.Thread] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopped = threading.Event()
+        self._pending_complete: list[_Outcome] = []
+        self._pending_fail: list[_Outcome] = []
+
+    # --- public -------------------------------------------------------------------------------
+
+    def run(self, *, install_signals: bool = True) -> None:
+        """Serve until stopped (``stop()`` or a signal); blocks the calling thread."""
+        if install_signals:
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
+        logger.info(
+            "worker starting",
+            extra={
+                "worker": self.worker_id,
+                "queues": self.queues,
+                "concurrency": self.concurrency,
+            },
+        )
+        self._connect(first=True)
+        self._start_threads()
+        try:
+            self._loop_forever()
+        finally:
+            self._shutdown_threads()
+            if self._conn is not None:
+                self._conn.close()
+            self.metrics.close()
+            self._stopped.set()
+            logger.info("worker stopped", extra={"worker": self.worker_id})
+
+    def stop(self) -> None:
+        """Drain: claim nothing more, finish what runs (within grace), hand back the rest. A
+        second call stops at once."""
+        self._stop_requests += 1
+        self._wake.set()
+
+    def wait_stopped(self, timeout: float | None = None) -> bool:
+        return self._stopped.wait(timeout)
+
+    # --- the dispatcher -----------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        logger.info("signal received", extra={"signal": signal.Signals(signum).name})
+        self.stop()
+
+    def _loop_forever(self) -> None:
+        next_heartbeat = time.monotonic() + self.heartbeat_interval
+        next_announce = 0.0
+        next_poll = 0.0
+        claim_now = True
+        while True:
+            now = time.monotonic()
+            if self._stop_requests >= 2:
+                self._stop_now()
+                return
+            if self._stop_requests == 1 and not self._draining:
+                self._begin_drain(now)
+                next_announce = 0.0
+
+            self._collect()
+            self._check_deadlines(now)
+            if not self._settle():
+                # The database is away: keep the outcomes, retry after a pause.
+                self._pause_for_database()
+                continue
+
+            if now >= next_heartbeat:
+                if not self._heartbeat():
+                    self._pause_for_database()
+                    continue
+                next_heartbeat = now + self.heartbeat_interval
+            if now >= next_announce:
+                self._announce()
+                next_announce = now + self.announce_interval
+
+            if self._draining:
+                if not self._running:
+                    return
+                if now >= self._drain_deadline:
+                    self._hand_back("shutdown")
+                    return
+            else:
+                if self._notified.is_set():
+                    self._notified.clear()
+                    claim_now = True
+                if now >= next_poll:
+                    claim_now = True
+                free = self.concurrency - len(self._running)
+                if claim_now and free > 0:
+                    got = self._claim(free)
+                    if got is None:
+                        self._pause_for_database()
+                        continue
+                    # A full claim means more may wait: claim again as soon as a slot frees.
+                    claim_now = got == free
+                    next_poll = time.monotonic() + self.poll_interval
+
+            wake_at = next_heartbeat if self._draining else min(next_heartbeat, next_poll)
+            if self._wake.wait(timeout=min(max(0.0, wake_at - time.monotonic()), 1.0)):
+                self._wake.clear()
+
+    def _claim(self, free: int) -> int | None:
+        assert self._conn is not None
+        try:
+            rows = self._conn.execute(
+                CLAIM, [self.queues, self.worker_id, interval(self.lease), free]
+            ).fetchall()
+        except DB_GONE as err:
+            self._lost_connection(err)
+            return None
+        started = time.monotonic()
+        claimed = 0
+        for job_id, name, queue_name, state, payload, attempt, max_attempts, run_id, tenant in rows:
+            if state != "running":
+                # Buried by this claim: its lease lapsed on the final attempt.
+                logger.warning(
+                    "job buried: its lease lapsed on the final attempt",
+                    extra={"job_id": job_id, "job": name, "state": state},
+                )
+                self.metrics.settled(name, state)
+                continue
+            claimed += 1
+            job = self.app.jobs.get(name)
+            ctx = JobContext(
+                id=job_id,
+                name=name,
+                queue=queue_name,
+                attempt=attempt,
+                max_attempts=max_attempts,
+                run_id=run_id,
+                tenant_id=tenant,
+                worker=self.worker_id,
+            )
+            if job is None:
+                self._outbox.put(
+                    _Outcome(
+                        job_id,
+                        ok=False,
+                        error=f"no handler for job {name!r} in this worker",
+                        retryable=True,
+                    )
+                )
+                self._running[job_id] = _Run(_unknown_job(self.app, name), ctx, None, started)
+                continue
+            deadline = started + job.timeout if job.timeout is not None else None
+            run = _Run(job, ctx, deadline, started, payload)
+            self._running[job_id] = run
+            self.metrics.claimed(name)
+            self._start(run)
+        return claimed
+
+    def _start(self, run: _Run) -> None:
+        if run.job.is_async:
+            assert self._loop is not None
+            run.task = asyncio.run_coroutine_threadsafe(self._run_async(run), self._loop)
+        else:
+            self._inbox.put(run)
+
+    def _collect(self) -> None:
+        """Take the outcomes the handlers left, and queue each one for its settlement."""
+        while True:
+            try:
+                outcome = self._outbox.get_nowait()
+            except queue.Empty:
+                return
+            run = self._running.get(outcome.id)
+            if run is None or run.done:
+                continue
+            run.done = True
+            if outcome.ok:
+                self._pending_complete.append(outcome)
+            else:
+                self._pending_fail.append(outcome)
+
+    def _settle(self) -> bool:
+        """Settle what finished: all completions in one call, failures one by one. False when
+        the database did not answer (the outcomes are kept for the next try)."""
+        if not self._pending_complete and not self._pending_fail:
+            return True
+        if self._conn is None or self._conn.closed:
+            return False
+        try:
+            if self._pending_complete:
+                batch = self._pending_complete
+                rows = self._conn.execute(
+                    COMPLETE_MANY,
+                    [
+                        [o.id for o in batch],
+                        self.worker_id,
+                        [None if o.output is None else Jsonb(o.output) for o in batch],
+                    ],
+                ).fetchall()
+                held = {row[0] for row in rows}
+                for outcome in batch:
+                    run = self._running.pop(outcome.id)
+                    if outcome.id in held:
+                        self.metrics.settled(run.job.name, "done", time.monotonic() - run.started)
+                    else:
+                        logger.warning(
+                            "job completed after its lease was lost; the result is dropped",
+                            extra={"job_id": outcome.id, "job": run.job.name},
+                        )
+                self._pending_complete = []
+            while self._pending_fail:
+                outcome = self._pending_fail[0]
+                row = self._conn.execute(
+                    FAIL,
+                    [
+                        outcome.id,
+                        self.worker_id,
+                        outcome.error or "error",
+                        outcome.stack,
+                        None,
+                        outcome.retryable,
+                    ],
+                ).fetchone()
+                self._pending_fail.pop(0)
+                run = self._running.pop(outcome.id)
+                state = row[0] if row else None
+                logger.info(
+                    "job failed",
+                    extra={
+                        "job_id": outcome.id,
+                        "job": run.job.name,
+                        "attempt": run.ctx.attempt,
+                        "state": state,
+                        "error": outcome.error,
+                    },
+                )
+                self.metrics.settled(run.job.name, state or "lost", time.monotonic() - run.started)
+        except DB_GONE as err:
+            self._lost_connection(err)
+            return False
+        return True
+
+    def _check_deadlines(self, now: float) -> None:
+        for run in list(self._running.values()):
+            if run.done or run.deadline is None or now < run.deadline:
+                continue
+            assert run.job.timeout is not None
+            self._tell_stop(run, "timeout")
+            run.done = True
+            self._pending_fail.append(
+                _Outcome(
+                    run.ctx.id,
+                    ok=False,
+                    error=f"timed out after {run.job.timeout:g} s",
+                    retryable=True,
+                )
+            )
+
+    def _heartbeat(self) -> bool:
+        """Extend the leases of the running jobs; stop those that were lost. False when the
+        database did not answer."""
+        live = [job_id for job_id, run in self._running.items() if not run.done]
+        if not live:
+            return True
+        assert self._conn is not None
+        try:
+            rows = self._conn.execute(
+                EXTEND, [live, self.worker_id, interval(self.lease)]
+            ).fetchall()
+        except DB_GONE as err:
+            self._lost_connection(err)
+            return False
+        held = {row[0] for row in rows}
+        for job_id in live:
+            if job_id not in held:
+                run = self._running.pop(job_id)
+                run.done = True
+                self._tell_stop(run, "lost")
+                logger.warning(
+                    "job lost (cancelled, or its lease lapsed and another worker took it)",
+                    extra={"job_id": job_id, "job": run.job.name},
+                )
+                self.metrics.settled(run.job.name, "lost")
+        return True
+
+    def _announce(self) -> None:
+        if self._conn is None:
+            return
+        try:
+            self._conn.execute(
+                ANNOUNCE,
+                [
+                    self.worker_id,
+                    self.queues,
+                    self.build,
+                    self._draining,
+                    interval(max(3 * self.announce_interval, self.lease)),
+                ],
+            )
+        except DB_GONE as err:
+            self._lost_connection(err)
+
+    def _begin_drain(self, now: float) -> None:
+        self._draining = True
+        self._drain_deadline = now + self.grace
+        logger.info(
+            "draining: claiming nothing more",
+            extra={"running": len(self._running), "grace_s": self.grace},
+        )
+
+    def _hand_back(self, reason: str) -> None:
+        """Tell the running handlers to stop and give their jobs back to the queue."""
+        ids = [job_id for job_id, run in self._running.items() if not run.done]
+        for job_id in ids:
+            run = self._running[job_id]
+            run.done = True
+            self._tell_stop(run, reason)
+        if not ids or self._conn is None:
+            return
+        try:
+            rows = self._conn.execute(RELEASE, [ids, self.worker_id]).fetchall()
+            logger.info("handed jobs back", extra={"released": [r[0] for r in rows]})
+        except psycopg.Error as err:
+            logger.warning(
+                "could not hand jobs back; their leases will lapse", extra={"error": str(err)}
+            )
+
+    def _stop_now(self) -> None:
+        logger.warning("second stop: stopping at once")
+        self._collect()
+        self._settle()
+        self._hand_back("shutdown")
+
+    def _tell_stop(self, run: _Run, reason: str) -> None:
+        run.ctx.reason = reason
+        run.ctx.cancelled.set()
+        if run.task is not None:
+            run.task.cancel()
+
+    # --- the database connection -------------------------------------------------------------
+
+    def _connect(self, *, first: bool = False) -> None:
+        conn = psycopg.connect(self.app.dsn, autocommit=True, application_name="x_jobs worker")
+        if first and self.check_version:
+            self.app.check_version(conn)
+        self._conn = conn
+
+    def _lost_connection(self, err: Exception) -> None:
+        logger.warning("database connection lost", extra={"error": str(err).strip()})
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = None
+
+    def _pause_for_database(self) -> None:
+        """Reconnect with backoff, while handlers go on and their outcomes wait."""
+        delay = 0.1
+        while self._conn is None:
+            if self._stop_requests >= 2:
+                return
+            try:
+                self._connect()
+                logger.info("database connection back")
+                return
+            except DB_GONE as err:
+                logger.warning(
+                    "database unreachable; retrying",
+                    extra={"retry_in_s": round(delay, 2), "error": str(err).strip()},
+                )
+                self._wake.wait(delay)
+                self._wake.clear()
+                self._collect()
+                delay = min(delay * 2, 5.0)
+
+    # --- handler threads ----------------------------------------------------------------------
+
+    def _start_threads(self) -> None:
+        listener = threading.Thread(target=self._listen, name="x_jobs-listen", daemon=True)
+        listener.start()
+        self._threads.append(listener)
+        if any(not job.is_async for job in self.app.jobs.values()):
+            for n in range(self.concurrency):
+                thread = threading.Thread(
+                    target=self._execute_sync, name=f"x_jobs-exec-{n}", daemon=True
+                )
+                thread.start()
+                self._threads.append(thread)
+        if any(job.is_async for job in self.app.jobs.values()):
+            self._loop = asyncio.new_event_loop()
+            thread = threading.Thread(
+                target=self._loop.run_forever, name="x_jobs-async", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+
+    def _shutdown_threads(self) -> None:
+        for _ in range(self.concurrency):
+            self._inbox.put(None)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+
+    def _execute_sync(self) -> None:
+        while True:
+            run = self._inbox.get()
+            if run is None:
+                return
+            self._outbox.put(self._call(run))
+            self._wake.set()
+
+    async def _run_async(self, run: _Run) -> None:
+        try:
+            output = await self._invoke_async(run)
+            outcome = self._success(run, output)
+        except asyncio.CancelledError:
+            outcome = _Outcome(run.ctx.id, ok=False, error=f"stopped: {run.ctx.reason}")
+        except BaseException as err:
+            # Whatever a handler raises (SystemExit included) is its job's outcome, and never
+            # stops the worker.
+            outcome = self._failure(run, err)
+        self._outbox.put(outcome)
+        self._wake.set()
+
+    def _invoke(self, run: _Run) -> Any:
+        value = run.job.validate(run.payload)
+        return run.job.fn(value, run.ctx) if run.job.takes_ctx else run.job.fn(value)
+
+    async def _invoke_async(self, run: _Run) -> Any:
+        value = run.job.validate(run.payload)
+        call: Coroutine[Any, Any, Any] = (
+            run.job.fn(value, run.ctx) if run.job.takes_ctx else run.job.fn(value)
+        )
+        return await call
+
+    def _call(self, run: _Run) -> _Outcome:
+        try:
+            return self._success(run, self._invoke(run))
+        except BaseException as err:
+            # As in _run_async: the job's outcome, never the worker's end.
+            return self._failure(run, err)
+
+    def _success(self, run: _Run, output: Any) -> _Outcome:
+        try:
+            json.dumps(output)
+        except (TypeError, ValueError) as err:
+            return self._failure(
+                run,
+                OutputInvalid(
+                    f"X_OUTPUT_INVALID: job {run.job.name!r} returned a "
+                    f"{type(output).__name__}, which is not JSON: {err}",
+                    hint="Return JSON values (dict, list, str, int, float, bool, None).",
+                ),
+            )
+        return _Outcome(run.ctx.id, ok=True, output=output)
+
+    @staticmethod
+    def _failure(run: _Run, err: BaseException) -> _Outcome:
+        return _Outcome(
+            run.ctx.id,
+            ok=False,
+            error=f"{type(err).__name__}: {err}",
+            stack="".join(traceback.format_exception(err)),
+            retryable=not isinstance(err, PermanentError),
+        )
+
+    # --- notifications ------------------------------------------------------------------------
+
+    def _listen(self) -> None:
+        """LISTEN x_jobs and wake the dispatcher when one of our queues gets work. A hint only:
+        the dispatcher polls as well, so a dropped connection here loses nothing."""
+        wanted = set(self.queues)
+        delay = 0.1
+        while not self._stopped.is_set() and self._stop_requests == 0:
+            try:
+                with psycopg.connect(
+                    self.app.dsn, autocommit=True, application_name="x_jobs listener"
+                ) as conn:
+                    conn.execute("LISTEN x_jobs")
+                    delay = 0.1
+                    while not self._stopped.is_set() and self._stop_requests == 0:
+                        for note in conn.notifies(timeout=1.0):
+                            if note.payload in wanted:
+                                self._notified.set()
+                                self._wake.set()
+            except psycopg.OperationalError:
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+
+def _unknown_job(app: App, name: str) -> Job[Any]:
+    """A stand-in for a claimed job this worker has no handler for (it is failed at once)."""
+
+    def missing(_input: Any) -> None:
+        raise LookupError(name)
+
+    return Job(app=app, name=name, fn=missing)
