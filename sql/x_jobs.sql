@@ -1091,7 +1091,7 @@ $$;
 -- drain whose grace ran out, a shutdown). They are due again at once, in their old place in the
 -- queue (run_at is kept), and the interrupted attempt is not counted, so that deploys cannot
 -- use up a job's attempts. Answers the ids released; those the worker no longer held are left.
-CREATE FUNCTION x_jobs.release(ids bigint [], worker text)
+CREATE FUNCTION x_jobs.release(ids bigint[], worker text)
 RETURNS SETOF bigint
 LANGUAGE plpgsql
 VOLATILE
