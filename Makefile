@@ -24,7 +24,7 @@ VENV        ?= .venv
 VENV_PYTHON  = $(VENV)/bin/python
 SQL_SOURCES  = sql/x_jobs.sql $(wildcard sql/x_jobs--*--*.sql)
 
-.PHONY: demo test bench deps lint check-all check-sql check-upgrade check-python check-released
+.PHONY: demo demo-sql test bench deps lint check-all check-sql check-upgrade check-python check-released
 
 # Build the newest version's full script from the editable source.
 sql/x_jobs--$(EXTVERSION).sql: sql/x_jobs.sql
@@ -34,9 +34,13 @@ sql/x_jobs--$(EXTVERSION).sql: sql/x_jobs.sql
 deps:
 	scripts/ensure-deps
 
-# The demo: a throwaway server, the extension, and a psql session that enqueues, claims, settles.
+# The demo: a throwaway server, 10,000 jobs, a worker with a progress bar, a summary.
 demo: deps
-	scripts/throwaway-pg -- psql -X -q -f demo/demo.sql
+	scripts/throwaway-pg -- $(VENV_PYTHON) demo/demo.py
+
+# The SQL tour: the same flow as plain SQL in psql, for any language.
+demo-sql: deps
+	scripts/throwaway-pg -- psql -X -q -f demo/sql_tour.sql
 
 # Every test, on a throwaway server that is removed afterwards.
 test: deps
@@ -52,8 +56,8 @@ check-all: lint check-released check-sql check-upgrade check-python
 # sqlfluff over the DDL, ruff and mypy over the Python.
 lint:
 	$(VENV)/bin/sqlfluff lint --disable-progress-bar $(SQL_SOURCES) tests/pgtap
-	$(VENV)/bin/ruff check python tests/python bench
-	$(VENV)/bin/ruff format --check python tests/python bench
+	$(VENV)/bin/ruff check python tests/python bench demo
+	$(VENV)/bin/ruff format --check python tests/python bench demo
 	$(VENV)/bin/mypy
 
 # A released version's script must never change: compare with the recorded checksums.

@@ -104,15 +104,16 @@ class JobContext:
 
 @dataclass
 class _Run:
-    """A claimed job while it runs, as the dispatcher tracks it."""
+    """A claimed job, from its claim to its settlement, as the dispatcher tracks it."""
 
     job: Job[Any]
     ctx: JobContext
-    deadline: float | None
-    started: float
     payload: Any = None
+    #: When its handler began (monotonic), None while it waits in the local queue.
+    started: float | None = None
+    deadline: float | None = None
     task: Any = None  # the concurrent.futures.Future of an async handler
-    #: Set when the dispatcher settled or dropped the job already: a late outcome is ignored.
+    #: Set once the dispatcher settled or dropped the job: a late outcome is ignored.
     done: bool = False
 
 
@@ -131,7 +132,13 @@ def default_worker_id() -> str:
 
 
 class Worker:
-    """Runs the jobs of ``app`` from ``queues`` (default: the queues of its declared jobs)."""
+    """Runs the jobs of ``app`` from ``queues`` (default: the queues of its declared jobs).
+
+    ``concurrency`` handlers run at once; up to ``prefetch`` more claimed jobs wait in a local
+    queue, so that claims and settlements go to the database in batches (a claim asks for as many
+    jobs as there is room for, once half the room is free). A prefetched job holds its lease like
+    a running one; its timeout starts when its handler does, and a drain hands it back at once.
+    """
 
     def __init__(
         self,
@@ -139,10 +146,12 @@ class Worker:
         *,
         queues: Sequence[str] | None = None,
         concurrency: int = 10,
+        prefetch: int | None = None,
         lease: Seconds = 30,
         poll_interval: Seconds = 1.0,
         heartbeat_interval: Seconds | None = None,
         announce_interval: Seconds = 10,
+        settle_delay: Seconds = 0.005,
         grace: Seconds = 30,
         worker_id: str | None = None,
         build: str | None = None,
@@ -156,6 +165,10 @@ class Worker:
         if concurrency < 1:
             raise ValueError(f"concurrency must be 1 or more, not {concurrency}")
         self.concurrency = concurrency
+        self.prefetch = concurrency if prefetch is None else max(0, prefetch)
+        # What the worker may hold at once, running or waiting, and the claim that is worth a
+        # round trip: at least half of it, unless nothing is held at all.
+        self.capacity = min(1000, self.concurrency + self.prefetch)
         self.lease = seconds(lease)
         self.poll_interval = seconds(poll_interval)
         # Well before the lease lapses, and often enough that a cancel reaches a handler soon.
@@ -165,13 +178,15 @@ class Worker:
             else min(self.lease / 3, 5.0)
         )
         self.announce_interval = seconds(announce_interval)
+        self.settle_delay = seconds(settle_delay)
         self.grace = seconds(grace)
         self.worker_id = worker_id or default_worker_id()
         self.build = build
         self.check_version = check_version
         self.metrics = WorkerMetrics(metrics_port)
 
-        self._running: dict[int, _Run] = {}
+        #: Every job claimed and not yet settled (or dropped), running or waiting to run.
+        self._held: dict[int, _Run] = {}
         self._outbox: queue.SimpleQueue[_Outcome] = queue.SimpleQueue()
         self._inbox: queue.SimpleQueue[_Run | None] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -182,9 +197,11 @@ class Worker:
         self._conn: psycopg.Connection[Any] | None = None
         self._threads: list[threading.Thread] = []
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._slots: asyncio.Semaphore | None = None
         self._stopped = threading.Event()
         self._pending_complete: list[_Outcome] = []
         self._pending_fail: list[_Outcome] = []
+        self._pending_since = 0.0
 
     # --- public -------------------------------------------------------------------------------
 
@@ -199,6 +216,7 @@ class Worker:
                 "worker": self.worker_id,
                 "queues": self.queues,
                 "concurrency": self.concurrency,
+                "prefetch": self.prefetch,
             },
         )
         self._connect(first=True)
@@ -214,8 +232,8 @@ class Worker:
             logger.info("worker stopped", extra={"worker": self.worker_id})
 
     def stop(self) -> None:
-        """Drain: claim nothing more, finish what runs (within grace), hand back the rest. A
-        second call stops at once."""
+        """Drain: claim nothing more, hand back what has not started, let what runs finish
+        (within grace), hand back the rest. A second call stops at once."""
         self._stop_requests += 1
         self._wake.set()
 
@@ -242,9 +260,9 @@ class Worker:
                 self._begin_drain(now)
                 next_announce = 0.0
 
-            self._collect()
+            self._collect(now)
             self._check_deadlines(now)
-            if not self._settle():
+            if self._settle_due(now) and not self._settle():
                 # The database is away: keep the outcomes, retry after a pause.
                 self._pause_for_database()
                 continue
@@ -259,10 +277,11 @@ class Worker:
                 next_announce = now + self.announce_interval
 
             if self._draining:
-                if not self._running:
+                if not self._held:
                     return
                 if now >= self._drain_deadline:
-                    self._hand_back("shutdown")
+                    self._settle()
+                    self._hand_back(started=True, reason="shutdown")
                     return
             else:
                 if self._notified.is_set():
@@ -270,30 +289,31 @@ class Worker:
                     claim_now = True
                 if now >= next_poll:
                     claim_now = True
-                free = self.concurrency - len(self._running)
-                if claim_now and free > 0:
-                    got = self._claim(free)
+                room = self.capacity - len(self._held)
+                if claim_now and (room * 2 >= self.capacity or not self._held):
+                    got = self._claim(room)
                     if got is None:
                         self._pause_for_database()
                         continue
-                    # A full claim means more may wait: claim again as soon as a slot frees.
-                    claim_now = got == free
+                    # A full claim means more may wait: claim again as soon as there is room.
+                    claim_now = got == room
                     next_poll = time.monotonic() + self.poll_interval
 
             wake_at = next_heartbeat if self._draining else min(next_heartbeat, next_poll)
+            if self._pending_complete or self._pending_fail:
+                wake_at = min(wake_at, self._pending_since + self.settle_delay)
             if self._wake.wait(timeout=min(max(0.0, wake_at - time.monotonic()), 1.0)):
                 self._wake.clear()
 
-    def _claim(self, free: int) -> int | None:
+    def _claim(self, room: int) -> int | None:
         assert self._conn is not None
         try:
             rows = self._conn.execute(
-                CLAIM, [self.queues, self.worker_id, interval(self.lease), free]
+                CLAIM, [self.queues, self.worker_id, interval(self.lease), room]
             ).fetchall()
         except DB_GONE as err:
             self._lost_connection(err)
             return None
-        started = time.monotonic()
         claimed = 0
         for job_id, name, queue_name, state, payload, attempt, max_attempts, run_id, tenant in rows:
             if state != "running":
@@ -302,10 +322,9 @@ class Worker:
                     "job buried: its lease lapsed on the final attempt",
                     extra={"job_id": job_id, "job": name, "state": state},
                 )
-                self.metrics.settled(name, state)
+                self.metrics.settled(name, state, held=False)
                 continue
             claimed += 1
-            job = self.app.jobs.get(name)
             ctx = JobContext(
                 id=job_id,
                 name=name,
@@ -316,46 +335,46 @@ class Worker:
                 tenant_id=tenant,
                 worker=self.worker_id,
             )
+            job = self.app.jobs.get(name)
+            run = _Run(job or _unknown_job(self.app, name), ctx, payload)
+            self._held[job_id] = run
+            self.metrics.claimed(name)
             if job is None:
                 self._outbox.put(
-                    _Outcome(
-                        job_id,
-                        ok=False,
-                        error=f"no handler for job {name!r} in this worker",
-                        retryable=True,
-                    )
+                    _Outcome(job_id, ok=False, error=f"no handler for job {name!r} in this worker")
                 )
-                self._running[job_id] = _Run(_unknown_job(self.app, name), ctx, None, started)
-                continue
-            deadline = started + job.timeout if job.timeout is not None else None
-            run = _Run(job, ctx, deadline, started, payload)
-            self._running[job_id] = run
-            self.metrics.claimed(name)
-            self._start(run)
+            elif job.is_async:
+                assert self._loop is not None
+                run.task = asyncio.run_coroutine_threadsafe(self._run_async(run), self._loop)
+            else:
+                self._inbox.put(run)
         return claimed
 
-    def _start(self, run: _Run) -> None:
-        if run.job.is_async:
-            assert self._loop is not None
-            run.task = asyncio.run_coroutine_threadsafe(self._run_async(run), self._loop)
-        else:
-            self._inbox.put(run)
-
-    def _collect(self) -> None:
+    def _collect(self, now: float) -> None:
         """Take the outcomes the handlers left, and queue each one for its settlement."""
         while True:
             try:
                 outcome = self._outbox.get_nowait()
             except queue.Empty:
                 return
-            run = self._running.get(outcome.id)
+            run = self._held.get(outcome.id)
             if run is None or run.done:
                 continue
             run.done = True
-            if outcome.ok:
-                self._pending_complete.append(outcome)
-            else:
-                self._pending_fail.append(outcome)
+            if not self._pending_complete and not self._pending_fail:
+                self._pending_since = now
+            (self._pending_complete if outcome.ok else self._pending_fail).append(outcome)
+
+    def _settle_due(self, now: float) -> bool:
+        """Settle in batches: when enough finished, when the first of them waited settle_delay,
+        or when nothing else is left to finish."""
+        pending = len(self._pending_complete) + len(self._pending_fail)
+        return pending > 0 and (
+            pending * 2 >= self.capacity
+            or now - self._pending_since >= self.settle_delay
+            or pending >= len(self._held)
+            or self._draining
+        )
 
     def _settle(self) -> bool:
         """Settle what finished: all completions in one call, failures one by one. False when
@@ -364,6 +383,7 @@ class Worker:
             return True
         if self._conn is None or self._conn.closed:
             return False
+        now = time.monotonic()
         try:
             if self._pending_complete:
                 batch = self._pending_complete
@@ -377,14 +397,15 @@ class Worker:
                 ).fetchall()
                 held = {row[0] for row in rows}
                 for outcome in batch:
-                    run = self._running.pop(outcome.id)
+                    run = self._held.pop(outcome.id)
                     if outcome.id in held:
-                        self.metrics.settled(run.job.name, "done", time.monotonic() - run.started)
+                        self.metrics.settled(run.job.name, "done", now - (run.started or now))
                     else:
                         logger.warning(
                             "job completed after its lease was lost; the result is dropped",
                             extra={"job_id": outcome.id, "job": run.job.name},
                         )
+                        self.metrics.settled(run.job.name, "lost")
                 self._pending_complete = []
             while self._pending_fail:
                 outcome = self._pending_fail[0]
@@ -400,7 +421,7 @@ class Worker:
                     ],
                 ).fetchone()
                 self._pending_fail.pop(0)
-                run = self._running.pop(outcome.id)
+                run = self._held.pop(outcome.id)
                 state = row[0] if row else None
                 logger.info(
                     "job failed",
@@ -412,19 +433,21 @@ class Worker:
                         "error": outcome.error,
                     },
                 )
-                self.metrics.settled(run.job.name, state or "lost", time.monotonic() - run.started)
+                self.metrics.settled(run.job.name, state or "lost", now - (run.started or now))
         except DB_GONE as err:
             self._lost_connection(err)
             return False
         return True
 
     def _check_deadlines(self, now: float) -> None:
-        for run in list(self._running.values()):
+        for run in list(self._held.values()):
             if run.done or run.deadline is None or now < run.deadline:
                 continue
             assert run.job.timeout is not None
             self._tell_stop(run, "timeout")
             run.done = True
+            if not self._pending_complete and not self._pending_fail:
+                self._pending_since = now
             self._pending_fail.append(
                 _Outcome(
                     run.ctx.id,
@@ -435,9 +458,9 @@ class Worker:
             )
 
     def _heartbeat(self) -> bool:
-        """Extend the leases of the running jobs; stop those that were lost. False when the
+        """Extend the leases of the held jobs; stop those that were lost. False when the
         database did not answer."""
-        live = [job_id for job_id, run in self._running.items() if not run.done]
+        live = [job_id for job_id, run in self._held.items() if not run.done]
         if not live:
             return True
         assert self._conn is not None
@@ -451,7 +474,7 @@ class Worker:
         held = {row[0] for row in rows}
         for job_id in live:
             if job_id not in held:
-                run = self._running.pop(job_id)
+                run = self._held.pop(job_id)
                 run.done = True
                 self._tell_stop(run, "lost")
                 logger.warning(
@@ -481,38 +504,47 @@ class Worker:
     def _begin_drain(self, now: float) -> None:
         self._draining = True
         self._drain_deadline = now + self.grace
+        waiting = self._hand_back(started=False, reason="shutdown")
         logger.info(
             "draining: claiming nothing more",
-            extra={"running": len(self._running), "grace_s": self.grace},
+            extra={"running": len(self._held), "handed_back": waiting, "grace_s": self.grace},
         )
 
-    def _hand_back(self, reason: str) -> None:
-        """Tell the running handlers to stop and give their jobs back to the queue."""
-        ids = [job_id for job_id, run in self._running.items() if not run.done]
-        for job_id in ids:
-            run = self._running[job_id]
+    def _hand_back(self, *, started: bool, reason: str) -> int:
+        """Give jobs back to the queue (x_jobs.release): those not started yet, or (started=True)
+        every one still held, whose handlers are told to stop. Answers how many."""
+        runs = [
+            run for run in self._held.values() if not run.done and (started or run.started is None)
+        ]
+        for run in runs:
             run.done = True
             self._tell_stop(run, reason)
+        ids = [run.ctx.id for run in runs]
         if not ids or self._conn is None:
-            return
+            return 0
         try:
             rows = self._conn.execute(RELEASE, [ids, self.worker_id]).fetchall()
-            logger.info("handed jobs back", extra={"released": [r[0] for r in rows]})
         except psycopg.Error as err:
             logger.warning(
                 "could not hand jobs back; their leases will lapse", extra={"error": str(err)}
             )
+            return 0
+        for run in runs:
+            self._held.pop(run.ctx.id, None)
+            self.metrics.settled(run.job.name, "released")
+        logger.info("handed jobs back", extra={"released": len(rows)})
+        return len(rows)
 
     def _stop_now(self) -> None:
         logger.warning("second stop: stopping at once")
-        self._collect()
+        self._collect(time.monotonic())
         self._settle()
-        self._hand_back("shutdown")
+        self._hand_back(started=True, reason="shutdown")
 
     def _tell_stop(self, run: _Run, reason: str) -> None:
         run.ctx.reason = reason
         run.ctx.cancelled.set()
-        if run.task is not None:
+        if run.task is not None and self._loop is not None:
             run.task.cancel()
 
     # --- the database connection -------------------------------------------------------------
@@ -520,7 +552,11 @@ class Worker:
     def _connect(self, *, first: bool = False) -> None:
         conn = psycopg.connect(self.app.dsn, autocommit=True, application_name="x_jobs worker")
         if first and self.check_version:
-            self.app.check_version(conn)
+            try:
+                self.app.check_version(conn)
+            except BaseException:
+                conn.close()
+                raise
         self._conn = conn
 
     def _lost_connection(self, err: Exception) -> None:
@@ -546,7 +582,7 @@ class Worker:
                 )
                 self._wake.wait(delay)
                 self._wake.clear()
-                self._collect()
+                self._collect(time.monotonic())
                 delay = min(delay * 2, 5.0)
 
     # --- handler threads ----------------------------------------------------------------------
@@ -563,10 +599,10 @@ class Worker:
                 thread.start()
                 self._threads.append(thread)
         if any(job.is_async for job in self.app.jobs.values()):
-            self._loop = asyncio.new_event_loop()
-            thread = threading.Thread(
-                target=self._loop.run_forever, name="x_jobs-async", daemon=True
-            )
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            self._slots = asyncio.Semaphore(self.concurrency)
+            thread = threading.Thread(target=loop.run_forever, name="x_jobs-async", daemon=True)
             thread.start()
             self._threads.append(thread)
 
@@ -576,24 +612,39 @@ class Worker:
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
 
+    def _begin(self, run: _Run) -> bool:
+        """Mark a run started (its timeout starts now), unless it was dropped meanwhile."""
+        if run.done:
+            return False
+        run.started = time.monotonic()
+        if run.job.timeout is not None:
+            run.deadline = run.started + run.job.timeout
+        return True
+
     def _execute_sync(self) -> None:
         while True:
             run = self._inbox.get()
             if run is None:
                 return
+            if not self._begin(run):
+                continue
             self._outbox.put(self._call(run))
             self._wake.set()
 
     async def _run_async(self, run: _Run) -> None:
-        try:
-            output = await self._invoke_async(run)
-            outcome = self._success(run, output)
-        except asyncio.CancelledError:
-            outcome = _Outcome(run.ctx.id, ok=False, error=f"stopped: {run.ctx.reason}")
-        except BaseException as err:
-            # Whatever a handler raises (SystemExit included) is its job's outcome, and never
-            # stops the worker.
-            outcome = self._failure(run, err)
+        assert self._slots is not None
+        async with self._slots:
+            if not self._begin(run):
+                return
+            try:
+                output = await self._invoke_async(run)
+                outcome = self._success(run, output)
+            except asyncio.CancelledError:
+                outcome = _Outcome(run.ctx.id, ok=False, error=f"stopped: {run.ctx.reason}")
+            except BaseException as err:
+                # Whatever a handler raises (SystemExit included) is its job's outcome, and
+                # never stops the worker.
+                outcome = self._failure(run, err)
         self._outbox.put(outcome)
         self._wake.set()
 
@@ -616,17 +667,18 @@ class Worker:
             return self._failure(run, err)
 
     def _success(self, run: _Run, output: Any) -> _Outcome:
-        try:
-            json.dumps(output)
-        except (TypeError, ValueError) as err:
-            return self._failure(
-                run,
-                OutputInvalid(
-                    f"X_OUTPUT_INVALID: job {run.job.name!r} returned a "
-                    f"{type(output).__name__}, which is not JSON: {err}",
-                    hint="Return JSON values (dict, list, str, int, float, bool, None).",
-                ),
-            )
+        if output is not None and not isinstance(output, str | int | float | bool):
+            try:
+                json.dumps(output)
+            except (TypeError, ValueError) as err:
+                return self._failure(
+                    run,
+                    OutputInvalid(
+                        f"X_OUTPUT_INVALID: job {run.job.name!r} returned a "
+                        f"{type(output).__name__}, which is not JSON: {err}",
+                        hint="Return JSON values (dict, list, str, int, float, bool, None).",
+                    ),
+                )
         return _Outcome(run.ctx.id, ok=True, output=output)
 
     @staticmethod
@@ -658,7 +710,7 @@ class Worker:
                             if note.payload in wanted:
                                 self._notified.set()
                                 self._wake.set()
-            except psycopg.OperationalError:
+            except DB_GONE:
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
 

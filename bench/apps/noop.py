@@ -1,0 +1,14 @@
+"""The benchmark's app: one no-op job, so that a drain measures x_jobs and nothing else."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import x_jobs
+
+app = x_jobs.App()
+
+
+@app.job(name="noop", queue="bench")
+def noop(input: dict[str, Any]) -> None:
+    """Does nothing."""
