@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from typing import IO
 
 import psycopg
 from psycopg import sql
@@ -31,13 +32,17 @@ from psycopg import sql
 
 def fresh_database(name: str) -> None:
     with psycopg.connect(dbname="postgres", autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        admin.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
 
 def drop_database(name: str) -> None:
     with psycopg.connect(dbname="postgres", autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        admin.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
 
 
 def settle(dbname: str) -> None:
@@ -60,6 +65,7 @@ def timed_drain(
     dbname: str,
     remaining_sql: str,
     jobs: int,
+    *,
     stall_timeout: float = 120.0,
 ) -> float:
     """Seconds from "go" to an empty backlog, with `workers` processes running `worker_argv`."""
@@ -75,6 +81,8 @@ def timed_drain(
             line = proc.stdout.readline().strip()
             if line != "ready":
                 raise RuntimeError(f"worker {proc.args} said {line!r} instead of 'ready'")
+            # Anything else a worker prints goes to stderr, away from the JSON line.
+            threading.Thread(target=copy_lines, args=(proc.stdout,), daemon=True).start()
         with psycopg.connect(dbname=dbname, autocommit=True) as conn:
             started = time.perf_counter()
             for proc in procs:
@@ -84,8 +92,10 @@ def timed_drain(
             left = jobs
             last_progress = started
             while True:
-                row = conn.execute(remaining_sql).fetchone()
+                # The query's snapshot is taken when it starts: an empty answer means the
+                # backlog was drained by then.
                 now = time.perf_counter()
+                row = conn.execute(remaining_sql).fetchone()
                 assert row is not None
                 if int(row[0]) == 0:
                     return now - started
@@ -118,6 +128,11 @@ def timed_drain(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def copy_lines(source: IO[str]) -> None:
+    for line in source:
+        sys.stderr.write(line)
 
 
 def report(peer: str, jobs: int, workers: int, seconds: float, settings: str) -> None:

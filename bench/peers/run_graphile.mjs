@@ -10,16 +10,19 @@
 // own perfTest sets, so that 100,000 "Completed task" lines are not printed), until
 // graphile_worker._private_jobs is empty (a completed job is deleted). Prints one JSON line.
 //
-// The drain is timed as in peerlib.py: the workers start, connect nothing yet, print "ready";
+// The drain is timed as in peerlib.py: the workers start, import graphile-worker, print "ready";
 // the clock starts when "go" is written to all of them and stops when a poll of the jobs table
 // finds it empty (the poll backs off while many jobs are left, and comes every 5 ms near the
 // end); then the workers get "stop" (graceful shutdown).
 //
 // graphile-worker is installed in bench/peers/graphile/node_modules by bench/peers/setup.
+// 0.18.0 declares engines.node >= 22.18.0, so npm warns (EBADENGINE) on this machine's Node 20;
+// it runs here all the same (tasks come from taskList, no task files are loaded).
 // Connections use libpq's environment (PGHOST, PGPORT, PGUSER): "postgres:///DB" leaves host,
 // port and user empty, and node-postgres fills them from those variables.
 
 import { spawn } from "node:child_process";
+import { readFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { dirname, join } from "node:path";
 import { createInterface } from "node:readline";
@@ -122,6 +125,7 @@ async function work() {
     preset: PERFORMANCE_PRESET,
     noHandleSignals: true,
     taskList: { noop: async () => {} },
+    parsedCronItems: [], // no cron: do not look for a crontab file in the working directory
   });
   const outcome = await Promise.race([stop.then(() => "stop"), runner.promise.then(() => "ended")]);
   if (outcome === "stop") await runner.stop();
@@ -143,12 +147,14 @@ async function timedDrain(jobs, workers) {
       const first = await new Promise((resolve) => {
         const rl = createInterface({ input: child.stdout });
         rl.once("line", (line) => {
-          rl.close();
           resolve(line.trim());
+          rl.close();
         });
         rl.once("close", () => resolve(""));
       });
       if (first !== "ready") throw new Error(`worker said ${JSON.stringify(first)}, not "ready"`);
+      // Anything else a worker prints (its log) goes to stderr, away from the JSON line.
+      child.stdout.on("data", (chunk) => process.stderr.write(chunk));
     }
     return await withClient(DBNAME, async (client) => {
       const remainingSql = "SELECT count(*) FROM graphile_worker._private_jobs";
@@ -157,8 +163,10 @@ async function timedDrain(jobs, workers) {
       let left = jobs;
       let lastProgress = started;
       for (;;) {
-        const remaining = await count(client, remainingSql);
+        // The query's snapshot is taken when it starts: an empty answer means the backlog was
+        // drained by then.
         const now = performance.now();
+        const remaining = await count(client, remainingSql);
         if (remaining === 0) return (now - started) / 1000;
         if (remaining < left) {
           left = remaining;
@@ -167,7 +175,9 @@ async function timedDrain(jobs, workers) {
           throw new Error(`no progress for 120 s, ${left} jobs left`);
         }
         for (const child of children) {
-          if (child.exitCode !== null) throw new Error(`worker exited early (${child.exitCode})`);
+          if (child.exitCode !== null || child.signalCode !== null) {
+            throw new Error(`worker exited early (${child.exitCode ?? child.signalCode})`);
+          }
         }
         const done = jobs - left;
         if (done > 0) {
@@ -220,7 +230,9 @@ async function main(argv) {
   } finally {
     await admin(`DROP DATABASE IF EXISTS ${DBNAME} WITH (FORCE)`);
   }
-  const version = requireFromPeer("graphile-worker/package.json").version;
+  const version = JSON.parse(
+    readFileSync(join(dirname(requireFromPeer.resolve("graphile-worker")), "..", "package.json")),
+  ).version;
   const w = PERFORMANCE_PRESET.worker;
   console.log(
     JSON.stringify({

@@ -16,13 +16,13 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import asyncpg
+import peerlib
 import uvloop
 from pgqueuer import AsyncpgDriver, Job, Queries, QueueManager
-
-import peerlib
 
 DBNAME = "x_jobs_peer_pgqueuer"
 ENTRYPOINT = "noop"
@@ -103,19 +103,13 @@ def main(argv: list[str]) -> int:
         jobs,
         workers,
         seconds,
-        f"pgqueuer {pgqueuer_version()}, QueueManager.run(batch_size={BATCH_SIZE}) per process, "
+        f"pgqueuer {version('pgqueuer')}, QueueManager.run(batch_size={BATCH_SIZE}) per process, "
         "other run() options at their defaults, one asyncpg connection (AsyncpgDriver), "
         "uvloop, async no-op entrypoint (concurrency_limit 0 = unlimited), "
         "durability=durable (default); "
         f"enqueued with Queries.enqueue lists of {ENQUEUE_CHUNK:,}",
     )
     return 0
-
-
-def pgqueuer_version() -> str:
-    from importlib.metadata import version
-
-    return version("pgqueuer")
 
 
 if __name__ == "__main__":
