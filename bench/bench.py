@@ -22,13 +22,17 @@ import datetime as dt
 import json
 import os
 import platform
+import signal
 import statistics
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -45,6 +49,8 @@ class Sizes:
     claims_per_point: int
     throughput_rows: int
     threads: int
+    drain_jobs: int
+    procrastinate_jobs: int
 
 
 FULL = Sizes(
@@ -55,6 +61,8 @@ FULL = Sizes(
     claims_per_point=400,
     throughput_rows=200_000,
     threads=8,
+    drain_jobs=100_000,
+    procrastinate_jobs=5_000,
 )
 QUICK = Sizes(
     enqueue_batches=6,
@@ -64,6 +72,8 @@ QUICK = Sizes(
     claims_per_point=40,
     throughput_rows=10_000,
     threads=8,
+    drain_jobs=10_000,
+    procrastinate_jobs=500,
 )
 
 
@@ -108,19 +118,19 @@ def percentile(samples: list[float], fraction: float) -> float:
     return ordered[index]
 
 
-def batch_json(start: int, count: int, queue: str = "bench") -> str:
+def batch_json(start: int, count: int, queue: str = "bench", name: str = "bench") -> str:
     return json.dumps(
-        [{"name": "bench", "queue": queue, "input": {"n": n}} for n in range(start, start + count)]
+        [{"name": name, "queue": queue, "input": {"n": n}} for n in range(start, start + count)]
     )
 
 
-def enqueue_backlog(dsn: str, rows: int, queue: str) -> None:
+def enqueue_backlog(dsn: str, rows: int, queue: str, name: str = "bench") -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         for start in range(0, rows, 1000):
             count = min(1000, rows - start)
             conn.execute(
                 "SELECT count(*) FROM x_jobs.enqueue_many(%s::jsonb)",
-                [batch_json(start, count, queue)],
+                [batch_json(start, count, queue, name)],
             )
 
 
@@ -358,6 +368,78 @@ def bench_throughput(dsn: str, sizes: Sizes, rounds: int = 2) -> dict[str, list[
     return rates
 
 
+# --- end to end: worker processes draining a backlog -------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+#: The worker settings of the drain, the counterpart of graphile-worker's documented ones.
+WORKER_ARGS = [
+    "--concurrency",
+    "24",
+    "--prefetch",
+    "500",
+    "--poll",
+    "0.1",
+    "--log-level",
+    "warning",
+]
+
+
+def drain_with_workers(dsn: str, jobs: int, workers: int) -> float:
+    """jobs/s of `workers` x-jobs worker processes draining `jobs` no-op jobs.
+
+    The queue is paused while the workers start and resumed once all of them have announced
+    themselves, so start-up is outside the clock, as in the peers' runners.
+    """
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("TRUNCATE x_jobs.job, x_jobs.worker")
+        enqueue_backlog(dsn, jobs, "bench", name="noop")
+        conn.execute("VACUUM ANALYZE x_jobs.job")
+        conn.execute("CHECKPOINT")
+        conn.execute("SELECT x_jobs.pause_queue('bench')")
+        env = dict(os.environ, PYTHONPATH=str(ROOT / "bench"), PGDATABASE=BENCH_DB)
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "x_jobs", "worker", "apps.noop:app", *WORKER_ARGS],
+                env=env,
+            )
+            for _ in range(workers)
+        ]
+        try:
+            while conn.execute("SELECT count(*) FROM x_jobs.worker").fetchone() != (workers,):
+                time.sleep(0.02)
+            started = time.perf_counter()
+            conn.execute("SELECT x_jobs.resume_queue('bench')")
+            while True:
+                row = conn.execute(
+                    "SELECT count(*) FROM x_jobs.job WHERE state <> 'done'"
+                ).fetchone()
+                if row == (0,):
+                    break
+                time.sleep(0.005 if row is not None and row[0] < 1000 else 0.05)
+            return jobs / (time.perf_counter() - started)
+        finally:
+            for proc in procs:
+                proc.send_signal(signal.SIGTERM)
+            for proc in procs:
+                proc.wait(timeout=60)
+
+
+def peer_drains(sizes: Sizes, workers: int) -> list[dict[str, Any]]:
+    """The peers' own runners (bench/peers/run_all) on the same server: one dict per peer."""
+    out = subprocess.run(
+        [
+            str(ROOT / "bench/peers/run_all"),
+            str(sizes.drain_jobs),
+            str(workers),
+            str(sizes.procrastinate_jobs),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+
 # --- report ------------------------------------------------------------------------------------
 
 
@@ -370,13 +452,13 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     parser.add_argument(
         "--only",
-        choices=["enqueue", "latency", "throughput"],
+        choices=["enqueue", "latency", "throughput", "drain"],
         action="append",
         help="run only these parts (repeatable)",
     )
     args = parser.parse_args()
     sizes = QUICK if args.quick else FULL
-    parts = set(args.only or ["enqueue", "latency", "throughput"])
+    parts = set(args.only or ["enqueue", "latency", "throughput", "drain"])
 
     with bench_database() as dsn:
         with psycopg.connect(dsn) as conn:
@@ -455,6 +537,39 @@ def main() -> int:
                         verdict(ratio >= 0.7),
                     )
                 )
+
+        if "drain" in parts:
+            sql_rate = max(rates["two"]) if "throughput" in parts else None
+            for workers in (1, 2):
+                ours = drain_with_workers(dsn, sizes.drain_jobs, workers)
+                lines.append(
+                    (
+                        f"x_jobs worker drain, {workers} process(es), {sizes.drain_jobs:,} jobs",
+                        f"{ours:,.0f} jobs/s",
+                        "",
+                        "",
+                    )
+                )
+                peers = peer_drains(sizes, workers)
+                for peer in peers:
+                    rate = float(peer["jobs_per_s"])
+                    lines.append(
+                        (
+                            f"  {peer['peer']}, {workers} process(es), {peer['jobs']:,} jobs",
+                            f"{rate:,.0f} jobs/s",
+                            f"x_jobs {ours / rate:.2f}x",
+                            verdict(ours > rate),
+                        )
+                    )
+                if sql_rate is not None and workers == 1:
+                    lines.append(
+                        (
+                            "  x_jobs drain / pure-SQL claim+complete",
+                            f"{ours / sql_rate:.0%}",
+                            ">= 50%",
+                            verdict(ours >= sql_rate / 2),
+                        )
+                    )
 
     width = max(len(line[0]) for line in lines)
     value_width = max(len(line[1]) for line in lines)
