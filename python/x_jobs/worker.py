@@ -60,6 +60,7 @@ EXTEND: LiteralString = (
     "SELECT e FROM x_jobs.extend_lease(ids => %s, worker => %s, lease => %s) AS e"
 )
 RELEASE: LiteralString = "SELECT r FROM x_jobs.release(ids => %s, worker => %s) AS r"
+ROW_STATES: LiteralString = "SELECT id, state::text FROM x_jobs.job WHERE id = ANY(%s)"
 ANNOUNCE: LiteralString = """
     SELECT draining_at FROM x_jobs.announce_worker(
         worker => %s, queues => %s, build => %s, draining => %s, ttl => %s)
@@ -119,12 +120,18 @@ class _Run:
 
 @dataclass
 class _Outcome:
-    id: int
+    #: The run it is the outcome of: a late outcome of an attempt the dispatcher gave up on
+    #: (timed out, lost) must not settle a later attempt of the same job this worker holds.
+    run: _Run
     ok: bool
     output: Any = None
     error: str = ""
     stack: str | None = None
     retryable: bool = True
+
+    @property
+    def id(self) -> int:
+        return self.run.ctx.id
 
 
 def default_worker_id() -> str:
@@ -202,6 +209,9 @@ class Worker:
         self._pending_complete: list[_Outcome] = []
         self._pending_fail: list[_Outcome] = []
         self._pending_since = 0.0
+        # Serializes a handler's start with a hand-back of the same job: a job is either
+        # started here or released to the queue, never both.
+        self._start_lock = threading.Lock()
 
     # --- public -------------------------------------------------------------------------------
 
@@ -252,6 +262,12 @@ class Worker:
         next_poll = 0.0
         claim_now = True
         while True:
+            if self._conn is None:
+                # Lost by whichever call noticed it last turn: nothing below runs without it.
+                self._pause_for_database()
+                if self._conn is None:
+                    self._stop_now()
+                    return
             now = time.monotonic()
             if self._stop_requests >= 2:
                 self._stop_now()
@@ -341,7 +357,7 @@ class Worker:
             self.metrics.claimed(name)
             if job is None:
                 self._outbox.put(
-                    _Outcome(job_id, ok=False, error=f"no handler for job {name!r} in this worker")
+                    _Outcome(run, ok=False, error=f"no handler for job {name!r} in this worker")
                 )
             elif job.is_async:
                 assert self._loop is not None
@@ -358,7 +374,7 @@ class Worker:
             except queue.Empty:
                 return
             run = self._held.get(outcome.id)
-            if run is None or run.done:
+            if run is None or run is not outcome.run or run.done:
                 continue
             run.done = True
             if not self._pending_complete and not self._pending_fail:
@@ -449,12 +465,7 @@ class Worker:
             if not self._pending_complete and not self._pending_fail:
                 self._pending_since = now
             self._pending_fail.append(
-                _Outcome(
-                    run.ctx.id,
-                    ok=False,
-                    error=f"timed out after {run.job.timeout:g} s",
-                    retryable=True,
-                )
+                _Outcome(run, ok=False, error=f"timed out after {run.job.timeout:g} s")
             )
 
     def _heartbeat(self) -> bool:
@@ -472,16 +483,27 @@ class Worker:
             self._lost_connection(err)
             return False
         held = {row[0] for row in rows}
-        for job_id in live:
-            if job_id not in held:
-                run = self._held.pop(job_id)
-                run.done = True
-                self._tell_stop(run, "lost")
-                logger.warning(
-                    "job lost (cancelled, or its lease lapsed and another worker took it)",
-                    extra={"job_id": job_id, "job": run.job.name},
-                )
-                self.metrics.settled(run.job.name, "lost")
+        gone = [job_id for job_id in live if job_id not in held]
+        if not gone:
+            return True
+        # Say why: an operator's cancel, or a lease another worker took over.
+        try:
+            states = dict(self._conn.execute(ROW_STATES, [gone]).fetchall())
+        except DB_GONE as err:
+            self._lost_connection(err)
+            states = {}
+        for job_id in gone:
+            run = self._held.pop(job_id)
+            run.done = True
+            reason = "cancelled" if states.get(job_id) == "cancelled" else "lost"
+            self._tell_stop(run, reason)
+            logger.warning(
+                "job cancelled"
+                if reason == "cancelled"
+                else "job lost: its lease went to another worker",
+                extra={"job_id": job_id, "job": run.job.name},
+            )
+            self.metrics.settled(run.job.name, reason)
         return True
 
     def _announce(self) -> None:
@@ -614,9 +636,10 @@ class Worker:
 
     def _begin(self, run: _Run) -> bool:
         """Mark a run started (its timeout starts now), unless it was dropped meanwhile."""
-        if run.done:
-            return False
-        run.started = time.monotonic()
+        with self._start_lock:
+            if run.done:
+                return False
+            run.started = time.monotonic()
         if run.job.timeout is not None:
             run.deadline = run.started + run.job.timeout
         return True
@@ -640,7 +663,7 @@ class Worker:
                 output = await self._invoke_async(run)
                 outcome = self._success(run, output)
             except asyncio.CancelledError:
-                outcome = _Outcome(run.ctx.id, ok=False, error=f"stopped: {run.ctx.reason}")
+                outcome = _Outcome(run, ok=False, error=f"stopped: {run.ctx.reason}")
             except BaseException as err:
                 # Whatever a handler raises (SystemExit included) is its job's outcome, and
                 # never stops the worker.
@@ -679,12 +702,12 @@ class Worker:
                         hint="Return JSON values (dict, list, str, int, float, bool, None).",
                     ),
                 )
-        return _Outcome(run.ctx.id, ok=True, output=output)
+        return _Outcome(run, ok=True, output=output)
 
     @staticmethod
     def _failure(run: _Run, err: BaseException) -> _Outcome:
         return _Outcome(
-            run.ctx.id,
+            run,
             ok=False,
             error=f"{type(err).__name__}: {err}",
             stack="".join(traceback.format_exception(err)),

@@ -8,6 +8,7 @@ from typing import LiteralString
 import psycopg
 import pytest
 from conftest import Conn
+
 from x_jobs import errors
 
 logger = logging.getLogger(__name__)

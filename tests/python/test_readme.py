@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import psycopg
+
 from x_jobs import errors
 
 README = Path(__file__).resolve().parents[2] / "README.md"

@@ -1,0 +1,239 @@
+"""The worker as a real process (``x-jobs worker apps.basic:app``): what becomes of a handler that
+raises, a job enqueued in the caller's transaction, a job past its timeout or cancelled while it
+runs, and a database the worker cannot speak to.
+
+The handlers record every run in the test database (see ``apps.basic``); the tests read those
+records and the job rows, and wait for conditions with a deadline, never for a fixed time.
+Crashes and server restarts are in test_worker_crash.py, SIGTERM in test_worker_drain.py.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+from apps import basic
+from apps.workers import Fleet
+from conftest import Conn, Connect, fresh_database
+
+logger = logging.getLogger(__name__)
+
+
+@pytest.fixture
+def fleet(dsn: str, tmp_path: Path) -> Iterator[Fleet]:
+    with Fleet(dsn, tmp_path) as fleet:
+        yield fleet
+
+
+def test_raising_handlers_are_retried_with_backoff_and_keep_their_tracebacks(
+    fleet: Fleet, conn: Conn
+) -> None:
+    # name -> (state after the last attempt, the job's backoff base in seconds)
+    expected = {"always_raises": ("dead", 0.2), "always_raises_no_dead_letter": ("failed", 0.05)}
+    ids = {
+        name: basic.app.enqueue(name, {}, conn=conn).id
+        for name in ("always_raises", "always_raises_no_dead_letter")
+    }
+    fleet.start()
+    fleet.wait_for(
+        lambda: fleet.all_in(list(ids.values()), "dead", "failed"),
+        "both raising jobs to run out of attempts",
+    )
+    runs = fleet.runs()
+
+    for name, job_id in ids.items():
+        state, base = expected[name]
+        row = conn.execute(
+            "SELECT state::text, attempt, last_error, last_error_stack FROM x_jobs.job"
+            " WHERE id = %s",
+            [job_id],
+        ).fetchone()
+        assert row is not None
+        assert row[:3] == (state, 3, "HandlerBoom: boom on attempt 3"), name
+        # The Python traceback, down to the handler's own frame.
+        stack = str(row[3])
+        assert stack.startswith("Traceback (most recent call last):"), stack
+        assert f", in {name}\n" in stack, stack
+        assert stack.rstrip().endswith("HandlerBoom: boom on attempt 3"), stack
+
+        errors = conn.execute(
+            "SELECT attempt, error, error_stack, failed_at FROM x_jobs.job_error"
+            " WHERE job_id = %s ORDER BY attempt",
+            [job_id],
+        ).fetchall()
+        assert [(e[0], e[1]) for e in errors] == [
+            (n, f"HandlerBoom: boom on attempt {n}") for n in (1, 2, 3)
+        ], name
+        assert all(f", in {name}\n" in str(e[2]) for e in errors), errors
+
+        mine = [r for r in runs if r.job_id == job_id]
+        assert [(r.attempt, r.outcome) for r in mine] == [
+            (n, "raised:HandlerBoom") for n in (1, 2, 3)
+        ], name
+        # Backoff: attempt n+1 cannot be claimed before the retry delay of attempt n ran out,
+        # and with equal jitter that delay is at least half of base * 2^(n-1).
+        for n in (1, 2):
+            waited = mine[n].started - errors[n - 1][3]
+            assert waited >= timedelta(seconds=base * 2 ** (n - 1) / 2), (name, n, waited)
+
+    assert fleet.overlaps() == []
+
+
+def test_enqueue_on_the_callers_connection_is_part_of_its_transaction(
+    fleet: Fleet, connect: Connect
+) -> None:
+    fleet.start()
+    caller = connect(name="caller")
+    with caller.transaction():
+        rolled_back = basic.app.enqueue(basic.noop, {"n": 1}, conn=caller)
+        raise psycopg.Rollback()
+    with caller.transaction():
+        committed = basic.app.enqueue(basic.noop, {"n": 2}, conn=caller)
+
+    fleet.wait_for(lambda: fleet.all_in([committed.id], "done"), "the committed job to run")
+    assert caller.execute("SELECT id FROM x_jobs.job").fetchall() == [(committed.id,)]
+    assert rolled_back.id != committed.id
+    assert [(r.job_id, r.attempt, r.outcome) for r in fleet.runs()] == [
+        (committed.id, 1, "returned")
+    ]
+
+
+def test_a_job_past_its_timeout_is_stopped_and_failed_as_timed_out(
+    fleet: Fleet, conn: Conn
+) -> None:
+    # A sync body that checks ctx.is_cancelled(), and an async one awaiting asyncio.sleep; both
+    # declared with timeout=0.5 and given one attempt, so the timeout settles them dead.
+    sync_id = basic.app.enqueue(
+        basic.gated_timeout, {"gate": "never"}, conn=conn, max_attempts=1
+    ).id
+    async_id = basic.app.enqueue(
+        basic.async_sleep_timeout, {"seconds": 600}, conn=conn, max_attempts=1
+    ).id
+    fleet.start()
+    fleet.wait_for(lambda: fleet.all_in([sync_id, async_id], "dead"), "both jobs to time out")
+
+    for job_id in (sync_id, async_id):
+        row = conn.execute(
+            "SELECT attempt, last_error FROM x_jobs.job WHERE id = %s", [job_id]
+        ).fetchone()
+        assert row == (1, "timed out after 0.5 s")
+        errors = conn.execute(
+            "SELECT attempt, error FROM x_jobs.job_error WHERE job_id = %s", [job_id]
+        ).fetchall()
+        assert errors == [(1, "timed out after 0.5 s")]
+
+    # Each body was told: the sync one saw ctx.is_cancelled(), the async one got CancelledError.
+    def outcomes() -> dict[int, str | None]:
+        return {r.job_id: r.outcome for r in fleet.runs()}
+
+    want = {sync_id: "cancelled:timeout", async_id: "async-cancelled:timeout"}
+    fleet.wait_for(lambda: outcomes() == want, f"the bodies to see the timeout: {want}")
+
+
+def test_a_timed_out_attempt_that_returns_late_does_not_settle_the_next_attempt(
+    fleet: Fleet, conn: Conn
+) -> None:
+    # A sync body cannot be killed: attempt 1 of stubborn_timeout ignores the stop and runs on
+    # past its 2 s timeout, while the worker fails the attempt and claims attempt 2.
+    job_id = basic.app.enqueue(basic.stubborn_timeout, {}, conn=conn).id
+    fleet.start(concurrency=2)
+    fleet.wait_for(
+        lambda: any(r.attempt == 2 for r in fleet.runs()), "attempt 2 to start after a timeout"
+    )
+
+    # Now attempt 1's body returns. Its outcome is that of a run the worker already gave up on:
+    # it must be dropped, not taken for attempt 2's, which still runs.
+    fleet.open_gate("first")
+    fleet.wait_for(
+        lambda: any(r.attempt == 1 and r.finished is not None for r in fleet.runs()),
+        "attempt 1's body to return",
+    )
+    marker = basic.app.enqueue(basic.noop, {}, conn=conn).id
+    fleet.wait_for(lambda: fleet.all_in([marker], "done"), "a later job to run")
+    row = conn.execute(
+        "SELECT state::text, attempt FROM x_jobs.job WHERE id = %s", [job_id]
+    ).fetchone()
+    assert row == ("running", 2), "attempt 1's late outcome settled attempt 2 while it ran"
+
+    fleet.open_gate("later")
+    fleet.wait_for(lambda: fleet.all_in([job_id], "done"), "attempt 2 to finish")
+    errors = conn.execute(
+        "SELECT attempt, error FROM x_jobs.job_error WHERE job_id = %s", [job_id]
+    ).fetchall()
+    assert errors == [(1, "timed out after 2 s")]
+
+
+def test_cancel_reaches_a_running_handler_and_the_row_stays_cancelled(
+    fleet: Fleet, conn: Conn
+) -> None:
+    sync_id = basic.app.enqueue(basic.gated, {"gate": "never"}, conn=conn).id
+    async_id = basic.app.enqueue(basic.async_sleep, {"seconds": 600}, conn=conn).id
+    fleet.start()
+    fleet.wait_for(
+        lambda: {r.job_id for r in fleet.runs()} == {sync_id, async_id}, "both jobs to start"
+    )
+
+    for job_id in (sync_id, async_id):
+        assert conn.execute("SELECT x_jobs.cancel(%s)", [job_id]).fetchone() == (True,)
+
+    def outcomes() -> dict[int, str | None]:
+        return {r.job_id: r.outcome for r in fleet.runs()}
+
+    fleet.wait_for(lambda: None not in outcomes().values(), "both bodies to stop after the cancel")
+    got = outcomes()
+    # The worker learns of a cancel from its heartbeat; ctx.reason names it "cancelled" or, as
+    # the worker's docstring files a cancel under, "lost".
+    assert got[sync_id] in {"cancelled:cancelled", "cancelled:lost"}, got
+    assert got[async_id] in {"async-cancelled:cancelled", "async-cancelled:lost"}, got
+
+    # The bodies returned (sync) and raised (async) after the cancel: neither outcome may settle
+    # the row. A job enqueued now is run after the worker took those outcomes in.
+    marker = basic.app.enqueue(basic.noop, {}, conn=conn).id
+    fleet.wait_for(lambda: fleet.all_in([marker], "done"), "a later job to run")
+    rows = conn.execute(
+        "SELECT id, state::text, claimed_by, output, last_error FROM x_jobs.job"
+        " WHERE id = ANY (%s) ORDER BY id",
+        [[sync_id, async_id]],
+    ).fetchall()
+    assert rows == [
+        (sync_id, "cancelled", None, None, None),
+        (async_id, "cancelled", None, None, None),
+    ]
+    errors = conn.execute(
+        "SELECT job_id, error FROM x_jobs.job_error WHERE job_id = ANY (%s)",
+        [[sync_id, async_id]],
+    ).fetchall()
+    assert errors == []
+
+
+def test_the_worker_refuses_a_version_it_cannot_speak_to(fleet: Fleet, conn: Conn) -> None:
+    job_id = basic.app.enqueue(basic.noop, {}, conn=conn).id
+    conn.execute(
+        "CREATE OR REPLACE FUNCTION x_jobs.version() RETURNS text LANGUAGE sql IMMUTABLE"
+        " AS $$ SELECT '9.9.9'::text $$"
+    )
+    worker = fleet.start()
+    code = worker.wait()
+    log = worker.log()
+    assert code > 0, log
+    assert "X_VERSION_UNSUPPORTED" in log, log
+    assert "9.9.9" in log, log
+    # It refused before claiming anything.
+    assert fleet.states([job_id]) == {job_id: "ready"}
+    assert fleet.runs() == []
+
+
+def test_the_worker_refuses_a_database_without_x_jobs(
+    fleet: Fleet, admin: Conn, tmp_path: Path
+) -> None:
+    with fresh_database(admin, "template1", prefix="x_jobs_test_plain") as plain:
+        dbname = psycopg.conninfo.conninfo_to_dict(plain)["dbname"]
+        worker = fleet.start(dbname=str(dbname))
+        code = worker.wait()
+    log = worker.log()
+    assert code > 0, log
+    assert "X_NOT_INSTALLED: x_jobs is not installed in this database" in log, log
