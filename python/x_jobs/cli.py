@@ -1,17 +1,44 @@
-"""The ``x-jobs`` command line (also ``python -m x_jobs``)."""
+"""The ``x-jobs`` command line (also ``python -m x_jobs``).
+
+``worker`` runs the jobs of an App. The operator's commands call the SQL API and print what it
+answers: ``enqueue``, ``jobs list|show|retry|cancel``, ``queues [pause|resume]``, and ``install``
+(the schema without CREATE EXTENSION, see :mod:`x_jobs.install`). Each takes ``--dsn`` (default
+``DATABASE_URL``, else libpq's PG* environment, as ``App()``) and ``--json`` (one JSON document on
+stdout instead of tables).
+
+Exit codes: 0 done; 1 the database refused (an x_jobs refusal such as X_JOB_NOT_FOUND, or any
+other SQL error); 2 a usage or connection problem (bad arguments, a bad DSN, an unreachable
+server, a database without x_jobs or with a version this client cannot speak to). An error is
+one line on stderr, then a hint; with ``--json`` stdout also gets ``{"error": {...}}``.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import logging
+import os
+import shlex
 import sys
-from typing import Annotated, Any
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any, LiteralString, NoReturn
 
+import psycopg
 import typer
+from psycopg.rows import class_row
+from psycopg.types.json import Jsonb
+from rich.console import Console, RenderableType
+from rich.json import JSON
+from rich.table import Table
+from rich.text import Text
 
+from x_jobs import install as installer
 from x_jobs.app import App
-from x_jobs.errors import XJobsError
+from x_jobs.errors import JobNotFound, VersionUnsupported, XJobsError, translate
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +137,666 @@ def worker(
     except XJobsError as err:
         typer.echo(f"x-jobs: {err}", err=True)
         raise typer.Exit(2) from err
+
+
+# --- the operator's commands ------------------------------------------------------------------
+
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+
+Dsn = Annotated[
+    str | None,
+    typer.Option(
+        "--dsn",
+        help="Database conninfo or URL; default DATABASE_URL, else libpq's PG* environment.",
+        show_default=False,
+    ),
+]
+AsJson = Annotated[
+    bool, typer.Option("--json", help="Print one JSON document on stdout instead of tables.")
+]
+
+CONNECT_HINT = (
+    "Check --dsn, DATABASE_URL or the PG* variables (PGHOST, PGPORT, PGDATABASE, PGUSER), "
+    "and that the server is running."
+)
+PRIVILEGE_HINT = (
+    "Your role lacks a privilege x_jobs needs: have it granted x_jobs_admin "
+    "(or x_jobs_producer, x_jobs_worker for less)."
+)
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """A row of x_jobs.job as the operator reads it (``JOB_COLUMNS``)."""
+
+    id: int
+    name: str
+    queue: str
+    state: str
+    attempt: int
+    max_attempts: int
+    priority: int
+    run_at: datetime
+    visible_at: datetime | None
+    claimed_by: str | None
+    tenant_id: str
+    idempotency_key: str | None
+    concurrency_key: str | None
+    concurrency_limit: int | None
+    dead_letter: bool
+    backoff_base: timedelta
+    backoff_max: timedelta
+    claims: int
+    run_id: str
+    traceparent: str | None
+    enqueued_by: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    updated_at: datetime
+    input: Any
+    output: Any
+    progress: Any
+    last_error: str | None
+    last_error_stack: str | None
+
+
+@dataclass(frozen=True)
+class JobErrorRow:
+    """One failed attempt of a job (x_jobs.job_error)."""
+
+    attempt: int
+    failed_at: datetime
+    worker: str | None
+    error: str
+    error_stack: str | None
+
+
+@dataclass(frozen=True)
+class EnqueuedRow:
+    """What x_jobs.enqueue answers."""
+
+    id: int
+    run_id: str
+    deduped: bool
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    """One queue of x_jobs.queue_stats()."""
+
+    queue: str
+    ready: int
+    delayed: int
+    suspended: int
+    running: int
+    demand: int
+    paused: bool
+
+
+JOB_COLUMNS: LiteralString = """
+    id, name, queue, state::text AS state, attempt, max_attempts, priority, run_at, visible_at,
+    claimed_by, tenant_id, idempotency_key, concurrency_key, concurrency_limit, dead_letter,
+    backoff_base, backoff_max, claims, run_id::text AS run_id, traceparent, enqueued_by,
+    created_at, started_at, finished_at, updated_at, input, output, progress, last_error,
+    last_error_stack
+"""
+# NULL is "the default" for every argument of enqueue but name. A delay counts from the
+# database's clock, as App.enqueue does.
+ENQUEUE: LiteralString = """
+    SELECT id, run_id::text AS run_id, deduped
+    FROM x_jobs.enqueue(
+        name => %(name)s,
+        input => %(input)s,
+        queue => %(queue)s,
+        run_at => coalesce(%(run_at)s::timestamptz, x_jobs.now() + %(delay)s::interval),
+        idempotency_key => %(idempotency_key)s,
+        max_attempts => %(max_attempts)s::integer,
+        priority => %(priority)s::integer,
+        tenant_id => %(tenant_id)s
+    )
+"""
+LIST_JOBS: LiteralString = (
+    "SELECT "
+    + JOB_COLUMNS
+    + """
+    FROM x_jobs.list_jobs(state => %(state)s, queue => %(queue)s, before_id => %(before)s::bigint,
+                          max_rows => %(limit)s::integer)
+    ORDER BY id DESC
+"""
+)
+# The API has no reader of one job; the admin role reads the table (list_jobs does the same).
+SHOW_JOB: LiteralString = "SELECT " + JOB_COLUMNS + " FROM x_jobs.job WHERE id = %(id)s"
+# Oldest first: after a retry, attempts count from 1 again, so the time orders them.
+JOB_ERRORS: LiteralString = """
+    SELECT attempt, failed_at, worker, error, error_stack
+    FROM x_jobs.job_error
+    WHERE job_id = %(id)s
+    ORDER BY failed_at, attempt
+"""
+JOB_STATE: LiteralString = "SELECT state::text FROM x_jobs.job WHERE id = %(id)s"
+RETRY: LiteralString = "SELECT x_jobs.retry(id => %(id)s)"
+CANCEL: LiteralString = "SELECT x_jobs.cancel(id => %(id)s)"
+QUEUE_STATS: LiteralString = """
+    SELECT queue, ready, delayed, suspended, running, demand, paused FROM x_jobs.queue_stats()
+"""
+PAUSE: LiteralString = "SELECT x_jobs.pause_queue(queue => %(queue)s)"
+RESUME: LiteralString = "SELECT x_jobs.resume_queue(queue => %(queue)s)"
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[0] if lines else text
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+#: Columns for output that is no terminal (a pipe, a file): wide enough that `| grep name`
+#: finds whole names, where rich would fold everything to 80.
+PIPE_WIDTH = 200
+
+
+def _width() -> int | None:
+    """Rich's own choice in a terminal or under COLUMNS; PIPE_WIDTH otherwise."""
+    if "COLUMNS" in os.environ or sys.stdout.isatty():
+        return None
+    return PIPE_WIDTH
+
+
+class Output:
+    """Where a command's answer goes: one JSON document on stdout, or text and tables for a
+    person. Values from the database are always wrapped in ``Text``, so rich never reads them as
+    markup."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+
+    def emit(self, doc: Mapping[str, Any], *human: RenderableType | str) -> None:
+        if self.as_json:
+            typer.echo(json.dumps(doc, indent=2, ensure_ascii=False, default=_json_default))
+            return
+        console = Console(highlight=False, markup=False, emoji=False, width=_width())
+        for part in human:
+            console.print(Text(part) if isinstance(part, str) else part)
+
+    def fail(
+        self,
+        exit_code: int,
+        message: str,
+        hint: str | None,
+        *,
+        code: str | None = None,
+        sqlstate: str | None = None,
+    ) -> NoReturn:
+        """End the command: one line on stderr, then the hint (and the JSON error document)."""
+        message = _first_line(message)
+        typer.echo(f"x-jobs: {message}", err=True)
+        if hint:
+            typer.echo(f"hint: {hint}", err=True)
+        if self.as_json:
+            error = {"code": code, "sqlstate": sqlstate, "message": message, "hint": hint}
+            typer.echo(json.dumps({"error": error}, indent=2, ensure_ascii=False))
+        raise typer.Exit(exit_code)
+
+    def refuse(self, exit_code: int, err: XJobsError) -> NoReturn:
+        head = err.message.split(":", 1)[0]
+        code = head if head.startswith("X_") and head.isupper() else err.code
+        self.fail(exit_code, err.message, err.hint, code=code, sqlstate=err.sqlstate)
+
+
+@contextmanager
+def database(
+    dsn: str | None, out: Output, *, check_version: bool = True
+) -> Iterator[psycopg.Connection[Any]]:
+    """An autocommit connection to the database ``dsn`` names (default: DATABASE_URL, else
+    libpq's environment, as App() finds it), checked to hold an x_jobs this client speaks to.
+    Whatever goes wrong inside ends the command as one line and a hint, never a traceback."""
+    app = App(dsn)
+    try:
+        conn = psycopg.connect(app.dsn, autocommit=True, application_name="x-jobs")
+    except psycopg.Error as err:
+        out.fail(
+            EXIT_USAGE,
+            f"X_CONNECT_FAILED: cannot connect to the database: {_first_line(str(err))}",
+            CONNECT_HINT,
+            code="X_CONNECT_FAILED",
+        )
+    try:
+        with conn:
+            if check_version:
+                app.check_version(conn)
+            yield conn
+    except VersionUnsupported as err:
+        out.refuse(EXIT_USAGE, err)
+    except XJobsError as err:
+        out.refuse(EXIT_REFUSED, err)
+    except psycopg.Error as err:
+        if conn.broken:
+            out.fail(
+                EXIT_USAGE,
+                f"X_CONNECTION_LOST: the database connection was lost: {_first_line(str(err))}",
+                CONNECT_HINT,
+                code="X_CONNECTION_LOST",
+            )
+        typed = translate(err)
+        if isinstance(typed, XJobsError):
+            out.refuse(EXIT_REFUSED, typed)
+        hint = err.diag.message_hint
+        if hint is None and isinstance(err, psycopg.errors.InsufficientPrivilege):
+            hint = PRIVILEGE_HINT
+        out.fail(EXIT_REFUSED, err.diag.message_primary or str(err), hint, sqlstate=err.sqlstate)
+
+
+def _json_input(value: str) -> Any:
+    # jsonb has no NaN or Infinity: refuse them here, like any other text that is not JSON.
+    def no_constants(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    try:
+        return json.loads(value, parse_constant=no_constants)
+    except ValueError as err:
+        raise typer.BadParameter(f"not a JSON value ({err})", param_hint="'--input'") from err
+
+
+def _iso_datetime(value: str) -> datetime:
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError as err:
+        raise typer.BadParameter(
+            f"{value!r} is not an ISO 8601 time, such as 2026-12-01T09:00:00+00:00"
+        ) from err
+
+
+def _when(value: datetime | None) -> str:
+    """A time for a person: UTC, to the second (psycopg answers in the session's TimeZone)."""
+    return "-" if value is None else value.astimezone(UTC).isoformat(sep=" ", timespec="seconds")
+
+
+def _or_dash(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def _table(title: str | None = None) -> Table:
+    """A table in the manner of `ps`: no box, two spaces between columns, so more fits."""
+    return Table(
+        title=title,
+        title_justify="left",
+        box=None,
+        padding=(0, 1),
+        pad_edge=False,
+        header_style="bold",
+    )
+
+
+def _fields(rows: list[tuple[str, RenderableType | str]]) -> Table:
+    """A two-column grid of labels and values, for one record."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column(overflow="fold")
+    for label, value in rows:
+        grid.add_row(label, Text(value) if isinstance(value, str) else value)
+    return grid
+
+
+@cli.command()
+def enqueue(
+    name: Annotated[
+        str, typer.Argument(metavar="NAME", help="The job's name (any name; no App needed).")
+    ],
+    input_json: Annotated[
+        str, typer.Option("--input", metavar="JSON", help="The job's input, a JSON value.")
+    ],
+    queue: Annotated[
+        str | None, typer.Option(help="Queue; default 'default'.", show_default=False)
+    ] = None,
+    run_at: Annotated[
+        datetime | None,
+        typer.Option(
+            metavar="ISO8601",
+            parser=_iso_datetime,
+            help="Due time; without an offset, in the session's TimeZone.",
+            show_default=False,
+        ),
+    ] = None,
+    delay: Annotated[
+        float | None,
+        typer.Option(
+            metavar="SECONDS", min=0, help="Due this long from now (the database's clock)."
+        ),
+    ] = None,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option(
+            help="A live job with this key answers instead (deduped).", show_default=False
+        ),
+    ] = None,
+    priority: Annotated[
+        int | None, typer.Option(help="Lower runs first; default 0.", show_default=False)
+    ] = None,
+    max_attempts: Annotated[
+        int | None, typer.Option(help="Attempts before dead; default 25.", show_default=False)
+    ] = None,
+    tenant: Annotated[
+        str | None, typer.Option(help="Tenant id; default 'none'.", show_default=False)
+    ] = None,
+    dsn: Dsn = None,
+    as_json: AsJson = False,
+) -> None:
+    """Enqueue one job with x_jobs.enqueue; prints its id, run_id and whether it was deduped."""
+    out = Output(as_json)
+    payload = _json_input(input_json)
+    if run_at is not None and delay is not None:
+        raise typer.BadParameter("give --run-at or --delay, not both", param_hint="'--delay'")
+    params = {
+        "name": name,
+        "input": Jsonb(payload),
+        "queue": queue,
+        "run_at": run_at,
+        "delay": None if delay is None else timedelta(seconds=delay),
+        "idempotency_key": idempotency_key,
+        "max_attempts": max_attempts,
+        "priority": priority,
+        "tenant_id": tenant,
+    }
+    with database(dsn, out) as conn:
+        row = conn.cursor(row_factory=class_row(EnqueuedRow)).execute(ENQUEUE, params).fetchone()
+    assert row is not None  # enqueue answers one row or raises
+    out.emit(
+        dataclasses.asdict(row),
+        _fields(
+            [
+                ("id", str(row.id)),
+                ("run_id", row.run_id),
+                ("deduped", "yes: a live job holds this key" if row.deduped else "no"),
+            ]
+        ),
+    )
+
+
+jobs_cli = typer.Typer(help="List, show, retry and cancel jobs.", no_args_is_help=True)
+cli.add_typer(jobs_cli, name="jobs")
+
+
+def _jobs_table(jobs: list[JobRow]) -> Table:
+    # In a terminal of 80 columns the fixed columns stay narrow (times in UTC without the
+    # offset) and name, queue and last error fold into what is left.
+    table = _table()
+    table.add_column("id", justify="right", no_wrap=True)
+    table.add_column("name", overflow="fold", min_width=8)
+    table.add_column("queue", overflow="fold", min_width=5)
+    table.add_column("state", no_wrap=True)
+    table.add_column("attempt", justify="right", no_wrap=True)
+    table.add_column("run at (UTC)", no_wrap=True)
+    table.add_column("last error", overflow="fold", min_width=10, max_width=60)
+    for job in jobs:
+        table.add_row(
+            Text(str(job.id)),
+            Text(job.name),
+            Text(job.queue),
+            Text(job.state),
+            Text(f"{job.attempt}/{job.max_attempts}"),
+            Text(job.run_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")),
+            Text(_first_line(job.last_error) if job.last_error else ""),
+        )
+    return table
+
+
+@jobs_cli.command("list")
+def jobs_list(
+    state: Annotated[
+        str | None, typer.Option(help="Only jobs in this state (dead, ready, ...).")
+    ] = None,
+    queue: Annotated[str | None, typer.Option(help="Only jobs of this queue.")] = None,
+    before: Annotated[
+        int | None,
+        typer.Option(metavar="ID", help="Only ids below this one: the next page's start."),
+    ] = None,
+    limit: Annotated[int, typer.Option(help="Rows per page, 1 to 1000.")] = 50,
+    dsn: Dsn = None,
+    as_json: AsJson = False,
+) -> None:
+    """Jobs newest first, one page at a time (x_jobs.list_jobs); page on with --before.
+
+    After a full page it prints the command for the next one: --before the page's last id.
+    """
+    out = Output(as_json)
+    params = {"state": state, "queue": queue, "before": before, "limit": limit}
+    with database(dsn, out) as conn:
+        jobs = conn.cursor(row_factory=class_row(JobRow)).execute(LIST_JOBS, params).fetchall()
+    next_before = jobs[-1].id if len(jobs) == limit else None
+    human: list[RenderableType | str] = [_jobs_table(jobs) if jobs else "no jobs"]
+    if next_before is not None:
+        args = ["x-jobs", "jobs", "list"]
+        args += ["--state", state] if state is not None else []
+        args += ["--queue", queue] if queue is not None else []
+        args += ["--limit", str(limit)] if limit != 50 else []
+        args += ["--before", str(next_before)]
+        human.append(f"next page: {shlex.join(args)}")
+    out.emit(
+        {"jobs": [dataclasses.asdict(job) for job in jobs], "next_before": next_before}, *human
+    )
+
+
+def _errors_table(errors: list[JobErrorRow]) -> RenderableType:
+    if not errors:
+        return "no errors recorded"
+    table = _table(title="errors, oldest first")
+    table.add_column("attempt", justify="right", no_wrap=True)
+    table.add_column("failed at", no_wrap=True)
+    table.add_column("worker", overflow="fold")
+    table.add_column("error", overflow="fold")
+    for error in errors:
+        message = Text(error.error)
+        if error.error_stack:
+            message.append("\n" + error.error_stack, style="dim")
+        table.add_row(
+            Text(str(error.attempt)),
+            Text(_when(error.failed_at)),
+            Text(_or_dash(error.worker)),
+            message,
+        )
+    return table
+
+
+def _job_fields(job: JobRow) -> Table:
+    concurrency = (
+        f"{job.concurrency_key} (limit {job.concurrency_limit})" if job.concurrency_key else "-"
+    )
+    return _fields(
+        [
+            ("id", str(job.id)),
+            ("name", job.name),
+            ("queue", job.queue),
+            ("state", job.state),
+            ("attempt", f"{job.attempt}/{job.max_attempts}"),
+            ("priority", str(job.priority)),
+            ("run at", _when(job.run_at)),
+            ("lease until", _when(job.visible_at)),
+            ("claimed by", _or_dash(job.claimed_by)),
+            ("tenant", job.tenant_id),
+            ("idempotency key", _or_dash(job.idempotency_key)),
+            ("concurrency", concurrency),
+            ("dead letter", "yes" if job.dead_letter else "no"),
+            ("backoff", f"{job.backoff_base} .. {job.backoff_max}"),
+            ("claims", str(job.claims)),
+            ("run id", job.run_id),
+            ("traceparent", _or_dash(job.traceparent)),
+            ("enqueued by", _or_dash(job.enqueued_by)),
+            ("created", _when(job.created_at)),
+            ("started", _when(job.started_at)),
+            ("finished", _when(job.finished_at)),
+            ("updated", _when(job.updated_at)),
+            ("input", JSON.from_data(job.input)),
+            ("output", "-" if job.output is None else JSON.from_data(job.output)),
+            ("progress", "-" if job.progress is None else JSON.from_data(job.progress)),
+            ("last error", _or_dash(job.last_error)),
+            ("stack", _or_dash(job.last_error_stack)),
+        ]
+    )
+
+
+def _not_found(job_id: int) -> JobNotFound:
+    # The words x_jobs.cancel and x_jobs.retry raise for XJ014.
+    return JobNotFound(
+        f"X_JOB_NOT_FOUND: no job has id {job_id}",
+        hint="Check the id; finished jobs are removed by purge after their retention.",
+    )
+
+
+JobId = Annotated[int, typer.Argument(metavar="ID", help="The job's id.")]
+
+
+@jobs_cli.command("show")
+def jobs_show(job_id: JobId, dsn: Dsn = None, as_json: AsJson = False) -> None:
+    """One job: its row, then every failed attempt from x_jobs.job_error, oldest first."""
+    out = Output(as_json)
+    with database(dsn, out) as conn, conn.transaction():  # one snapshot for row and errors
+        job = conn.cursor(row_factory=class_row(JobRow)).execute(SHOW_JOB, {"id": job_id})
+        row = job.fetchone()
+        if row is None:
+            raise _not_found(job_id)
+        cur = conn.cursor(row_factory=class_row(JobErrorRow))
+        errors = cur.execute(JOB_ERRORS, {"id": job_id}).fetchall()
+    out.emit(
+        {"job": dataclasses.asdict(row), "errors": [dataclasses.asdict(e) for e in errors]},
+        _job_fields(row),
+        "",
+        _errors_table(errors),
+    )
+
+
+@jobs_cli.command("retry")
+def jobs_retry(job_id: JobId, dsn: Dsn = None, as_json: AsJson = False) -> None:
+    """Re-queue a dead, failed or cancelled job (x_jobs.retry): due now, attempts from 0."""
+    out = Output(as_json)
+    with database(dsn, out) as conn, conn.transaction():
+        conn.execute(RETRY, {"id": job_id})
+        row = conn.execute(JOB_STATE, {"id": job_id}).fetchone()
+    state = None if row is None else str(row[0])
+    out.emit(
+        {"id": job_id, "retried": True, "state": state},
+        f"job {job_id} re-queued: {state}, its attempts start over",
+    )
+
+
+@jobs_cli.command("cancel")
+def jobs_cancel(job_id: JobId, dsn: Dsn = None, as_json: AsJson = False) -> None:
+    """Cancel a live job (x_jobs.cancel); a job that had finished already is left as it is."""
+    out = Output(as_json)
+    with database(dsn, out) as conn, conn.transaction():
+        answer = conn.execute(CANCEL, {"id": job_id}).fetchone()
+        row = conn.execute(JOB_STATE, {"id": job_id}).fetchone()
+    cancelled = bool(answer and answer[0])
+    state = None if row is None else str(row[0])
+    out.emit(
+        {"id": job_id, "cancelled": cancelled, "state": state},
+        f"job {job_id} cancelled"
+        if cancelled
+        else f"job {job_id} had already finished ({state}); nothing changed",
+    )
+
+
+queues_cli = typer.Typer(help="Queues: live jobs per state, demand, pauses.")
+cli.add_typer(queues_cli, name="queues")
+
+
+@queues_cli.callback(invoke_without_command=True)
+def queues(ctx: typer.Context, dsn: Dsn = None, as_json: AsJson = False) -> None:
+    """Per queue: live jobs by state, demand, paused (x_jobs.queue_stats); pause or resume one.
+
+    Queues with no live job and no pause are absent. `pause` holds a queue back from every claim,
+    `resume` lets it go.
+    """
+    if ctx.invoked_subcommand is not None:
+        return  # pause/resume read --dsn/--json given here from ctx.parent
+    out = Output(as_json)
+    with database(dsn, out) as conn:
+        rows = conn.cursor(row_factory=class_row(QueueRow)).execute(QUEUE_STATS).fetchall()
+    table = _table()
+    for column in ("queue", "ready", "delayed", "suspended", "running", "demand", "paused"):
+        table.add_column(column, justify="left" if column == "queue" else "right")
+    for q in rows:
+        counts = (q.ready, q.delayed, q.suspended, q.running, q.demand)
+        table.add_row(
+            Text(q.queue), *(Text(str(n)) for n in counts), Text("yes" if q.paused else "no")
+        )
+    out.emit(
+        {"queues": [dataclasses.asdict(q) for q in rows]},
+        table if rows else "no queue has live jobs or a pause",
+    )
+
+
+def _inherited(ctx: typer.Context, dsn: str | None, as_json: bool) -> tuple[str | None, bool]:
+    """--dsn and --json given to `queues` before the subcommand count for it too."""
+    parent = ctx.parent.params if ctx.parent is not None else {}
+    return (dsn if dsn is not None else parent.get("dsn")), as_json or bool(parent.get("as_json"))
+
+
+def _toggle(ctx: typer.Context, name: str, dsn: str | None, as_json: bool, pause: bool) -> None:
+    dsn, as_json = _inherited(ctx, dsn, as_json)
+    out = Output(as_json)
+    with database(dsn, out) as conn:
+        row = conn.execute(PAUSE if pause else RESUME, {"queue": name}).fetchone()
+    changed = bool(row and row[0])
+    if pause:
+        said = f"queue {name} paused" if changed else f"queue {name} was paused already"
+    else:
+        said = f"queue {name} resumed" if changed else f"queue {name} was not paused"
+    out.emit({"queue": name, "paused": pause, "changed": changed}, said)
+
+
+QueueName = Annotated[str, typer.Argument(metavar="NAME", help="The queue.")]
+
+
+@queues_cli.command("pause")
+def queues_pause(
+    ctx: typer.Context, name: QueueName, dsn: Dsn = None, as_json: AsJson = False
+) -> None:
+    """Hold a queue back from every claim (x_jobs.pause_queue); running jobs finish."""
+    _toggle(ctx, name, dsn, as_json, pause=True)
+
+
+@queues_cli.command("resume")
+def queues_resume(
+    ctx: typer.Context, name: QueueName, dsn: Dsn = None, as_json: AsJson = False
+) -> None:
+    """Let a paused queue be claimed again (x_jobs.resume_queue)."""
+    _toggle(ctx, name, dsn, as_json, pause=False)
+
+
+@cli.command("install")
+def install_command(dsn: Dsn = None, as_json: AsJson = False) -> None:
+    """Install or upgrade x_jobs where CREATE EXTENSION cannot be used (managed services).
+
+    Runs the extension's own versioned scripts as plain SQL, in one transaction: the full script
+    when nothing is installed, the upgrade scripts from the installed x_jobs.version() on, or
+    nothing when the newest is installed. Refuses a database that has the extension.
+    """
+    out = Output(as_json)
+    with database(dsn, out, check_version=False) as conn:
+        done = installer.install(conn)
+    if not done.changed:
+        said = f"x_jobs {done.after} is installed and current; nothing changed"
+    elif done.before is None:
+        said = f"installed x_jobs {done.after} ({', '.join(done.scripts)})"
+    else:
+        said = f"upgraded x_jobs {done.before} -> {done.after} ({', '.join(done.scripts)})"
+    out.emit(
+        {
+            "before": done.before,
+            "after": done.after,
+            "scripts": list(done.scripts),
+            "changed": done.changed,
+        },
+        said,
+    )
 
 
 def main() -> None:

@@ -1,0 +1,552 @@
+"""x-jobs, the command line: every command against a real database, through typer's CliRunner
+and through a real ``python -m x_jobs`` process. Human output and --json; errors end as one
+line and a hint, exit 2 for usage and connection problems, 1 for refusals, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from conftest import Conn, fresh_database
+from psycopg.conninfo import conninfo_to_dict
+from typer.testing import CliRunner, Result
+
+from x_jobs.cli import cli
+
+logger = logging.getLogger(__name__)
+
+# COLUMNS unset: the output is no terminal, so tables get x-jobs' width for pipes, not 80.
+runner = CliRunner(env={"COLUMNS": None})
+
+
+def x_jobs(*args: str, env: Mapping[str, str | None] | None = None) -> Result:
+    """``x-jobs ARGS`` in this process."""
+    return runner.invoke(cli, list(args), env=env)
+
+
+def succeeded(result: Result) -> Result:
+    assert result.exit_code == 0, (
+        f"exit {result.exit_code}\nstdout: {result.stdout}\nstderr: {result.stderr}\n"
+        f"{result.exception!r}"
+    )
+    return result
+
+
+def failed(result: Result, exit_code: int) -> Result:
+    """The command ended on purpose with ``exit_code``: one line, a hint, no traceback."""
+    assert result.exit_code == exit_code, (
+        f"exit {result.exit_code}\nstdout: {result.stdout}\nstderr: {result.stderr}"
+    )
+    # An exception escaping a command also exits 1: only SystemExit is a deliberate exit.
+    assert isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.output
+    return result
+
+
+def one_line_and_hint(result: Result) -> tuple[str, str]:
+    """The error line and the hint line of a failed command's stderr."""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 2, result.stderr
+    assert lines[0].startswith("x-jobs: "), lines
+    assert lines[1].startswith("hint: "), lines
+    return lines[0], lines[1]
+
+
+def as_json(result: Result) -> Any:
+    return json.loads(succeeded(result).stdout)
+
+
+def enqueue(dsn: str, name: str, *options: str) -> int:
+    job_id = as_json(x_jobs("enqueue", name, "--input", "{}", *options, "--json", "--dsn", dsn))
+    return int(job_id["id"])
+
+
+def listed_ids(output: str) -> list[int]:
+    """The ids in the first column of a `jobs list` table."""
+    return [int(line.split()[0]) for line in output.splitlines() if re.match(r"\s*\d+\s", line)]
+
+
+def fail_twice(conn: Conn, job_id: int) -> None:
+    """Fail the job's two attempts, as workers w1 and w2 would: it ends dead."""
+    for worker, error, stack in [
+        ("w1", "first [red]boom[/red]", 'Traceback:\n  File "jobs.py", line 1'),
+        ("w2", "second boom", 'Traceback:\n  File "jobs.py", line 2'),
+    ]:
+        claimed = conn.execute(
+            "SELECT id FROM x_jobs.claim(queues => ARRAY['default'], worker => %s, qty => 1)",
+            [worker],
+        ).fetchall()
+        assert claimed == [(job_id,)]
+        conn.execute(
+            "SELECT x_jobs.fail(id => %s, worker => %s, error => %s, error_stack => %s,"
+            " retry_delay => '0')",
+            [job_id, worker, error, stack],
+        )
+
+
+@pytest.fixture
+def plain_dsn(admin: Conn) -> Iterator[str]:
+    """A database of this test's own without x_jobs (CREATE DATABASE; dropped afterwards)."""
+    with fresh_database(admin, "template1", prefix="x_jobs_plain") as conninfo:
+        yield conninfo
+
+
+def test_enqueue_then_list_shows_the_job(dsn: str, conn: Conn) -> None:
+    human = succeeded(
+        x_jobs(
+            "enqueue",
+            "send_email",
+            "--input",
+            '{"to": "ada@example.com"}',
+            "--queue",
+            "mail",
+            "--priority",
+            "3",
+            "--max-attempts",
+            "5",
+            "--tenant",
+            "acme",
+            "--idempotency-key",
+            "welcome:ada",
+            "--dsn",
+            dsn,
+        )
+    )
+    rows = conn.execute(
+        "SELECT id, run_id::text, name, queue, state::text, priority, max_attempts, tenant_id,"
+        " idempotency_key, input, run_at FROM x_jobs.job"
+    ).fetchall()
+    assert len(rows) == 1
+    job_id, run_id, *fields, run_at = rows[0]
+    assert fields == [
+        "send_email",
+        "mail",
+        "ready",
+        3,
+        5,
+        "acme",
+        "welcome:ada",
+        {"to": "ada@example.com"},
+    ]
+    assert re.search(rf"^id\s+{job_id}\s*$", human.stdout, re.MULTILINE), human.stdout
+    assert re.search(rf"^run_id\s+{run_id}\s*$", human.stdout, re.MULTILINE), human.stdout
+    assert re.search(r"^deduped\s+no\s*$", human.stdout, re.MULTILINE), human.stdout
+
+    # The same key again: the live row answers, nothing new is enqueued.
+    again = x_jobs(
+        "enqueue",
+        "send_email",
+        "--input",
+        "{}",
+        "--idempotency-key",
+        "welcome:ada",
+        "--json",
+        "--dsn",
+        dsn,
+    )
+    assert as_json(again) == {"id": job_id, "run_id": run_id, "deduped": True}
+    assert conn.execute("SELECT count(*) FROM x_jobs.job").fetchone() == (1,)
+
+    table = succeeded(x_jobs("jobs", "list", "--dsn", dsn)).stdout
+    [line] = [line for line in table.splitlines() if re.match(rf"\s*{job_id}\s", line)]
+    assert line.split()[:5] == [str(job_id), "send_email", "mail", "ready", "0/5"]
+    assert run_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") in line
+    assert "next page" not in table
+
+    doc = as_json(x_jobs("jobs", "list", "--json", "--dsn", dsn))
+    assert doc["next_before"] is None
+    [job] = doc["jobs"]
+    assert {k: job[k] for k in ("id", "run_id", "name", "queue", "state", "attempt")} == {
+        "id": job_id,
+        "run_id": run_id,
+        "name": "send_email",
+        "queue": "mail",
+        "state": "ready",
+        "attempt": 0,
+    }
+    assert (job["priority"], job["max_attempts"], job["tenant_id"]) == (3, 5, "acme")
+    assert (job["idempotency_key"], job["input"]) == ("welcome:ada", {"to": "ada@example.com"})
+    assert datetime.fromisoformat(job["run_at"]) == run_at
+
+
+def test_enqueue_run_at_and_delay_make_delayed_jobs(dsn: str, conn: Conn) -> None:
+    at = as_json(
+        x_jobs(
+            "enqueue",
+            "report",
+            "--input",
+            "[1, 2]",
+            "--run-at",
+            "2031-05-01T12:00:00+00:00",
+            "--json",
+            "--dsn",
+            dsn,
+        )
+    )
+    later = as_json(
+        x_jobs("enqueue", "remind", "--input", '"x"', "--delay", "3600", "--json", "--dsn", dsn)
+    )
+
+    def row(job_id: int) -> tuple[Any, ...]:
+        found = conn.execute(
+            "SELECT state::text, run_at, run_at - created_at, input FROM x_jobs.job WHERE id = %s",
+            [job_id],
+        ).fetchone()
+        assert found is not None
+        return found
+
+    state, run_at, _, payload = row(at["id"])
+    assert (state, run_at, payload) == ("delayed", datetime(2031, 5, 1, 12, tzinfo=UTC), [1, 2])
+    # The delay counts from the database's clock: exactly an hour after the row's creation.
+    state, _, ahead, payload = row(later["id"])
+    assert (state, ahead, payload) == ("delayed", timedelta(hours=1), "x")
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--input", "{nope"], "'--input'"),
+        (["--input", "NaN"], "'--input'"),
+        (["--input", "{}", "--run-at", "next tuesday"], "next tuesday"),
+        (["--input", "{}", "--run-at", "2031-01-01", "--delay", "5"], "not both"),
+        (["--input", "{}", "--delay", "-1"], "--delay"),
+        (["--queue", "q"], "--input"),
+    ],
+)
+def test_enqueue_usage_errors_exit_2_and_enqueue_nothing(
+    dsn: str, conn: Conn, args: list[str], says: str
+) -> None:
+    result = failed(x_jobs("enqueue", "job", *args, "--dsn", dsn), 2)
+    assert says in result.stderr
+    assert conn.execute("SELECT count(*) FROM x_jobs.job").fetchone() == (0,)
+
+
+def test_jobs_list_pages_with_before(dsn: str, conn: Conn) -> None:
+    ids = [enqueue(dsn, f"job{n}") for n in range(5)]
+    enqueue(dsn, "elsewhere", "--queue", "other")
+
+    first = succeeded(x_jobs("jobs", "list", "--queue", "default", "--limit", "2", "--dsn", dsn))
+    assert listed_ids(first.stdout) == [ids[4], ids[3]]  # newest first
+    follow = f"x-jobs jobs list --queue default --limit 2 --before {ids[3]}"
+    assert f"next page: {follow}" in first.stdout
+
+    second = succeeded(x_jobs(*follow.split()[1:], "--dsn", dsn))
+    assert listed_ids(second.stdout) == [ids[2], ids[1]]
+    assert f"--before {ids[1]}" in second.stdout
+
+    last = succeeded(
+        x_jobs(
+            "jobs",
+            "list",
+            "--queue",
+            "default",
+            "--limit",
+            "2",
+            "--before",
+            str(ids[1]),
+            "--dsn",
+            dsn,
+        )
+    )
+    assert listed_ids(last.stdout) == [ids[0]]
+    assert "next page" not in last.stdout  # a partial page is the last one
+
+    paged = as_json(x_jobs("jobs", "list", "--limit", "3", "--json", "--dsn", dsn))
+    assert [job["id"] for job in paged["jobs"]] == [ids[4] + 1, ids[4], ids[3]]
+    assert paged["next_before"] == ids[3]
+    rest = as_json(x_jobs("jobs", "list", "--before", str(ids[3]), "--json", "--dsn", dsn))
+    assert [job["id"] for job in rest["jobs"]] == [ids[2], ids[1], ids[0]]
+    assert rest["next_before"] is None
+
+    conn.execute("SELECT x_jobs.cancel(id => %s)", [ids[2]])
+    cancelled = as_json(x_jobs("jobs", "list", "--state", "cancelled", "--json", "--dsn", dsn))
+    assert [job["id"] for job in cancelled["jobs"]] == [ids[2]]
+    nothing = succeeded(x_jobs("jobs", "list", "--state", "dead", "--dsn", dsn))
+    assert nothing.stdout.strip() == "no jobs"
+
+
+def test_jobs_list_fits_a_terminal_of_80_columns(dsn: str) -> None:
+    for n in range(3):
+        enqueue(dsn, f"send_email_{n}", "--queue", "mail")
+    table = succeeded(x_jobs("jobs", "list", "--dsn", dsn, env={"COLUMNS": "80"})).stdout
+    assert all(len(line) <= 80 for line in table.splitlines()), table
+    assert [line.split()[1:3] for line in table.splitlines() if re.match(r"\s*\d", line)] == [
+        [f"send_email_{n}", "mail"] for n in (2, 1, 0)
+    ]
+
+
+def test_jobs_show_prints_the_row_and_its_errors_oldest_first(dsn: str, conn: Conn) -> None:
+    job_id = enqueue(dsn, "send_email", "--max-attempts", "2", "--idempotency-key", "k1")
+    fail_twice(conn, job_id)
+
+    shown = succeeded(x_jobs("jobs", "show", str(job_id), "--dsn", dsn)).stdout
+    fields = dict(
+        re.split(r"\s{2,}", line.strip(), maxsplit=1)
+        for line in shown.split("errors, oldest first")[0].splitlines()
+        if re.match(r"^[a-z]", line) and re.search(r"\S\s{2,}\S", line)
+    )
+    assert fields["id"] == str(job_id)
+    assert fields["name"] == "send_email"
+    assert fields["queue"] == "default"
+    assert fields["state"] == "dead"
+    assert fields["attempt"] == "2/2"
+    assert fields["idempotency key"] == "k1"
+    assert fields["lease until"] == "-"  # settled: no lease, no worker
+    assert fields["claimed by"] == "-"
+    assert fields["last error"] == "second boom"
+    assert 'File "jobs.py", line 2' in shown
+
+    errors = shown.split("errors, oldest first")[1]
+    # Markup in an error is printed as it is, not read by rich.
+    assert errors.index("first [red]boom[/red]") < errors.index("second boom")
+    assert errors.index('File "jobs.py", line 1') < errors.index('File "jobs.py", line 2')
+    assert re.search(r"^\s+1\s+\S+ \S+\s+w1\s+first", errors, re.MULTILINE), errors
+    assert re.search(r"^\s+2\s+\S+ \S+\s+w2\s+second", errors, re.MULTILINE), errors
+
+    doc = as_json(x_jobs("jobs", "show", str(job_id), "--json", "--dsn", dsn))
+    job = doc["job"]
+    assert (job["id"], job["state"], job["attempt"], job["max_attempts"]) == (job_id, "dead", 2, 2)
+    assert job["last_error"] == "second boom"
+    assert job["last_error_stack"] == 'Traceback:\n  File "jobs.py", line 2'
+    assert [
+        {k: e[k] for k in ("attempt", "worker", "error", "error_stack")} for e in doc["errors"]
+    ] == [
+        {
+            "attempt": 1,
+            "worker": "w1",
+            "error": "first [red]boom[/red]",
+            "error_stack": 'Traceback:\n  File "jobs.py", line 1',
+        },
+        {
+            "attempt": 2,
+            "worker": "w2",
+            "error": "second boom",
+            "error_stack": 'Traceback:\n  File "jobs.py", line 2',
+        },
+    ]
+    failed_at = [datetime.fromisoformat(e["failed_at"]) for e in doc["errors"]]
+    assert failed_at == sorted(failed_at)
+
+    # Every column of x_jobs.job is in the JSON row.
+    columns = {
+        str(name)
+        for (name,) in conn.execute(
+            "SELECT attname FROM pg_catalog.pg_attribute"
+            " WHERE attrelid = 'x_jobs.job'::regclass AND attnum > 0 AND NOT attisdropped"
+        ).fetchall()
+    }
+    assert set(job) == columns
+
+    fresh = succeeded(x_jobs("jobs", "show", str(enqueue(dsn, "clean")), "--dsn", dsn))
+    assert "no errors recorded" in fresh.stdout
+
+
+def test_jobs_retry_and_cancel_change_the_row(dsn: str, conn: Conn) -> None:
+    job_id = enqueue(dsn, "send_email", "--max-attempts", "2")
+    fail_twice(conn, job_id)
+
+    def row() -> tuple[Any, ...]:
+        found = conn.execute(
+            "SELECT state::text, attempt, claimed_by FROM x_jobs.job WHERE id = %s", [job_id]
+        ).fetchone()
+        assert found is not None
+        return found
+
+    assert row() == ("dead", 2, None)
+    retried = succeeded(x_jobs("jobs", "retry", str(job_id), "--dsn", dsn))
+    assert f"job {job_id} re-queued: ready" in retried.stdout
+    assert row() == ("ready", 0, None)
+
+    # A live job cannot be retried: the SQL's refusal, its message and hint.
+    refused = failed(x_jobs("jobs", "retry", str(job_id), "--dsn", dsn), 1)
+    line, hint = one_line_and_hint(refused)
+    assert line == f"x-jobs: X_JOB_NOT_RETRYABLE: job {job_id} is ready"
+    assert "Only dead, failed and cancelled jobs can be retried" in hint
+
+    # Cancel a running job: it loses its worker at once.
+    conn.execute("SELECT * FROM x_jobs.claim(queues => ARRAY['default'], worker => 'w3')")
+    assert row() == ("running", 1, "w3")
+    cancelled = succeeded(x_jobs("jobs", "cancel", str(job_id), "--dsn", dsn))
+    assert cancelled.stdout.strip() == f"job {job_id} cancelled"
+    assert row() == ("cancelled", 1, None)
+
+    again = as_json(x_jobs("jobs", "cancel", str(job_id), "--json", "--dsn", dsn))
+    assert again == {"id": job_id, "cancelled": False, "state": "cancelled"}
+    said = succeeded(x_jobs("jobs", "cancel", str(job_id), "--dsn", dsn)).stdout.strip()
+    assert said == f"job {job_id} had already finished (cancelled); nothing changed"
+
+    back = as_json(x_jobs("jobs", "retry", str(job_id), "--json", "--dsn", dsn))
+    assert back == {"id": job_id, "retried": True, "state": "ready"}
+    assert row() == ("ready", 0, None)
+
+
+def test_queues_shows_counts_and_pause_resume_toggle_paused(dsn: str, conn: Conn) -> None:
+    assert as_json(x_jobs("queues", "--json", "--dsn", dsn)) == {"queues": []}
+    empty = succeeded(x_jobs("queues", "--dsn", dsn))
+    assert empty.stdout.strip() == "no queue has live jobs or a pause"
+
+    enqueue(dsn, "a", "--queue", "mail")
+    enqueue(dsn, "b", "--queue", "mail")
+    enqueue(dsn, "c", "--queue", "mail", "--delay", "3600")
+    enqueue(dsn, "d", "--queue", "media")
+    conn.execute("SELECT * FROM x_jobs.claim(queues => ARRAY['media'], worker => 'w1')")
+
+    def stats() -> dict[str, list[Any]]:
+        doc = as_json(x_jobs("queues", "--json", "--dsn", dsn))
+        columns = ("ready", "delayed", "suspended", "running", "demand", "paused")
+        return {q["queue"]: [q[k] for k in columns] for q in doc["queues"]}
+
+    assert stats() == {"mail": [2, 1, 0, 0, 2, False], "media": [0, 0, 0, 1, 1, False]}
+    table = succeeded(x_jobs("queues", "--dsn", dsn)).stdout
+    header = [line.split() for line in table.splitlines() if "queue" in line]
+    assert header == [["queue", "ready", "delayed", "suspended", "running", "demand", "paused"]]
+    assert ["mail", "2", "1", "0", "0", "2", "no"] in [line.split() for line in table.splitlines()]
+    assert ["media", "0", "0", "0", "1", "1", "no"] in [line.split() for line in table.splitlines()]
+
+    paused = succeeded(x_jobs("queues", "pause", "mail", "--dsn", dsn))
+    assert paused.stdout.strip() == "queue mail paused"
+    assert stats()["mail"] == [2, 1, 0, 0, 0, True]  # a paused queue has no demand
+    again = as_json(x_jobs("queues", "pause", "mail", "--json", "--dsn", dsn))
+    assert again == {"queue": "mail", "paused": True, "changed": False}
+    assert "paused already" in succeeded(x_jobs("queues", "pause", "mail", "--dsn", dsn)).stdout
+    # Claims skip it now.
+    assert conn.execute("SELECT * FROM x_jobs.claim(ARRAY['mail'], 'w2')").fetchall() == []
+
+    # --dsn and --json given to `queues` count for its subcommand too.
+    resumed = as_json(x_jobs("queues", "--json", "--dsn", dsn, "resume", "mail"))
+    assert resumed == {"queue": "mail", "paused": False, "changed": True}
+    assert stats()["mail"] == [2, 1, 0, 0, 2, False]
+    not_paused = succeeded(x_jobs("queues", "resume", "mail", "--dsn", dsn))
+    assert not_paused.stdout.strip() == "queue mail was not paused"
+
+
+@pytest.mark.parametrize(
+    "bad_dsn",
+    [
+        "not a dsn",  # not even conninfo
+        "host=/nonexistent/x_jobs",  # no server on that socket
+        "host=127.0.0.1 port=1 connect_timeout=5",  # nothing listens there
+        "postgresql://localhost:99999/x",  # an impossible port
+    ],
+)
+def test_a_bad_dsn_or_unreachable_server_exits_2_without_traceback(bad_dsn: str) -> None:
+    for command in (["jobs", "list"], ["queues"], ["install"], ["jobs", "show", "1"]):
+        result = failed(x_jobs(*command, "--dsn", bad_dsn), 2)
+        line, hint = one_line_and_hint(result)
+        assert line.startswith("x-jobs: X_CONNECT_FAILED: cannot connect to the database: ")
+        assert "DATABASE_URL" in hint
+        assert result.stdout == ""
+
+
+def test_a_bad_dsn_in_a_real_process_prints_no_traceback() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "x_jobs", "queues", "--json", "--dsn", "host=/nonexistent/x_jobs"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert proc.stderr.startswith("x-jobs: X_CONNECT_FAILED: ")
+    assert len(proc.stderr.splitlines()) == 2
+    assert json.loads(proc.stdout)["error"]["code"] == "X_CONNECT_FAILED"
+
+
+def test_an_unknown_job_id_exits_1_with_x_job_not_found(dsn: str) -> None:
+    hints = set()
+    for command in ("show", "retry", "cancel"):
+        result = failed(x_jobs("jobs", command, "424242", "--dsn", dsn), 1)
+        line, hint = one_line_and_hint(result)
+        assert line == "x-jobs: X_JOB_NOT_FOUND: no job has id 424242"
+        hints.add(hint)
+    assert len(hints) == 1  # show says what the SQL says for retry and cancel
+
+    result = failed(x_jobs("jobs", "retry", "424242", "--json", "--dsn", dsn), 1)
+    assert json.loads(result.stdout) == {
+        "error": {
+            "code": "X_JOB_NOT_FOUND",
+            "sqlstate": "XJ014",
+            "message": "X_JOB_NOT_FOUND: no job has id 424242",
+            "hint": hints.pop().removeprefix("hint: "),
+        }
+    }
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "hint"),
+    [
+        (["jobs", "list", "--state", "nope"], "X_STATE_UNKNOWN", "Use one of: ready, delayed"),
+        (["jobs", "list", "--limit", "0"], "X_QTY_INVALID", "page on with before_id"),
+        (["enqueue", "a", "--input", "{}", "--priority", "99999"], "X_PRIORITY_INVALID", ""),
+        (["enqueue", "", "--input", "{}"], "X_NAME_INVALID", ""),
+        (["queues", "pause", ""], "X_QUEUE_INVALID", "Name the queue to pause"),
+    ],
+)
+def test_other_refusals_print_their_message_and_hint(
+    dsn: str, args: list[str], code: str, hint: str
+) -> None:
+    result = failed(x_jobs(*args, "--dsn", dsn), 1)
+    line, hint_line = one_line_and_hint(result)
+    assert line.startswith(f"x-jobs: {code}: ")
+    assert hint in hint_line
+
+
+def test_a_database_without_x_jobs_says_how_to_install_it(plain_dsn: str) -> None:
+    for command in (["jobs", "list"], ["queues"], ["enqueue", "a", "--input", "{}"]):
+        result = failed(x_jobs(*command, "--dsn", plain_dsn), 2)
+        line, hint = one_line_and_hint(result)
+        assert line == "x-jobs: X_NOT_INSTALLED: x_jobs is not installed in this database"
+        assert "CREATE EXTENSION x_jobs" in hint
+        assert "x-jobs install" in hint
+
+
+def test_the_dsn_defaults_to_database_url_then_libpq_environment(dsn: str) -> None:
+    dbname = conninfo_to_dict(dsn)["dbname"]
+    assert isinstance(dbname, str)
+    first = as_json(x_jobs("enqueue", "a", "--input", "{}", "--json", env={"DATABASE_URL": dsn}))
+    # DATABASE_URL wins over PGDATABASE...
+    env: dict[str, str | None] = {"DATABASE_URL": dsn, "PGDATABASE": "x_jobs_no_such_db"}
+    assert as_json(x_jobs("jobs", "list", "--json", env=env))["jobs"][0]["id"] == first["id"]
+    # ...and without it, libpq's environment names the database.
+    env = {"DATABASE_URL": None, "PGDATABASE": dbname}
+    assert as_json(x_jobs("jobs", "list", "--json", env=env))["jobs"][0]["id"] == first["id"]
+    # --dsn wins over both.
+    env = {"DATABASE_URL": "host=/nonexistent/x_jobs", "PGDATABASE": "x_jobs_no_such_db"}
+    assert as_json(x_jobs("queues", "--json", "--dsn", dsn, env=env))["queues"][0]["ready"] == 1
+
+
+def test_commands_run_as_a_real_process(dsn: str, conn: Conn) -> None:
+    env = {**os.environ, "DATABASE_URL": dsn}
+    env.pop("COLUMNS", None)
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "x_jobs", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        return proc
+
+    enqueued = json.loads(run("enqueue", "from_a_process", "--input", '{"n": 1}', "--json").stdout)
+    assert conn.execute(
+        "SELECT name, input FROM x_jobs.job WHERE id = %s", [enqueued["id"]]
+    ).fetchone() == ("from_a_process", {"n": 1})
+    listing = run("jobs", "list").stdout
+    assert [line.split()[:4] for line in listing.splitlines() if re.match(r"\s*\d", line)] == [
+        [str(enqueued["id"]), "from_a_process", "default", "ready"]
+    ]
+    assert run("queues", "pause", "default").stdout.strip() == "queue default paused"
+    assert json.loads(run("queues", "--json").stdout)["queues"][0]["paused"] is True
