@@ -1817,9 +1817,19 @@ $$;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA x_jobs FROM public;
 REVOKE ALL ON ALL TABLES IN SCHEMA x_jobs FROM public;
 
--- A worker is a producer too (a job may enqueue jobs), and an admin is a worker.
-GRANT x_jobs_producer TO x_jobs_worker;
-GRANT x_jobs_worker TO x_jobs_admin;
+-- A worker is a producer too (a job may enqueue jobs), and an admin is a worker. Granted only
+-- when missing: `x-jobs install` may run as a database owner without CREATEROLE, on roles an
+-- administrator created and linked beforehand.
+DO $members$
+BEGIN
+    IF NOT pg_catalog.pg_has_role('x_jobs_worker', 'x_jobs_producer', 'MEMBER') THEN
+        GRANT x_jobs_producer TO x_jobs_worker;
+    END IF;
+    IF NOT pg_catalog.pg_has_role('x_jobs_admin', 'x_jobs_worker', 'MEMBER') THEN
+        GRANT x_jobs_worker TO x_jobs_admin;
+    END IF;
+END
+$members$;
 
 GRANT USAGE ON SCHEMA x_jobs TO x_jobs_producer, pg_monitor;
 

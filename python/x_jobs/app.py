@@ -24,7 +24,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 from pydantic import TypeAdapter, ValidationError
 
-from x_jobs.errors import InputInvalid, JobUnknown, VersionUnsupported, translate
+from x_jobs.errors import InputInvalid, JobUnknown, NotInstalled, VersionUnsupported, translate
 
 logger = logging.getLogger(__name__)
 
@@ -326,7 +326,7 @@ class App:
         except (psycopg.errors.UndefinedFunction, psycopg.errors.InvalidSchemaName) as err:
             if not conn.autocommit:
                 conn.rollback()
-            raise VersionUnsupported(
+            raise NotInstalled(
                 "X_NOT_INSTALLED: x_jobs is not installed in this database",
                 hint="Run CREATE EXTENSION x_jobs (or `x-jobs install` where extensions are not "
                 "allowed), then start again.",
@@ -336,8 +336,8 @@ class App:
             raise VersionUnsupported(
                 f"X_VERSION_UNSUPPORTED: this client speaks x_jobs {sorted(SUPPORTED_VERSIONS)}, "
                 f"the database has {version}",
-                hint="Upgrade the client or the extension (ALTER EXTENSION x_jobs UPDATE) so that "
-                "they match.",
+                hint="Upgrade the client, or the database (ALTER EXTENSION x_jobs UPDATE, or "
+                "x-jobs install where it was installed that way), so that they match.",
             )
         return version
 

@@ -105,6 +105,10 @@ def worker(
         list[str] | None, typer.Option("--queue", "-q", help="A queue to serve (repeatable).")
     ] = None,
     concurrency: Annotated[int, typer.Option(help="Jobs run at once.")] = 10,
+    prefetch: Annotated[
+        int | None,
+        typer.Option(help="Claimed jobs waiting in a local queue (default: concurrency)."),
+    ] = None,
     lease: Annotated[float, typer.Option(help="Lease of a claimed job, seconds.")] = 30.0,
     poll: Annotated[float, typer.Option(help="Poll interval, seconds.")] = 1.0,
     grace: Annotated[float, typer.Option(help="Drain grace on SIGTERM, seconds.")] = 30.0,
@@ -128,6 +132,7 @@ def worker(
             app,
             queues=queue or None,
             concurrency=concurrency,
+            prefetch=prefetch,
             lease=lease,
             poll_interval=poll,
             grace=grace,

@@ -155,6 +155,12 @@ class VersionUnsupported(ClientError):
     code = "X_VERSION_UNSUPPORTED"
 
 
+class NotInstalled(VersionUnsupported):
+    """The database has no x_jobs schema at all."""
+
+    code = "X_NOT_INSTALLED"
+
+
 class OutputInvalid(ClientError):
     """A handler returned something that is not JSON."""
 
