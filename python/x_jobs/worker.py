@@ -1,10 +1,12 @@
 """The worker loop: claim with ``x_jobs.claim``, run handlers, settle with ``x_jobs.complete_many``
 and ``x_jobs.fail``, keep leases alive with ``x_jobs.extend_lease``.
 
-One dispatcher thread owns the database conversation and all bookkeeping; handlers never touch
-the database through it. Sync handlers run on a fixed set of executor threads, ``async`` ones on
-an event loop in a thread of its own. A finished handler drops its outcome in a queue and wakes
-the dispatcher, which settles every finished job of a turn in one ``complete_many`` call.
+One dispatcher thread owns the bookkeeping and the connection that claims and heartbeats; a
+settler thread owns a second connection and settles finished jobs in batches (all completions
+of a batch in one ``complete_many`` call), so that the server settles one batch while it claims
+the next. Sync handlers run on a fixed set of executor threads, ``async`` ones on an event loop
+in a thread of its own. A finished handler drops its outcome in a queue and wakes the
+dispatcher.
 
 The dispatcher claims when a notification names one of its queues, when the poll interval has
 passed (no notification comes for a delayed row becoming due or a lease lapsing), and at once
@@ -79,6 +81,10 @@ class PermanentError(Exception):
     """Raise it (or a subclass) from a handler to fail the job for good, with no retry."""
 
 
+#: Guards the lazy creation of a context's Event against a concurrent stop (rarely contended).
+_CANCEL_LOCK = threading.Lock()
+
+
 @dataclass
 class JobContext:
     """What a handler knows about its run: ids, attempt, and the signal to stop."""
@@ -91,16 +97,39 @@ class JobContext:
     run_id: str
     tenant_id: str
     worker: str
-    cancelled: threading.Event = field(default_factory=threading.Event)
     #: Why the job was told to stop: "cancelled", "timeout", "lost", "shutdown"; None if not.
     reason: str | None = None
+    _stopped: bool = field(default=False, repr=False)
+    _event: threading.Event | None = field(default=None, repr=False)
+
+    @property
+    def cancelled(self) -> threading.Event:
+        """Set when the job must stop; ``ctx.cancelled.wait(timeout)`` sleeps until then.
+
+        Made on first use: an Event per claimed job cost the dispatcher a third of its time on
+        short jobs, and most handlers never ask."""
+        if self._event is None:
+            with _CANCEL_LOCK:
+                if self._event is None:
+                    event = threading.Event()
+                    if self._stopped:
+                        event.set()
+                    self._event = event
+        return self._event
 
     def is_cancelled(self) -> bool:
-        return self.cancelled.is_set()
+        return self._stopped
 
     def raise_if_cancelled(self) -> None:
-        if self.cancelled.is_set():
+        if self._stopped:
             raise JobCancelled(self.reason or "cancelled")
+
+    def _stop(self, reason: str) -> None:
+        with _CANCEL_LOCK:
+            self.reason = reason
+            self._stopped = True
+            if self._event is not None:
+                self._event.set()
 
 
 @dataclass
@@ -132,6 +161,16 @@ class _Outcome:
     @property
     def id(self) -> int:
         return self.run.ctx.id
+
+
+@dataclass
+class _Settlement:
+    """What the settler did with a batch: the completions the database took (the others were no
+    longer held by this worker) and the state each failure left its row in."""
+
+    batch: list[_Outcome]
+    completed: set[int]
+    states: dict[int, str | None]
 
 
 def default_worker_id() -> str:
@@ -194,6 +233,8 @@ class Worker:
 
         #: Every job claimed and not yet settled (or dropped), running or waiting to run.
         self._held: dict[int, _Run] = {}
+        #: The held jobs that have a timeout: the only ones whose deadline is checked.
+        self._timed: dict[int, _Run] = {}
         self._outbox: queue.SimpleQueue[_Outcome] = queue.SimpleQueue()
         self._inbox: queue.SimpleQueue[_Run | None] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -209,6 +250,11 @@ class Worker:
         self._pending_complete: list[_Outcome] = []
         self._pending_fail: list[_Outcome] = []
         self._pending_since = 0.0
+        # Settlements run on a connection of their own, in a thread of their own, so that the
+        # server settles one batch while it claims the next: one batch in flight at a time.
+        self._to_settle: queue.SimpleQueue[list[_Outcome] | None] = queue.SimpleQueue()
+        self._settled: queue.SimpleQueue[_Settlement] = queue.SimpleQueue()
+        self._settling = False
         # Serializes a handler's start with a hand-back of the same job: a job is either
         # started here or released to the queue, never both.
         self._start_lock = threading.Lock()
@@ -276,12 +322,11 @@ class Worker:
                 self._begin_drain(now)
                 next_announce = 0.0
 
+            self._take_settled()
             self._collect(now)
             self._check_deadlines(now)
-            if self._settle_due(now) and not self._settle():
-                # The database is away: keep the outcomes, retry after a pause.
-                self._pause_for_database()
-                continue
+            if self._settle_due(now):
+                self._submit_settlement()
 
             if now >= next_heartbeat:
                 if not self._heartbeat():
@@ -296,8 +341,8 @@ class Worker:
                 if not self._held:
                     return
                 if now >= self._drain_deadline:
-                    self._settle()
                     self._hand_back(started=True, reason="shutdown")
+                    self._finish_settlements()
                     return
             else:
                 if self._notified.is_set():
@@ -354,6 +399,8 @@ class Worker:
             job = self.app.jobs.get(name)
             run = _Run(job or _unknown_job(self.app, name), ctx, payload)
             self._held[job_id] = run
+            if job is not None and job.timeout is not None:
+                self._timed[job_id] = run
             self.metrics.claimed(name)
             if job is None:
                 self._outbox.put(
@@ -382,63 +429,51 @@ class Worker:
             (self._pending_complete if outcome.ok else self._pending_fail).append(outcome)
 
     def _settle_due(self, now: float) -> bool:
-        """Settle in batches: when enough finished, when the first of them waited settle_delay,
-        or when nothing else is left to finish."""
+        """Settle in batches, one in flight: when enough finished, when the first of them waited
+        settle_delay, or when nothing else is left to finish."""
         pending = len(self._pending_complete) + len(self._pending_fail)
-        return pending > 0 and (
-            pending * 2 >= self.capacity
-            or now - self._pending_since >= self.settle_delay
-            or pending >= len(self._held)
-            or self._draining
+        return (
+            pending > 0
+            and not self._settling
+            and (
+                pending * 2 >= self.capacity
+                or now - self._pending_since >= self.settle_delay
+                or pending >= len(self._held)
+                or self._draining
+            )
         )
 
-    def _settle(self) -> bool:
-        """Settle what finished: all completions in one call, failures one by one. False when
-        the database did not answer (the outcomes are kept for the next try)."""
-        if not self._pending_complete and not self._pending_fail:
-            return True
-        if self._conn is None or self._conn.closed:
-            return False
+    def _submit_settlement(self) -> None:
+        batch = self._pending_complete + self._pending_fail
+        self._pending_complete, self._pending_fail = [], []
+        self._settling = True
+        self._to_settle.put(batch)
+
+    def _take_settled(self) -> None:
+        """Account for the batches the settler finished: the jobs leave this worker."""
         now = time.monotonic()
-        try:
-            if self._pending_complete:
-                batch = self._pending_complete
-                rows = self._conn.execute(
-                    COMPLETE_MANY,
-                    [
-                        [o.id for o in batch],
-                        self.worker_id,
-                        [None if o.output is None else Jsonb(o.output) for o in batch],
-                    ],
-                ).fetchall()
-                held = {row[0] for row in rows}
-                for outcome in batch:
-                    run = self._held.pop(outcome.id)
-                    if outcome.id in held:
-                        self.metrics.settled(run.job.name, "done", now - (run.started or now))
+        while True:
+            try:
+                done = self._settled.get_nowait()
+            except queue.Empty:
+                return
+            self._settling = False
+            for outcome in done.batch:
+                run = self._held.pop(outcome.id, None)
+                if run is None:
+                    continue
+                took = now - (run.started or now)
+                if outcome.ok:
+                    if outcome.id in done.completed:
+                        self.metrics.settled(run.job.name, "done", took)
                     else:
                         logger.warning(
                             "job completed after its lease was lost; the result is dropped",
                             extra={"job_id": outcome.id, "job": run.job.name},
                         )
                         self.metrics.settled(run.job.name, "lost")
-                self._pending_complete = []
-            while self._pending_fail:
-                outcome = self._pending_fail[0]
-                row = self._conn.execute(
-                    FAIL,
-                    [
-                        outcome.id,
-                        self.worker_id,
-                        outcome.error or "error",
-                        outcome.stack,
-                        None,
-                        outcome.retryable,
-                    ],
-                ).fetchone()
-                self._pending_fail.pop(0)
-                run = self._held.pop(outcome.id)
-                state = row[0] if row else None
+                    continue
+                state = done.states.get(outcome.id)
                 logger.info(
                     "job failed",
                     extra={
@@ -449,16 +484,93 @@ class Worker:
                         "error": outcome.error,
                     },
                 )
-                self.metrics.settled(run.job.name, state or "lost", now - (run.started or now))
-        except DB_GONE as err:
-            self._lost_connection(err)
-            return False
-        return True
+                self.metrics.settled(run.job.name, state or "lost", took)
+
+    def _finish_settlements(self, timeout: float = 10.0) -> None:
+        """Before exiting: settle what is pending and wait for the settler (bounded)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._take_settled()
+            self._collect(time.monotonic())
+            if not self._settling and (self._pending_complete or self._pending_fail):
+                self._submit_settlement()
+            if not self._settling:
+                return
+            self._wake.wait(0.05)
+            self._wake.clear()
+
+    def _settle_loop(self) -> None:
+        """The settler thread: all completions of a batch in one complete_many call, failures
+        one by one. A lost connection is retried with backoff, the batch kept, until a second
+        stop gives up (the leases of what it held will lapse)."""
+        conn: psycopg.Connection[Any] | None = None
+        while (batch := self._to_settle.get()) is not None:
+            delay = 0.1
+            while True:
+                try:
+                    if conn is None:
+                        conn = psycopg.connect(
+                            self.app.dsn, autocommit=True, application_name="x_jobs settler"
+                        )
+                    result = self._settle_batch(conn, batch)
+                    break
+                except DB_GONE as err:
+                    if conn is not None:
+                        conn.close()
+                    conn = None
+                    if self._stop_requests >= 2:
+                        result = _Settlement(batch, set(), {})
+                        break
+                    logger.warning(
+                        "settling: database unreachable; retrying",
+                        extra={"retry_in_s": round(delay, 2), "error": str(err).strip()},
+                    )
+                    time.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+            self._settled.put(result)
+            self._wake.set()
+        if conn is not None:
+            conn.close()
+
+    def _settle_batch(self, conn: psycopg.Connection[Any], batch: list[_Outcome]) -> _Settlement:
+        completions = [o for o in batch if o.ok]
+        completed: set[int] = set()
+        if completions:
+            rows = conn.execute(
+                COMPLETE_MANY,
+                [
+                    [o.id for o in completions],
+                    self.worker_id,
+                    [None if o.output is None else Jsonb(o.output) for o in completions],
+                ],
+            ).fetchall()
+            completed = {row[0] for row in rows}
+        states: dict[int, str | None] = {}
+        for outcome in batch:
+            if outcome.ok:
+                continue
+            row = conn.execute(
+                FAIL,
+                [
+                    outcome.id,
+                    self.worker_id,
+                    outcome.error or "error",
+                    outcome.stack,
+                    None,
+                    outcome.retryable,
+                ],
+            ).fetchone()
+            states[outcome.id] = row[0] if row else None
+        return _Settlement(batch, completed, states)
 
     def _check_deadlines(self, now: float) -> None:
-        for run in list(self._held.values()):
-            if run.done or run.deadline is None or now < run.deadline:
+        for run in list(self._timed.values()):
+            if run.done or run.ctx.id not in self._held:
+                del self._timed[run.ctx.id]
                 continue
+            if run.deadline is None or now < run.deadline:
+                continue
+            del self._timed[run.ctx.id]
             assert run.job.timeout is not None
             self._tell_stop(run, "timeout")
             run.done = True
@@ -559,13 +671,11 @@ class Worker:
 
     def _stop_now(self) -> None:
         logger.warning("second stop: stopping at once")
-        self._collect(time.monotonic())
-        self._settle()
         self._hand_back(started=True, reason="shutdown")
+        self._finish_settlements(timeout=2.0)
 
     def _tell_stop(self, run: _Run, reason: str) -> None:
-        run.ctx.reason = reason
-        run.ctx.cancelled.set()
+        run.ctx._stop(reason)
         if run.task is not None and self._loop is not None:
             run.task.cancel()
 
@@ -612,7 +722,9 @@ class Worker:
     def _start_threads(self) -> None:
         listener = threading.Thread(target=self._listen, name="x_jobs-listen", daemon=True)
         listener.start()
-        self._threads.append(listener)
+        settler = threading.Thread(target=self._settle_loop, name="x_jobs-settle", daemon=True)
+        settler.start()
+        self._threads += [listener, settler]
         if any(not job.is_async for job in self.app.jobs.values()):
             for n in range(self.concurrency):
                 thread = threading.Thread(
@@ -629,6 +741,7 @@ class Worker:
             self._threads.append(thread)
 
     def _shutdown_threads(self) -> None:
+        self._to_settle.put(None)
         for _ in range(self.concurrency):
             self._inbox.put(None)
         if self._loop is not None:
