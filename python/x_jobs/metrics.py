@@ -48,20 +48,23 @@ class WorkerMetrics:
             child = self._children[key] = metric.labels(*labels)
         return child
 
-    def claimed(self, job: str) -> None:
-        self._child(self._claimed, job).inc()
-        self._running.inc()
+    def claimed(self, job: str, n: int = 1) -> None:
+        self._child(self._claimed, job).inc(n)
+        self._running.inc(n)
 
     def settled(
-        self, job: str, state: str, seconds: float | None = None, *, held: bool = True
+        self, job: str, state: str, seconds: float | None = None, *, held: bool = True, n: int = 1
     ) -> None:
-        """A job left this worker: settled in ``state``, lost, or released. ``held`` is False
-        for a row the claim buried, which this worker never held."""
-        self._child(self._settled, job, state).inc()
+        """``n`` jobs left this worker: settled in ``state``, lost, or released. ``held`` is
+        False for a row the claim buried, which this worker never held."""
+        self._child(self._settled, job, state).inc(n)
         if held:
-            self._running.dec()
+            self._running.dec(n)
         if seconds is not None:
             self._child(self._seconds, job).observe(seconds)
+
+    def observe(self, job: str, seconds: float) -> None:
+        self._child(self._seconds, job).observe(seconds)
 
     def value(self, name: str, **labels: str) -> float:
         """A sample's current value (tests read counters through this)."""

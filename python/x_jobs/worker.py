@@ -255,6 +255,7 @@ class Worker:
         self._to_settle: queue.SimpleQueue[list[_Outcome] | None] = queue.SimpleQueue()
         self._settled: queue.SimpleQueue[_Settlement] = queue.SimpleQueue()
         self._settling = False
+        self._last_nudge = 0.0
         # Serializes a handler's start with a hand-back of the same job: a job is either
         # started here or released to the queue, never both.
         self._start_lock = threading.Lock()
@@ -376,6 +377,7 @@ class Worker:
             self._lost_connection(err)
             return None
         claimed = 0
+        per_job: dict[str, int] = {}
         for job_id, name, queue_name, state, payload, attempt, max_attempts, run_id, tenant in rows:
             if state != "running":
                 # Buried by this claim: its lease lapsed on the final attempt.
@@ -401,7 +403,7 @@ class Worker:
             self._held[job_id] = run
             if job is not None and job.timeout is not None:
                 self._timed[job_id] = run
-            self.metrics.claimed(name)
+            per_job[name] = per_job.get(name, 0) + 1
             if job is None:
                 self._outbox.put(
                     _Outcome(run, ok=False, error=f"no handler for job {name!r} in this worker")
@@ -411,6 +413,8 @@ class Worker:
                 run.task = asyncio.run_coroutine_threadsafe(self._run_async(run), self._loop)
             else:
                 self._inbox.put(run)
+        for name, count in per_job.items():
+            self.metrics.claimed(name, count)
         return claimed
 
     def _collect(self, now: float) -> None:
@@ -458,33 +462,38 @@ class Worker:
             except queue.Empty:
                 return
             self._settling = False
+            # Counted per job name and state, once per batch: a metric increment takes a lock.
+            tally: dict[tuple[str, str], int] = {}
             for outcome in done.batch:
-                run = self._held.pop(outcome.id, None)
+                run = self._held.pop(outcome.run.ctx.id, None)
                 if run is None:
                     continue
-                took = now - (run.started or now)
-                if outcome.ok:
-                    if outcome.id in done.completed:
-                        self.metrics.settled(run.job.name, "done", took)
-                    else:
-                        logger.warning(
-                            "job completed after its lease was lost; the result is dropped",
-                            extra={"job_id": outcome.id, "job": run.job.name},
-                        )
-                        self.metrics.settled(run.job.name, "lost")
-                    continue
-                state = done.states.get(outcome.id)
-                logger.info(
-                    "job failed",
-                    extra={
-                        "job_id": outcome.id,
-                        "job": run.job.name,
-                        "attempt": run.ctx.attempt,
-                        "state": state,
-                        "error": outcome.error,
-                    },
-                )
-                self.metrics.settled(run.job.name, state or "lost", took)
+                name = run.job.name
+                if outcome.ok and outcome.run.ctx.id in done.completed:
+                    state = "done"
+                    self.metrics.observe(name, now - (run.started or now))
+                elif outcome.ok:
+                    state = "lost"
+                    logger.warning(
+                        "job completed after its lease was lost; the result is dropped",
+                        extra={"job_id": run.ctx.id, "job": name},
+                    )
+                else:
+                    state = done.states.get(run.ctx.id) or "lost"
+                    logger.info(
+                        "job failed",
+                        extra={
+                            "job_id": run.ctx.id,
+                            "job": name,
+                            "attempt": run.ctx.attempt,
+                            "state": state,
+                            "error": outcome.error,
+                        },
+                    )
+                    self.metrics.observe(name, now - (run.started or now))
+                tally[name, state] = tally.get((name, state), 0) + 1
+            for (name, state), count in tally.items():
+                self.metrics.settled(name, state, n=count)
 
     def _finish_settlements(self, timeout: float = 10.0) -> None:
         """Before exiting: settle what is pending and wait for the settler (bounded)."""
@@ -747,6 +756,19 @@ class Worker:
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
 
+    def _nudge(self) -> None:
+        """Wake the dispatcher for an outcome, but not for every one: waking it per job (a
+        notify, a thread switch, the GIL) cost more than the job. It is woken when no work is
+        left queued, when a batch's worth is waiting, or when the settle delay has passed."""
+        now = time.monotonic()
+        if (
+            self._inbox.empty()
+            or self._outbox.qsize() >= 64
+            or now - self._last_nudge >= self.settle_delay
+        ):
+            self._last_nudge = now
+            self._wake.set()
+
     def _begin(self, run: _Run) -> bool:
         """Mark a run started (its timeout starts now), unless it was dropped meanwhile."""
         with self._start_lock:
@@ -765,7 +787,7 @@ class Worker:
             if not self._begin(run):
                 continue
             self._outbox.put(self._call(run))
-            self._wake.set()
+            self._nudge()
 
     async def _run_async(self, run: _Run) -> None:
         assert self._slots is not None
