@@ -339,6 +339,25 @@ AS $$
     )
 $$;
 
+-- The refusal of a missing or empty worker id, shared by every function a worker calls. `p_hint`
+-- is the fix for the caller at hand: a new id to claim with, or the id it claimed with.
+CREATE FUNCTION x_jobs._require_worker(p_worker text, p_hint text)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF p_worker IS NULL OR p_worker = '' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ011',
+            MESSAGE = pg_catalog.format('X_WORKER_INVALID: worker id %s is empty',
+                coalesce(pg_catalog.quote_literal(p_worker), 'NULL')),
+            HINT = p_hint;
+    END IF;
+END
+$$;
+
 ------------------------------------------------------------------------------------------------
 -- Functions: enqueue
 ------------------------------------------------------------------------------------------------
@@ -813,13 +832,9 @@ BEGIN
                 coalesce(claim.queues::text, 'NULL')),
             HINT = 'Pass the queues to serve, such as ARRAY[''default''].';
     END IF;
-    IF claim.worker IS NULL OR claim.worker = '' THEN
-        RAISE EXCEPTION USING
-            ERRCODE = 'XJ011',
-            MESSAGE = pg_catalog.format('X_WORKER_INVALID: worker id %s is empty',
-                coalesce(pg_catalog.quote_literal(claim.worker), 'NULL')),
-            HINT = 'Pass an id unique to the worker process, such as host:pid:random.';
-    END IF;
+    PERFORM x_jobs._require_worker(
+        claim.worker, 'Pass an id unique to the worker process, such as host:pid:random.'
+    );
     IF claim.lease IS NULL OR claim.lease <= interval '0' THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ012',
@@ -1061,13 +1076,7 @@ AS $$
 DECLARE
     v_now timestamptz := x_jobs.now();
 BEGIN
-    IF extend_lease.worker IS NULL OR extend_lease.worker = '' THEN
-        RAISE EXCEPTION USING
-            ERRCODE = 'XJ011',
-            MESSAGE = pg_catalog.format('X_WORKER_INVALID: worker id %s is empty',
-                coalesce(pg_catalog.quote_literal(extend_lease.worker), 'NULL')),
-            HINT = 'Pass the id the worker claimed with.';
-    END IF;
+    PERFORM x_jobs._require_worker(extend_lease.worker, 'Pass the id the worker claimed with.');
     IF extend_lease.lease IS NULL OR extend_lease.lease <= interval '0' THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ012',
@@ -1103,13 +1112,7 @@ DECLARE
     v_queues text[];
     v_ids bigint[];
 BEGIN
-    IF release.worker IS NULL OR release.worker = '' THEN
-        RAISE EXCEPTION USING
-            ERRCODE = 'XJ011',
-            MESSAGE = pg_catalog.format('X_WORKER_INVALID: worker id %s is empty',
-                coalesce(pg_catalog.quote_literal(release.worker), 'NULL')),
-            HINT = 'Pass the id the worker claimed with.';
-    END IF;
+    PERFORM x_jobs._require_worker(release.worker, 'Pass the id the worker claimed with.');
 
     WITH released AS (
         UPDATE x_jobs.job AS j
@@ -1154,13 +1157,7 @@ DECLARE
     v_max_payload integer := x_jobs._max_payload_bytes();
     v_big record;
 BEGIN
-    IF complete_many.worker IS NULL OR complete_many.worker = '' THEN
-        RAISE EXCEPTION USING
-            ERRCODE = 'XJ011',
-            MESSAGE = pg_catalog.format('X_WORKER_INVALID: worker id %s is empty',
-                coalesce(pg_catalog.quote_literal(complete_many.worker), 'NULL')),
-            HINT = 'Pass the id the worker claimed with.';
-    END IF;
+    PERFORM x_jobs._require_worker(complete_many.worker, 'Pass the id the worker claimed with.');
     IF complete_many.outputs IS NOT NULL
         AND pg_catalog.cardinality(complete_many.outputs) <> coalesce(pg_catalog.cardinality(complete_many.ids), 0) THEN
         RAISE EXCEPTION USING
@@ -1250,13 +1247,7 @@ DECLARE
     v_state x_jobs.job_state;
     v_queue text;
 BEGIN
-    IF fail.worker IS NULL OR fail.worker = '' THEN
-        RAISE EXCEPTION USING
-            ERRCODE = 'XJ011',
-            MESSAGE = pg_catalog.format('X_WORKER_INVALID: worker id %s is empty',
-                coalesce(pg_catalog.quote_literal(fail.worker), 'NULL')),
-            HINT = 'Pass the id the worker claimed with.';
-    END IF;
+    PERFORM x_jobs._require_worker(fail.worker, 'Pass the id the worker claimed with.');
     IF fail.error IS NULL OR fail.error = '' THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ023',
@@ -1561,13 +1552,9 @@ DECLARE
     v_now timestamptz := x_jobs.now();
     v_row x_jobs.worker;
 BEGIN
-    IF announce_worker.worker IS NULL OR announce_worker.worker = '' THEN
-        RAISE EXCEPTION USING
-            ERRCODE = 'XJ011',
-            MESSAGE = pg_catalog.format('X_WORKER_INVALID: worker id %s is empty',
-                coalesce(pg_catalog.quote_literal(announce_worker.worker), 'NULL')),
-            HINT = 'Pass an id unique to the worker process, such as host:pid:random.';
-    END IF;
+    PERFORM x_jobs._require_worker(
+        announce_worker.worker, 'Pass an id unique to the worker process, such as host:pid:random.'
+    );
     IF announce_worker.queues IS NULL OR pg_catalog.cardinality(announce_worker.queues) = 0
         OR EXISTS (SELECT FROM unnest(announce_worker.queues) AS q WHERE q IS NULL OR q = '') THEN
         RAISE EXCEPTION USING
@@ -1849,6 +1836,7 @@ GRANT USAGE ON SEQUENCE x_jobs.job_id_seq TO x_jobs_producer;
 
 -- Workers: claim, heartbeat, settle, announce, read demand.
 GRANT EXECUTE ON FUNCTION x_jobs._minute(timestamptz) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs._require_worker(text, text) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs._shard() TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.claim(text[], text, interval, integer) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.extend_lease(bigint[], text, interval) TO x_jobs_worker;

@@ -2,7 +2,7 @@
 -- volatile it is, whose rights it runs with, which settings it pins, and who may use what.
 -- A change to any of these is a change to the API: it shows up here first, on purpose.
 BEGIN;
-SELECT plan(283);
+SELECT plan(291);
 
 -- The functions of the API, one row each, with what 00-schema pins about them. `args` is how
 -- pgTAP's catalog view spells the argument types (regtype output: 'timestamp with time zone',
@@ -22,6 +22,7 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner) VALUES
 ('_minute', '{timestamp with time zone}', 'timestamp with time zone', 'IMMUTABLE', FALSE),
 ('_shard', '{}', 'smallint', 'STABLE', FALSE),
 ('_max_payload_bytes', '{}', 'integer', 'STABLE', FALSE),
+('_require_worker', '{text,text}', 'void', 'IMMUTABLE', FALSE),
 ('_enqueue', '{x_jobs.enqueue_request[]}', 'setof x_jobs.enqueue_many_result', 'VOLATILE', FALSE),
 (
     'enqueue',
@@ -67,6 +68,7 @@ INSERT INTO api_grant (fn, lowest_role, to_pg_monitor) VALUES
 ('enqueue_many', 'x_jobs_producer', FALSE),
 ('_minute', 'x_jobs_worker', FALSE),
 ('_shard', 'x_jobs_worker', FALSE),
+('_require_worker', 'x_jobs_worker', FALSE),
 ('claim', 'x_jobs_worker', FALSE),
 ('extend_lease', 'x_jobs_worker', FALSE),
 ('release', 'x_jobs_worker', FALSE),
