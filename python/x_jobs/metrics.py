@@ -74,4 +74,5 @@ class WorkerMetrics:
     def close(self) -> None:
         if self._server is not None:
             self._server.shutdown()
+            self._server.server_close()
             self._server = None

@@ -1,0 +1,132 @@
+"""What an operator sees of a running worker: Prometheus metrics at its port, JSON log lines,
+and its announcement (build, queues, draining) in x_jobs.worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from conftest import Conn, wait_for
+
+import x_jobs
+
+TESTS = Path(__file__).resolve().parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def scrape(port: int) -> dict[str, float]:
+    """The samples of the metrics page, keyed by their name and labels as printed."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
+        text = page.read().decode()
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
+def test_metrics_count_what_the_worker_did(dsn: str, conn: Conn) -> None:
+    app = x_jobs.App(dsn)
+    attempts: dict[int, int] = {}
+
+    @app.job(name="flaky", queue="obs", retry=x_jobs.Retry(base=0.01, max=0.02))
+    def flaky(input: dict[str, int], ctx: x_jobs.JobContext) -> int:
+        attempts[input["n"]] = ctx.attempt
+        if input["n"] == 0 and ctx.attempt == 1:
+            raise ValueError("first attempt of job 0 fails")
+        return input["n"]
+
+    flaky.enqueue_many([{"n": n} for n in range(5)])
+    port = free_port()
+    worker = x_jobs.Worker(app, concurrency=2, poll_interval=0.05, metrics_port=port)
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    thread.start()
+    try:
+        wait_for(
+            lambda: (
+                conn.execute("SELECT count(*) FROM x_jobs.job WHERE state = 'done'").fetchone()
+                == (5,)
+            ),
+            "the five jobs to be done",
+        )
+        samples = scrape(port)
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert samples['x_jobs_claimed_total{job="flaky"}'] == 6
+    assert samples['x_jobs_settled_total{job="flaky",state="done"}'] == 5
+    # The failed first attempt of job 0 went back to the queue to wait out its backoff.
+    retried = sum(
+        value
+        for key, value in samples.items()
+        if key.startswith('x_jobs_settled_total{job="flaky",state="') and "done" not in key
+    )
+    assert retried == 1
+    assert samples['x_jobs_run_seconds_count{job="flaky"}'] == 6
+    assert samples["x_jobs_held"] == 0
+
+
+def test_json_logs_and_the_announcement(dsn: str, conn: Conn) -> None:
+    dbname = conn.info.dbname
+    env = dict(os.environ, PGDATABASE=dbname, PYTHONPATH=str(TESTS))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "x_jobs",
+            "worker",
+            "apps.basic:app",
+            "--queue",
+            "obs",
+            "--build",
+            "v1.2.3",
+            "--poll",
+            "0.1",
+            "--log-format",
+            "json",
+        ],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(
+            lambda: (
+                conn.execute(
+                    "SELECT build, queues FROM x_jobs.worker WHERE draining_at IS NULL"
+                ).fetchall()
+                == [("v1.2.3", ["obs"])]
+            ),
+            "the worker to announce its build and queues",
+        )
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr
+    lines: list[dict[str, Any]] = [json.loads(line) for line in stderr.splitlines() if line]
+    messages = [line["msg"] for line in lines]
+    assert "worker starting" in messages
+    assert "worker stopped" in messages
+    start = lines[messages.index("worker starting")]
+    assert start["level"] == "info"
+    assert start["queues"] == ["obs"]
+    assert start["worker"].startswith(socket.gethostname())
+    # The drain announced itself: queue demand stops counting the jobs of this worker.
+    row = conn.execute("SELECT draining_at IS NOT NULL FROM x_jobs.worker").fetchone()
+    assert row == (True,)
