@@ -247,8 +247,8 @@ class Worker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._slots: asyncio.Semaphore | None = None
         self._stopped = threading.Event()
-        self._pending_complete: list[_Outcome] = []
-        self._pending_fail: list[_Outcome] = []
+        #: Outcomes waiting for the next settlement batch, since _pending_since.
+        self._pending: list[_Outcome] = []
         self._pending_since = 0.0
         # Settlements run on a connection of their own, in a thread of their own, so that the
         # server settles one batch while it claims the next: one batch in flight at a time.
@@ -362,7 +362,7 @@ class Worker:
                     next_poll = time.monotonic() + self.poll_interval
 
             wake_at = next_heartbeat if self._draining else min(next_heartbeat, next_poll)
-            if self._pending_complete or self._pending_fail:
+            if self._pending:
                 wake_at = min(wake_at, self._pending_since + self.settle_delay)
             if self._wake.wait(timeout=min(max(0.0, wake_at - time.monotonic()), 1.0)):
                 self._wake.clear()
@@ -428,14 +428,14 @@ class Worker:
             if run is None or run is not outcome.run or run.done:
                 continue
             run.done = True
-            if not self._pending_complete and not self._pending_fail:
+            if not self._pending:
                 self._pending_since = now
-            (self._pending_complete if outcome.ok else self._pending_fail).append(outcome)
+            self._pending.append(outcome)
 
     def _settle_due(self, now: float) -> bool:
         """Settle in batches, one in flight: when enough finished, when the first of them waited
         settle_delay, or when nothing else is left to finish."""
-        pending = len(self._pending_complete) + len(self._pending_fail)
+        pending = len(self._pending)
         return (
             pending > 0
             and not self._settling
@@ -448,8 +448,7 @@ class Worker:
         )
 
     def _submit_settlement(self) -> None:
-        batch = self._pending_complete + self._pending_fail
-        self._pending_complete, self._pending_fail = [], []
+        batch, self._pending = self._pending, []
         self._settling = True
         self._to_settle.put(batch)
 
@@ -501,7 +500,7 @@ class Worker:
         while time.monotonic() < deadline:
             self._take_settled()
             self._collect(time.monotonic())
-            if not self._settling and (self._pending_complete or self._pending_fail):
+            if not self._settling and self._pending:
                 self._submit_settlement()
             if not self._settling:
                 return
@@ -583,9 +582,9 @@ class Worker:
             assert run.job.timeout is not None
             self._tell_stop(run, "timeout")
             run.done = True
-            if not self._pending_complete and not self._pending_fail:
+            if not self._pending:
                 self._pending_since = now
-            self._pending_fail.append(
+            self._pending.append(
                 _Outcome(run, ok=False, error=f"timed out after {run.job.timeout:g} s")
             )
 
