@@ -23,8 +23,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
-from typing import IO
+from collections.abc import Callable, Coroutine, Sequence
+from typing import IO, Any
 
 import psycopg
 from psycopg import sql
@@ -175,6 +175,40 @@ class Control:
 
     def ready(self) -> None:
         print("ready", flush=True)
+
+
+def measure(
+    peer: str,
+    dbname: str,
+    argv: Sequence[str],
+    usage: str,
+    *,
+    load: Callable[[int], Coroutine[Any, Any, None]],
+    worker_argv: Sequence[str],
+    queued_sql: str,
+    remaining_sql: str,
+    done_sql: str,
+    settings: str,
+) -> int:
+    """A runner's whole measurement: a fresh database, the backlog loaded (untimed) and counted,
+    the timed drain, the check that every job succeeded, the report. Answers the exit code."""
+    jobs, workers = parse_counts(argv, usage)
+    fresh_database(dbname)
+    try:
+        asyncio.run(load(jobs))
+        queued = count(dbname, queued_sql)
+        if queued != jobs:
+            raise RuntimeError(f"enqueued {queued} jobs, not {jobs}")
+        settle(dbname)
+        seconds = timed_drain(worker_argv, workers, dbname, remaining_sql, jobs)
+        succeeded = count(dbname, done_sql)
+    finally:
+        drop_database(dbname)
+    if succeeded != jobs:
+        print(f"{peer}: {succeeded} of {jobs} jobs succeeded", file=sys.stderr)
+        return 1
+    report(peer, jobs, workers, seconds, settings)
+    return 0
 
 
 def parse_counts(argv: Sequence[str], usage: str) -> tuple[int, int]:

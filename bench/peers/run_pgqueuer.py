@@ -75,41 +75,25 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--worker"]:
         uvloop.run(work())
         return 0
-    jobs, workers = peerlib.parse_counts(argv, USAGE)
-    peerlib.fresh_database(DBNAME)
-    try:
-        asyncio.run(load(jobs))
-        queued = peerlib.count(DBNAME, "SELECT count(*) FROM pgqueuer")
-        if queued != jobs:
-            raise RuntimeError(f"enqueued {queued} jobs, not {jobs}")
-        peerlib.settle(DBNAME)
-        seconds = peerlib.timed_drain(
-            [sys.executable, str(Path(__file__).resolve()), "--worker"],
-            workers,
-            DBNAME,
-            "SELECT count(*) FROM pgqueuer",
-            jobs,
-        )
-        logged = peerlib.count(
-            DBNAME, "SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'"
-        )
-    finally:
-        peerlib.drop_database(DBNAME)
-    if logged != jobs:
-        print(f"run_pgqueuer.py: {logged} of {jobs} jobs logged as successful", file=sys.stderr)
-        return 1
-    peerlib.report(
+    return peerlib.measure(
         "pgqueuer",
-        jobs,
-        workers,
-        seconds,
-        f"pgqueuer {version('pgqueuer')}, QueueManager.run(batch_size={BATCH_SIZE}) per process, "
-        "other run() options at their defaults, one asyncpg connection (AsyncpgDriver), "
-        "uvloop, async no-op entrypoint (concurrency_limit 0 = unlimited), "
-        "durability=durable (default); "
-        f"enqueued with Queries.enqueue lists of {ENQUEUE_CHUNK:,}",
+        DBNAME,
+        argv,
+        USAGE,
+        load=load,
+        worker_argv=[sys.executable, str(Path(__file__).resolve()), "--worker"],
+        queued_sql="SELECT count(*) FROM pgqueuer",
+        remaining_sql="SELECT count(*) FROM pgqueuer",
+        done_sql="SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'",
+        settings=(
+            f"pgqueuer {version('pgqueuer')}, "
+            f"QueueManager.run(batch_size={BATCH_SIZE}) per process, "
+            "other run() options at their defaults, one asyncpg connection (AsyncpgDriver), "
+            "uvloop, async no-op entrypoint (concurrency_limit 0 = unlimited), "
+            "durability=durable (default); "
+            f"enqueued with Queries.enqueue lists of {ENQUEUE_CHUNK:,}"
+        ),
     )
-    return 0
 
 
 if __name__ == "__main__":

@@ -55,41 +55,24 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--worker"]:
         asyncio.run(work())
         return 0
-    jobs, workers = peerlib.parse_counts(argv, USAGE)
-    peerlib.fresh_database(DBNAME)
-    try:
-        asyncio.run(load(jobs))
-        queued = peerlib.count(DBNAME, "SELECT count(*) FROM procrastinate_jobs")
-        if queued != jobs:
-            raise RuntimeError(f"enqueued {queued} jobs, not {jobs}")
-        peerlib.settle(DBNAME)
-        seconds = peerlib.timed_drain(
-            [sys.executable, str(Path(__file__).resolve()), "--worker"],
-            workers,
-            DBNAME,
-            "SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')",
-            jobs,
-        )
-        succeeded = peerlib.count(
-            DBNAME, "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'"
-        )
-    finally:
-        peerlib.drop_database(DBNAME)
-    if succeeded != jobs:
-        print(f"run_procrastinate.py: {succeeded} of {jobs} jobs succeeded", file=sys.stderr)
-        return 1
-    peerlib.report(
+    return peerlib.measure(
         "procrastinate",
-        jobs,
-        workers,
-        seconds,
-        f"procrastinate {version('procrastinate')}, App.run_worker_async() per process with "
-        "its defaults: concurrency=1, listen_notify=True, fetch_job_polling_interval=5.0, "
-        "abort_job_polling_interval=5.0, delete_jobs='never', update_heartbeat_interval=10.0; "
-        "PsycopgConnector (psycopg_pool defaults), async no-op task, asyncio loop; "
-        f"enqueued with Task.batch_defer_async, {ENQUEUE_CHUNK:,} a call",
+        DBNAME,
+        argv,
+        USAGE,
+        load=load,
+        worker_argv=[sys.executable, str(Path(__file__).resolve()), "--worker"],
+        queued_sql="SELECT count(*) FROM procrastinate_jobs",
+        remaining_sql="SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')",
+        done_sql="SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'",
+        settings=(
+            f"procrastinate {version('procrastinate')}, App.run_worker_async() per process with "
+            "its defaults: concurrency=1, listen_notify=True, fetch_job_polling_interval=5.0, "
+            "abort_job_polling_interval=5.0, delete_jobs='never', update_heartbeat_interval=10.0; "
+            "PsycopgConnector (psycopg_pool defaults), async no-op task, asyncio loop; "
+            f"enqueued with Task.batch_defer_async, {ENQUEUE_CHUNK:,} a call"
+        ),
     )
-    return 0
 
 
 if __name__ == "__main__":
