@@ -13,6 +13,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import Conn, wait_for
 
 import x_jobs
@@ -103,6 +104,11 @@ def test_json_logs_and_the_announcement(dsn: str, conn: Conn) -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
+    # Read stderr as it comes, so that a worker that does not stop shows what it last said.
+    logged: list[str] = []
+    assert proc.stderr is not None
+    reader = threading.Thread(target=lambda: logged.extend(proc.stderr or []), daemon=True)
+    reader.start()
     try:
         wait_for(
             lambda: (
@@ -114,12 +120,21 @@ def test_json_logs_and_the_announcement(dsn: str, conn: Conn) -> None:
             "the worker to announce its build and queues",
         )
         proc.terminate()
-        _, stderr = proc.communicate(timeout=30)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(
+                "the worker did not stop within 30 s of SIGTERM; it logged:\n" + "".join(logged)
+            )
+        reader.join(timeout=10)
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.wait()
+        proc.stderr.close()
+    stderr = "".join(logged)
     assert proc.returncode == 0, stderr
-    lines: list[dict[str, Any]] = [json.loads(line) for line in stderr.splitlines() if line]
+    lines: list[dict[str, Any]] = [json.loads(line) for line in logged if line.strip()]
     messages = [line["msg"] for line in lines]
     assert "worker starting" in messages
     assert "worker stopped" in messages
