@@ -127,6 +127,49 @@ class ErrorMissing(InvalidArgument):
     code, sqlstate = "X_ERROR_MISSING", "XJ023"
 
 
+class StepInvalid(InvalidArgument):
+    code, sqlstate = "X_STEP_INVALID", "XJ024"
+
+
+class TimeoutInvalid(InvalidArgument):
+    code, sqlstate = "X_TIMEOUT_INVALID", "XJ025"
+
+
+class JobNotHeld(XJobsError):
+    """A step call for a job this worker no longer holds (cancelled, or its lease lapsed and
+    another worker took it): the body should stop."""
+
+    code, sqlstate = "X_JOB_NOT_HELD", "XJ026"
+
+
+class StepConflict(InvalidArgument):
+    code, sqlstate = "X_STEP_CONFLICT", "XJ027"
+
+
+class EventInvalid(InvalidArgument):
+    code, sqlstate = "X_EVENT_INVALID", "XJ028"
+
+
+class MatchInvalid(InvalidArgument):
+    code, sqlstate = "X_MATCH_INVALID", "XJ029"
+
+
+class JobHeld(XJobsError):
+    code, sqlstate = "X_JOB_HELD", "XJ030"
+
+
+class StepNotFound(XJobsError):
+    code, sqlstate = "X_STEP_NOT_FOUND", "XJ031"
+
+
+class StepNotWaiting(XJobsError):
+    code, sqlstate = "X_STEP_NOT_WAITING", "XJ032"
+
+
+class ProgressInvalid(InvalidArgument):
+    code, sqlstate = "X_PROGRESS_INVALID", "XJ033"
+
+
 class EnqueueRace(XJobsError):
     """The call lost a race it cannot settle by itself; calling it again succeeds."""
 
