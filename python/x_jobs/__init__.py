@@ -14,20 +14,27 @@ x_jobs.Worker(app).run()                # or: x-jobs worker myapp.jobs:app
 from __future__ import annotations
 
 from x_jobs.app import App, Concurrency, Enqueued, Job, Retry
-from x_jobs.errors import XJobsError, translate
-from x_jobs.worker import JobCancelled, JobContext, PermanentError, Worker
+from x_jobs.errors import JobFailed, ResultTimeout, XJobsError, translate
+from x_jobs.steps import AsyncSteps, Steps, StepTimeout
+from x_jobs.worker import AsyncJobContext, JobCancelled, JobContext, PermanentError, Worker
 
 __all__ = [
     "App",
+    "AsyncJobContext",
+    "AsyncSteps",
     "Concurrency",
     "Enqueued",
     "Job",
     "JobCancelled",
     "JobContext",
+    "JobFailed",
     "PermanentError",
+    "ResultTimeout",
     "Retry",
+    "StepTimeout",
+    "Steps",
     "Worker",
     "XJobsError",
     "translate",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"

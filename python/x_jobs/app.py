@@ -13,6 +13,7 @@ import inspect
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,12 +25,21 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 from pydantic import TypeAdapter, ValidationError
 
-from x_jobs.errors import InputInvalid, JobUnknown, NotInstalled, VersionUnsupported, translate
+from x_jobs.errors import (
+    InputInvalid,
+    JobFailed,
+    JobNotFound,
+    JobUnknown,
+    NotInstalled,
+    ResultTimeout,
+    VersionUnsupported,
+    translate,
+)
 
 logger = logging.getLogger(__name__)
 
 #: The SQL API versions this client speaks to (``x_jobs.version()``).
-SUPPORTED_VERSIONS = frozenset({"0.1.0"})
+SUPPORTED_VERSIONS = frozenset({"0.2.0"})
 
 I = TypeVar("I")  # noqa: E741 - the input type, as in Job[I]
 
@@ -189,6 +199,7 @@ ENQUEUE_MANY: LiteralString = (
     "SELECT ord, id, run_id::text, deduped FROM x_jobs.enqueue_many(%(jobs)s) ORDER BY ord"
 )
 DB_NOW: LiteralString = "SELECT x_jobs.now()"
+RESULT: LiteralString = "SELECT state::text, output, last_error FROM x_jobs.job WHERE id = %s"
 
 
 class App:
@@ -387,6 +398,39 @@ class App:
                 requests = [_with_run_at(req, now) for req in requests]
             rows = db.execute(ENQUEUE_MANY, {"jobs": Jsonb(requests)}).fetchall()
         return [Enqueued(id=int(r[1]), run_id=str(r[2]), deduped=bool(r[3])) for r in rows]
+
+    # --- results ------------------------------------------------------------------------------
+
+    def result(self, job_id: int, *, timeout: Seconds | None = None) -> Any:
+        """Wait for the job to settle and answer its output; :class:`JobFailed` when it ended
+        dead, failed or cancelled (its last error attached), :class:`ResultTimeout` when it is
+        still live after ``timeout`` (None: wait for as long as it takes).
+
+        It polls the row, from 20 ms between reads up to 1 s (settling sends no notification);
+        a pooled connection is held only for each read."""
+        deadline = None if timeout is None else time.monotonic() + seconds(timeout)
+        pause = 0.02
+        while True:
+            with self.connection() as db:
+                row = db.execute(RESULT, [job_id]).fetchone()
+            if row is None:
+                raise JobNotFound(
+                    f"X_JOB_NOT_FOUND: no job has id {job_id}",
+                    hint="Check the id; finished jobs are removed by purge after their retention.",
+                )
+            state, output, error = row
+            if state == "done":
+                return output
+            if state in {"dead", "failed", "cancelled"}:
+                raise JobFailed(job_id, state, error)
+            if deadline is not None and time.monotonic() + pause > deadline:
+                raise ResultTimeout(
+                    f"X_RESULT_TIMEOUT: job {job_id} is still {state} "
+                    f"after {seconds(timeout or 0):g} s",
+                    hint="Wait longer, or look at the job with `x-jobs jobs show`.",
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
 
 
 def _with_run_at(req: Mapping[str, Any], now: datetime) -> dict[str, Any]:

@@ -210,6 +210,28 @@ class OutputInvalid(ClientError):
     code = "X_OUTPUT_INVALID"
 
 
+class JobFailed(ClientError):
+    """``app.result``: the job ended without an output (dead, failed or cancelled)."""
+
+    code = "X_JOB_FAILED"
+
+    def __init__(self, job_id: int, state: str, error: str | None) -> None:
+        super().__init__(
+            f"X_JOB_FAILED: job {job_id} ended {state}" + (f": {error}" if error else ""),
+            hint="See its attempts and errors with `x-jobs jobs show ID`; "
+            "`x-jobs jobs retry ID` runs it again.",
+        )
+        self.job_id = job_id
+        self.state = state
+        self.error = error
+
+
+class ResultTimeout(ClientError, TimeoutError):
+    """``app.result``: the job was still live when the timeout came."""
+
+    code = "X_RESULT_TIMEOUT"
+
+
 def _subclasses(cls: type[XJobsError]) -> list[type[XJobsError]]:
     found: list[type[XJobsError]] = []
     for sub in cls.__subclasses__():

@@ -35,6 +35,7 @@ import time
 import traceback
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from types import FrameType
 from typing import Any, LiteralString
 
@@ -42,13 +43,15 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from x_jobs.app import App, Job, Seconds, interval, seconds
-from x_jobs.errors import OutputInvalid
+from x_jobs.errors import JobNotHeld, OutputInvalid
 from x_jobs.metrics import WorkerMetrics
+from x_jobs.steps import AsyncSteps, Steps, StepStore, Suspended, _Journal, progress
 
 logger = logging.getLogger(__name__)
 
 CLAIM: LiteralString = """
-    SELECT id, name, queue, state::text, input, attempt, max_attempts, run_id::text, tenant_id
+    SELECT id, name, queue, state::text, input, attempt, max_attempts, run_id::text, tenant_id,
+           created_at
     FROM x_jobs.claim(queues => %s, worker => %s, lease => %s, qty => %s)
 """
 COMPLETE_MANY: LiteralString = (
@@ -97,10 +100,36 @@ class JobContext:
     run_id: str
     tenant_id: str
     worker: str
+    #: When the job was enqueued: a wait_for_event(since="run") matches events from then on.
+    created_at: datetime | None = None
     #: Why the job was told to stop: "cancelled", "timeout", "lost", "shutdown"; None if not.
     reason: str | None = None
     _stopped: bool = field(default=False, repr=False)
     _event: threading.Event | None = field(default=None, repr=False)
+    _store: StepStore | None = field(default=None, repr=False)
+    _steps: Steps | AsyncSteps | None = field(default=None, repr=False)
+
+    def _journal(self) -> _Journal:
+        if self._store is None:
+            raise RuntimeError("steps and progress are for a job that a Worker runs")
+        return _Journal(self, self._store)
+
+    @property
+    def step(self) -> Steps:
+        """The run's durable steps: ``run``, ``sleep``, ``wait_for_event`` (see x_jobs.steps)."""
+        if self._steps is None:
+            self._steps = Steps(self._journal())
+        assert isinstance(self._steps, Steps)
+        return self._steps
+
+    def progress(
+        self, done: float | None = None, total: float | None = None, note: str | None = None
+    ) -> bool:
+        """Write the job's progress (``x-jobs jobs show`` prints it). False when the worker no
+        longer holds the job (its body should stop). A short blocking call, async handlers too."""
+        if self._store is None:
+            raise RuntimeError("steps and progress are for a job that a Worker runs")
+        return progress(self._store, self, done, total, note)
 
     @property
     def cancelled(self) -> threading.Event:
@@ -133,6 +162,19 @@ class JobContext:
 
 
 @dataclass
+class AsyncJobContext(JobContext):
+    """The context of an ``async`` handler: its ``step`` methods are awaited."""
+
+    @property
+    def step(self) -> AsyncSteps:  # type: ignore[override]
+        """The run's durable steps, awaited: ``await ctx.step.run("name", fn)``."""
+        if self._steps is None:
+            self._steps = AsyncSteps(self._journal())
+        assert isinstance(self._steps, AsyncSteps)
+        return self._steps
+
+
+@dataclass
 class _Run:
     """A claimed job, from its claim to its settlement, as the dispatcher tracks it."""
 
@@ -157,6 +199,8 @@ class _Outcome:
     error: str = ""
     stack: str | None = None
     retryable: bool = True
+    #: The run suspended itself in SQL (a sleep, a wait): nothing to settle.
+    suspended: bool = False
 
     @property
     def id(self) -> int:
@@ -230,6 +274,7 @@ class Worker:
         self.build = build
         self.check_version = check_version
         self.metrics = WorkerMetrics(metrics_port)
+        self._step_store = StepStore(app.dsn, concurrency)
 
         #: Every job claimed and not yet settled (or dropped), running or waiting to run.
         self._held: dict[int, _Run] = {}
@@ -285,6 +330,7 @@ class Worker:
             if self._conn is not None:
                 self._conn.close()
             self.metrics.close()
+            self._step_store.close()
             self._stopped.set()
             logger.info("worker stopped", extra={"worker": self.worker_id})
 
@@ -378,7 +424,18 @@ class Worker:
             return None
         claimed = 0
         per_job: dict[str, int] = {}
-        for job_id, name, queue_name, state, payload, attempt, max_attempts, run_id, tenant in rows:
+        for (
+            job_id,
+            name,
+            queue_name,
+            state,
+            payload,
+            attempt,
+            max_attempts,
+            run_id,
+            tenant,
+            created_at,
+        ) in rows:
             if state != "running":
                 # Buried by this claim: its lease lapsed on the final attempt.
                 logger.warning(
@@ -388,7 +445,8 @@ class Worker:
                 self.metrics.settled(name, state, held=False)
                 continue
             claimed += 1
-            ctx = JobContext(
+            job = self.app.jobs.get(name)
+            ctx = (AsyncJobContext if job is not None and job.is_async else JobContext)(
                 id=job_id,
                 name=name,
                 queue=queue_name,
@@ -397,8 +455,9 @@ class Worker:
                 run_id=run_id,
                 tenant_id=tenant,
                 worker=self.worker_id,
+                created_at=created_at,
+                _store=self._step_store,
             )
-            job = self.app.jobs.get(name)
             run = _Run(job or _unknown_job(self.app, name), ctx, payload)
             self._held[job_id] = run
             if job is not None and job.timeout is not None:
@@ -428,6 +487,11 @@ class Worker:
             if run is None or run is not outcome.run or run.done:
                 continue
             run.done = True
+            if outcome.suspended:
+                # The row is no longer this worker's: suspended in SQL by the step itself.
+                del self._held[outcome.id]
+                self.metrics.settled(run.job.name, "suspended")
+                continue
             if not self._pending:
                 self._pending_since = now
             self._pending.append(outcome)
@@ -615,6 +679,10 @@ class Worker:
         for job_id in gone:
             run = self._held.pop(job_id)
             run.done = True
+            if states.get(job_id) == "suspended":
+                # Its handler suspended it (a sleep, a wait) and its outcome is on the way.
+                self.metrics.settled(run.job.name, "suspended")
+                continue
             reason = "cancelled" if states.get(job_id) == "cancelled" else "lost"
             self._tell_stop(run, reason)
             logger.warning(
@@ -796,12 +864,17 @@ class Worker:
             try:
                 output = await self._invoke_async(run)
                 outcome = self._success(run, output)
+            except Suspended:
+                outcome = _Outcome(run, ok=False, suspended=True)
             except asyncio.CancelledError:
                 outcome = _Outcome(run, ok=False, error=f"stopped: {run.ctx.reason}")
             except BaseException as err:
                 # Whatever a handler raises (SystemExit included) is its job's outcome, and
                 # never stops the worker.
                 outcome = self._failure(run, err)
+                steps = run.ctx._steps
+                if isinstance(steps, AsyncSteps) and self._final(run, outcome, steps):
+                    self._add_compensation_errors(outcome, await steps.compensate())
         self._outbox.put(outcome)
         self._wake.set()
 
@@ -819,9 +892,33 @@ class Worker:
     def _call(self, run: _Run) -> _Outcome:
         try:
             return self._success(run, self._invoke(run))
+        except Suspended:
+            return _Outcome(run, ok=False, suspended=True)
         except BaseException as err:
             # As in _run_async: the job's outcome, never the worker's end.
-            return self._failure(run, err)
+            outcome = self._failure(run, err)
+            steps = run.ctx._steps
+            if isinstance(steps, Steps) and self._final(run, outcome, steps):
+                self._add_compensation_errors(outcome, steps.compensate())
+            return outcome
+
+    @staticmethod
+    def _final(run: _Run, outcome: _Outcome, steps: Steps | AsyncSteps) -> bool:
+        """Does this failure end the run for good, with compensations to run? Not when the
+        worker stopped the handler (timeout, cancel, lost, shutdown): that outcome is dropped,
+        and the row's next claim (or its burial) decides."""
+        return (
+            (not outcome.retryable or run.ctx.attempt >= run.ctx.max_attempts)
+            and not run.ctx.is_cancelled()
+            and steps.has_compensations
+        )
+
+    @staticmethod
+    def _add_compensation_errors(outcome: _Outcome, failures: list[str]) -> None:
+        """Keep both: the run's error first, then each compensation that failed."""
+        if failures:
+            outcome.error = "; ".join([outcome.error, *failures])
+            outcome.stack = "\n".join([outcome.stack or "", *failures])
 
     def _success(self, run: _Run, output: Any) -> _Outcome:
         if output is not None and not isinstance(output, str | int | float | bool):
@@ -845,7 +942,7 @@ class Worker:
             ok=False,
             error=f"{type(err).__name__}: {err}",
             stack="".join(traceback.format_exception(err)),
-            retryable=not isinstance(err, PermanentError),
+            retryable=not isinstance(err, PermanentError | JobNotHeld),
         )
 
     # --- notifications ------------------------------------------------------------------------

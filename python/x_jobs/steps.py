@@ -1,0 +1,469 @@
+"""Durable steps: ``ctx.step.run``, ``ctx.step.sleep``, ``ctx.step.wait_for_event``.
+
+A run records each step it reaches in ``x_jobs.step`` (through ``x_jobs.step_record``,
+``x_jobs.step_sleep`` and ``x_jobs.step_wait``). When the job runs again (a retry, a claim after
+a crash, the wake-up after a sleep or an event), the handler starts from the top and every step
+already recorded answers its recorded output instead of running: the body must reach its steps
+in the same order with the same names, and put its side effects inside steps.
+
+A sleep or a wait that cannot answer yet suspends the run in SQL (its row is ``suspended``,
+held by no worker) and unwinds the handler with :class:`Suspended`, which the worker takes as
+"nothing to settle". Outputs go through JSON both ways, so the first run sees exactly what a
+replay will see.
+
+Sagas: ``run(name, fn, compensate=undo)`` registers ``undo(output)``. When the run fails for
+good, the worker calls :meth:`Steps.compensate`: the completed steps' compensations run in
+reverse order, each recorded (``compensation => true``) so that it runs once across crashes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Literal, LiteralString
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from x_jobs.app import Seconds, interval
+from x_jobs.errors import OutputInvalid, StepConflict, XJobsError, translate
+
+if TYPE_CHECKING:
+    from x_jobs.worker import JobContext
+
+logger = logging.getLogger(__name__)
+
+STEPS: LiteralString = "SELECT * FROM x_jobs.steps(id => %s, worker => %s)"
+RECORD: LiteralString = """
+    SELECT x_jobs.step_record(id => %s, worker => %s, step => %s, output => %s, error => %s,
+                              compensation => %s)::text
+"""
+SLEEP: LiteralString = (
+    "SELECT * FROM x_jobs.step_sleep(id => %s, worker => %s, step => %s, duration => %s)"
+)
+WAIT: LiteralString = """
+    SELECT * FROM x_jobs.step_wait(id => %s, worker => %s, step => %s, event => %s,
+                                   event_key => %s, match => %s, timeout => %s, since => %s)
+"""
+PROGRESS: LiteralString = """
+    SELECT x_jobs.progress(id => %s, worker => %s, done => %s, total => %s, note => %s)
+"""
+
+#: How often a failing compensation is tried within the failing attempt, and the first pause.
+COMPENSATION_TRIES = 3
+COMPENSATION_BACKOFF = 0.2
+
+
+class StepTimeout(XJobsError):
+    """``wait_for_event`` gave up: no matching event came before its timeout. Replayed as the
+    same error, so a handler that catches it takes the same path on every run."""
+
+    code = "X_STEP_TIMEOUT"
+
+
+class Suspended(BaseException):
+    """The run is suspended in SQL (a sleep, a wait): the handler unwinds and nothing is settled.
+
+    A BaseException, so that a handler's ``except Exception`` does not swallow it."""
+
+
+@dataclass
+class StepRow:
+    name: str
+    compensation: bool
+    kind: str
+    status: str
+    output: Any
+    error: str | None
+
+
+def _row(values: dict[str, Any]) -> StepRow:
+    return StepRow(
+        name=values["name"],
+        compensation=values["compensation"],
+        kind=values["kind"],
+        status=str(values["status"]),
+        output=values["output"],
+        error=values["error"],
+    )
+
+
+def _as_json(what: str, value: Any) -> Any:
+    """``value`` as a replay will see it (through JSON), or OutputInvalid."""
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError) as err:
+        raise OutputInvalid(
+            f"X_OUTPUT_INVALID: {what} returned a {type(value).__name__}, which is not JSON: {err}",
+            hint="Return JSON values (dict, list, str, int, float, bool, None).",
+        ) from err
+
+
+class StepStore:
+    """The step functions' connections: a pool of the worker's, shared by its handler threads
+    and opened on the first step any handler takes."""
+
+    def __init__(self, dsn: str, max_size: int) -> None:
+        self._dsn = dsn
+        self._max_size = max(1, max_size)
+        self._pool: ConnectionPool | None = None
+
+    def _connections(self) -> ConnectionPool:
+        if self._pool is None:
+            self._pool = ConnectionPool(
+                self._dsn,
+                min_size=1,
+                max_size=self._max_size,
+                kwargs={"autocommit": True, "application_name": "x_jobs steps"},
+                open=True,
+                name="x_jobs-steps",
+            )
+        return self._pool
+
+    def fetch(self, sql: LiteralString, params: list[Any]) -> list[dict[str, Any]]:
+        try:
+            with self._connections().connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+                return cur.execute(sql, params).fetchall()
+        except psycopg.Error as err:
+            typed = translate(err)
+            if typed is err:
+                raise
+            raise typed from err
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+
+class _Journal:
+    """What one run recorded, loaded on its first step, and what this attempt did since."""
+
+    def __init__(self, ctx: JobContext, store: StepStore) -> None:
+        self.ctx = ctx
+        self.store = store
+        self.steps: dict[str, StepRow] | None = None
+        self.compensations: dict[str, StepRow] = {}
+        self.reached: set[str] = set()
+        #: (name, undo, output) of the completed steps that declared a compensation, in order.
+        self.undo: list[tuple[str, Callable[[Any], Any], Any]] = []
+
+    def load(self, name: str) -> StepRow | None:
+        """The recorded step ``name`` (None if not reached before); refuses a name reached
+        twice in one run."""
+        if name in self.reached:
+            raise StepConflict(
+                f"X_STEP_CONFLICT: step {name!r} was reached twice in one run of job {self.ctx.id}",
+                hint="Give every step of a run its own name (add a counter for steps in a loop).",
+            )
+        self.reached.add(name)
+        if self.steps is None:
+            self.steps = {}
+            for values in self.store.fetch(STEPS, [self.ctx.id, self.ctx.worker]):
+                row = _row(values)
+                (self.compensations if row.compensation else self.steps)[row.name] = row
+        return self.steps.get(name)
+
+    def record(
+        self, name: str, output: Any = None, error: str | None = None, compensation: bool = False
+    ) -> None:
+        self.store.fetch(
+            RECORD,
+            [
+                self.ctx.id,
+                self.ctx.worker,
+                name,
+                None if error is not None else Jsonb(output),
+                error,
+                compensation,
+            ],
+        )
+
+    def record_failure(self, name: str, err: BaseException) -> None:
+        """Keep a run step's error for the operator (the next attempt runs the step again);
+        best effort: the handler's own error is what the attempt fails with."""
+        try:
+            self.record(name, error=f"{type(err).__name__}: {err}")
+        except (XJobsError, psycopg.Error) as record_err:
+            logger.warning(
+                "could not record a failed step",
+                extra={"job_id": self.ctx.id, "step": name, "error": str(record_err)},
+            )
+
+    def suspend_or_answer(self, row: StepRow, what: str) -> Any:
+        if row.status == "done":
+            return row.output
+        if row.status == "failed":
+            raise StepTimeout(row.error or f"X_STEP_TIMEOUT: {what} timed out")
+        raise Suspended(what)
+
+    def wait_params(
+        self,
+        name: str,
+        *,
+        event: str,
+        timeout: Seconds | timedelta | None,
+        match: dict[str, Any] | None,
+        key: str | None,
+        since: Literal["step", "run"] | datetime,
+    ) -> list[Any]:
+        if since == "step":
+            since_at = None
+        elif since == "run":
+            since_at = self.ctx.created_at
+        else:
+            since_at = since
+        return [
+            self.ctx.id,
+            self.ctx.worker,
+            name,
+            event,
+            key,
+            None if match is None else Jsonb(match),
+            _duration(timeout),
+            since_at,
+        ]
+
+    def failed_compensation(self, name: str, err: BaseException) -> str:
+        message = f"compensation of step {name!r} failed: {type(err).__name__}: {err}"
+        try:
+            self.record(name, error=message, compensation=True)
+        except (XJobsError, psycopg.Error) as record_err:
+            logger.warning(
+                "could not record a failed compensation",
+                extra={"job_id": self.ctx.id, "step": name, "error": str(record_err)},
+            )
+        logger.error(message, extra={"job_id": self.ctx.id, "job": self.ctx.name})
+        return message
+
+    def pending_undo(self) -> list[tuple[str, Callable[[Any], Any], Any]]:
+        """The compensations still to run, last completed step first."""
+        return [
+            entry
+            for entry in reversed(self.undo)
+            if (done := self.compensations.get(entry[0])) is None or done.status != "done"
+        ]
+
+
+def _duration(value: Seconds | timedelta | None) -> timedelta | None:
+    if value is None or isinstance(value, timedelta):
+        return value
+    return interval(value)
+
+
+class Steps:
+    """``ctx.step`` of a sync handler."""
+
+    def __init__(self, journal: _Journal) -> None:
+        self._journal = journal
+
+    def run(
+        self,
+        name: str,
+        fn: Callable[[], Any],
+        *,
+        compensate: Callable[[Any], Any] | None = None,
+    ) -> Any:
+        """Run ``fn()`` once per run and answer its output; later runs answer the recorded
+        output without calling it. ``compensate(output)`` undoes it if the run fails for good."""
+        journal = self._journal
+        row = journal.load(name)
+        if row is not None and row.kind == "run" and row.status == "done":
+            output = row.output
+        else:
+            journal.ctx.raise_if_cancelled()
+            try:
+                value = fn()
+            except Exception as err:
+                journal.record_failure(name, err)
+                raise
+            output = _as_json(f"step {name!r}", value)
+            journal.record(name, output)
+        if compensate is not None:
+            journal.undo.append((name, compensate, output))
+        return output
+
+    def sleep(self, name: str, duration: Seconds | timedelta) -> None:
+        """Suspend the run for ``duration`` (seconds or a timedelta) from when it first reached
+        this step; no worker is held meanwhile."""
+        journal = self._journal
+        row = journal.load(name)
+        if row is not None and row.kind == "sleep" and row.status == "done":
+            return
+        (values,) = journal.store.fetch(
+            SLEEP, [journal.ctx.id, journal.ctx.worker, name, _duration(duration)]
+        )
+        journal.suspend_or_answer(_row(values), f"sleep {name!r}")
+
+    def wait_for_event(
+        self,
+        name: str,
+        event: str,
+        *,
+        timeout: Seconds | timedelta | None = None,
+        match: dict[str, Any] | None = None,
+        key: str | None = None,
+        since: Literal["step", "run"] | datetime = "step",
+    ) -> Any:
+        """Answer the payload of the first ``event`` (with ``key``, containing ``match``)
+        published since this step was first reached (``since="run"``: since the job was
+        enqueued), suspending the run until it comes; :class:`StepTimeout` after ``timeout``."""
+        journal = self._journal
+        row = journal.load(name)
+        if row is not None and row.kind == "wait" and row.status != "waiting":
+            return journal.suspend_or_answer(row, f"wait {name!r}")
+        (values,) = journal.store.fetch(
+            WAIT,
+            journal.wait_params(
+                name, event=event, timeout=timeout, match=match, key=key, since=since
+            ),
+        )
+        return journal.suspend_or_answer(_row(values), f"wait {name!r} for {event!r}")
+
+    def compensate(self) -> list[str]:
+        """Run the pending compensations, last completed step first, each retried a few times;
+        answers the messages of those that failed for good (recorded and logged)."""
+        journal = self._journal
+        failures: list[str] = []
+        for name, undo, output in journal.pending_undo():
+            delay = COMPENSATION_BACKOFF
+            for attempt in range(1, COMPENSATION_TRIES + 1):
+                try:
+                    undo(output)
+                except Exception as err:
+                    if attempt == COMPENSATION_TRIES:
+                        failures.append(journal.failed_compensation(name, err))
+                        break
+                    time.sleep(delay)
+                    delay *= 2
+                else:
+                    journal.record(name, compensation=True)
+                    break
+        return failures
+
+    @property
+    def has_compensations(self) -> bool:
+        return bool(self._journal.pending_undo())
+
+
+class AsyncSteps:
+    """``ctx.step`` of an ``async`` handler: the same steps, awaited. ``fn`` and ``compensate``
+    may be coroutine functions or plain ones; database calls run in a thread, off the loop."""
+
+    def __init__(self, journal: _Journal) -> None:
+        self._journal = journal
+
+    async def _fetch(self, sql: LiteralString, params: list[Any]) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(self._journal.store.fetch, sql, params)
+
+    async def run(
+        self,
+        name: str,
+        fn: Callable[[], Any],
+        *,
+        compensate: Callable[[Any], Any] | None = None,
+    ) -> Any:
+        journal = self._journal
+        row = await asyncio.to_thread(journal.load, name)
+        if row is not None and row.kind == "run" and row.status == "done":
+            output = row.output
+        else:
+            journal.ctx.raise_if_cancelled()
+            try:
+                value = await _maybe_await(fn())
+            except Exception as err:
+                await asyncio.to_thread(journal.record_failure, name, err)
+                raise
+            output = _as_json(f"step {name!r}", value)
+            await asyncio.to_thread(journal.record, name, output)
+        if compensate is not None:
+            journal.undo.append((name, compensate, output))
+        return output
+
+    async def sleep(self, name: str, duration: Seconds | timedelta) -> None:
+        journal = self._journal
+        row = await asyncio.to_thread(journal.load, name)
+        if row is not None and row.kind == "sleep" and row.status == "done":
+            return
+        (values,) = await self._fetch(
+            SLEEP, [journal.ctx.id, journal.ctx.worker, name, _duration(duration)]
+        )
+        journal.suspend_or_answer(_row(values), f"sleep {name!r}")
+
+    async def wait_for_event(
+        self,
+        name: str,
+        event: str,
+        *,
+        timeout: Seconds | timedelta | None = None,
+        match: dict[str, Any] | None = None,
+        key: str | None = None,
+        since: Literal["step", "run"] | datetime = "step",
+    ) -> Any:
+        journal = self._journal
+        row = await asyncio.to_thread(journal.load, name)
+        if row is not None and row.kind == "wait" and row.status != "waiting":
+            return journal.suspend_or_answer(row, f"wait {name!r}")
+        (values,) = await self._fetch(
+            WAIT,
+            journal.wait_params(
+                name, event=event, timeout=timeout, match=match, key=key, since=since
+            ),
+        )
+        return journal.suspend_or_answer(_row(values), f"wait {name!r} for {event!r}")
+
+    async def compensate(self) -> list[str]:
+        journal = self._journal
+        failures: list[str] = []
+        for name, undo, output in journal.pending_undo():
+            delay = COMPENSATION_BACKOFF
+            for attempt in range(1, COMPENSATION_TRIES + 1):
+                try:
+                    await _maybe_await(undo(output))
+                except Exception as err:
+                    if attempt == COMPENSATION_TRIES:
+                        failures.append(
+                            await asyncio.to_thread(journal.failed_compensation, name, err)
+                        )
+                        break
+                    await asyncio.sleep(delay)
+                    delay *= 2
+                else:
+                    await asyncio.to_thread(journal.record, name, None, None, True)
+                    break
+        return failures
+
+    @property
+    def has_compensations(self) -> bool:
+        return bool(self._journal.pending_undo())
+
+
+async def _maybe_await(value: Any) -> Any:
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+def progress(
+    store: StepStore, ctx: JobContext, done: float | None, total: float | None, note: str | None
+) -> bool:
+    (values,) = store.fetch(PROGRESS, [ctx.id, ctx.worker, done, total, note])
+    return bool(values["progress"])
+
+
+__all__ = [
+    "AsyncSteps",
+    "StepStore",
+    "StepTimeout",
+    "Steps",
+    "Suspended",
+    "progress",
+]

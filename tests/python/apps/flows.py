@@ -1,0 +1,153 @@
+"""Workflows for the step tests: ``python -m x_jobs worker apps.flows:app``.
+
+Every side effect a step body has is a row of ``public.effect`` (``SCHEMA``), written over a
+connection of the body's own, outside the step's bookkeeping: a step that ran twice shows as
+two rows. The tests read the rows to tell what ran, how often and in which order.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, LiteralString
+
+import psycopg
+from pydantic import BaseModel
+
+import x_jobs
+
+app = x_jobs.App()
+
+SCHEMA: LiteralString = """
+    CREATE TABLE public.effect (
+        seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        job_id bigint NOT NULL,
+        what text NOT NULL,
+        attempt integer NOT NULL
+    )
+"""
+
+_local = threading.local()
+
+
+def effect(ctx: x_jobs.JobContext, what: str) -> None:
+    conn: psycopg.Connection[Any] | None = getattr(_local, "conn", None)
+    if conn is None or conn.closed:
+        conn = psycopg.connect(app.dsn, autocommit=True, application_name="effects")
+        _local.conn = conn
+    conn.execute(
+        "INSERT INTO public.effect (job_id, what, attempt) VALUES (%s, %s, %s)",
+        [ctx.id, what, ctx.attempt],
+    )
+
+
+class Boom(Exception):
+    """What a failing step raises."""
+
+
+class Keyed(BaseModel):
+    key: str
+    timeout: float | None = None
+
+
+class Nap(BaseModel):
+    seconds: float
+
+
+class Saga(BaseModel):
+    bad_undo: bool = False
+
+
+@app.job(name="three_steps", max_attempts=3, retry=x_jobs.Retry(base=0.05, max=0.05))
+def three_steps(input: dict[str, Any], ctx: x_jobs.JobContext) -> dict[str, int]:
+    """Three steps; the first attempt stops for good after step two (the test kills it there)."""
+
+    def one() -> int:
+        effect(ctx, "one")
+        return 1
+
+    def two() -> int:
+        effect(ctx, "two")
+        return int(a) + 1
+
+    a = ctx.step.run("one", one)
+    b = ctx.step.run("two", two)
+    if ctx.attempt == 1:
+        effect(ctx, "parked")
+        time.sleep(600)
+
+    def three() -> int:
+        effect(ctx, "three")
+        return int(b) + 1
+
+    c = ctx.step.run("three", three)
+    return {"a": a, "b": b, "c": c}
+
+
+@app.job(name="await_approval")
+def await_approval(input: Keyed, ctx: x_jobs.JobContext) -> Any:
+    ctx.step.run("before", lambda: effect(ctx, "before"))
+    try:
+        payload = ctx.step.wait_for_event(
+            "approval", "approved", key=input.key, timeout=input.timeout
+        )
+    except x_jobs.StepTimeout as err:
+        effect(ctx, "timed out")
+        return {"timed_out": str(err)}
+    effect(ctx, "after")
+    return payload
+
+
+@app.job(name="await_since_run")
+def await_since_run(input: Keyed, ctx: x_jobs.JobContext) -> Any:
+    """Waits for an event that may have been published before the run reached its wait."""
+    return ctx.step.wait_for_event("approval", "approved", key=input.key, since="run")
+
+
+@app.job(name="napper", max_attempts=1)
+def napper(input: Nap, ctx: x_jobs.JobContext) -> dict[str, int]:
+    ctx.step.run("before", lambda: effect(ctx, "before"))
+    ctx.step.sleep("nap", input.seconds)
+    effect(ctx, "after")
+    return {"attempt": ctx.attempt}
+
+
+@app.job(name="saga", max_attempts=2, retry=x_jobs.Retry(base=0.05, max=0.05))
+def saga(input: Saga, ctx: x_jobs.JobContext) -> None:
+    def undo_two(output: Any) -> None:
+        effect(ctx, f"undo two {output}")
+        if input.bad_undo:
+            raise Boom("the refund service is down")
+
+    def fail_three() -> None:
+        effect(ctx, "three")
+        raise Boom("step three failed")
+
+    def one() -> str:
+        effect(ctx, "one")
+        return "r1"
+
+    def two() -> str:
+        effect(ctx, "two")
+        return "r2"
+
+    ctx.step.run("one", one, compensate=lambda out: effect(ctx, f"undo one {out}"))
+    ctx.step.run("two", two, compensate=undo_two)
+    ctx.step.run("three", fail_three, compensate=lambda out: effect(ctx, "undo three"))
+
+
+@app.job(name="reporter")
+def reporter(input: dict[str, Any], ctx: x_jobs.JobContext) -> bool:
+    return ctx.progress(3, 10, "three of ten")
+
+
+@app.job(name="async_flow")
+async def async_flow(input: Keyed, ctx: x_jobs.AsyncJobContext) -> dict[str, Any]:
+    async def one() -> int:
+        effect(ctx, "one")
+        return 1
+
+    a = await ctx.step.run("one", one)
+    payload = await ctx.step.wait_for_event("go", "go", key=input.key)
+    effect(ctx, "after")
+    return {"a": a, "payload": payload}

@@ -1,0 +1,257 @@
+"""Durable steps in real worker processes: replay after kill -9, sleeps and event waits that hold
+no worker, timeouts, sagas, progress, and ``app.result``.
+
+What a step body did is read from ``public.effect`` (see ``apps.flows``): one row per time a
+body ran, so "not executed again" is a count, not a guess.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from apps import flows
+from apps.workers import Fleet
+from conftest import Conn
+
+import x_jobs
+
+TARGET = "apps.flows:app"
+
+
+@pytest.fixture
+def fleet(dsn: str, tmp_path: Path) -> Iterator[Fleet]:
+    with Fleet(dsn, tmp_path) as fleet:
+        fleet.execute(flows.SCHEMA)
+        yield fleet
+
+
+@pytest.fixture
+def client(dsn: str) -> Iterator[x_jobs.App]:
+    """An app on the test's database, for ``result`` (apps.flows.app reads the environment)."""
+    app = x_jobs.App(dsn)
+    yield app
+    app.close()
+
+
+def _effects(fleet: Fleet, job_id: int) -> list[tuple[str, int]]:
+    return [
+        (str(what), int(attempt))
+        for what, attempt in fleet.execute(
+            "SELECT what, attempt FROM public.effect WHERE job_id = %s ORDER BY seq", [job_id]
+        )
+    ]
+
+
+def _job(fleet: Fleet, job_id: int) -> dict[str, Any]:
+    (row,) = fleet.execute(
+        "SELECT state::text, attempt, claimed_by, run_at = 'infinity', output, last_error, progress"
+        " FROM x_jobs.job WHERE id = %s",
+        [job_id],
+    )
+    keys = ("state", "attempt", "claimed_by", "forever", "output", "last_error", "progress")
+    return dict(zip(keys, row, strict=True))
+
+
+def _steps(fleet: Fleet, job_id: int) -> list[tuple[str, bool, str, str, int]]:
+    return [
+        (str(name), bool(compensation), str(kind), str(status), int(attempt))
+        for name, compensation, kind, status, attempt in fleet.execute(
+            "SELECT name, compensation, kind, status::text, attempt FROM x_jobs.step"
+            " WHERE job_id = %s ORDER BY created_at, compensation, name",
+            [job_id],
+        )
+    ]
+
+
+def _in_state(fleet: Fleet, job_id: int, state: str) -> bool:
+    return bool(_job(fleet, job_id)["state"] == state)
+
+
+def test_a_workflow_killed_after_step_two_resumes_at_step_three(fleet: Fleet, conn: Conn) -> None:
+    job_id = flows.app.enqueue(flows.three_steps, {}, conn=conn).id
+    first = fleet.start(target=TARGET, lease=1.0)
+    fleet.wait_for(lambda: ("parked", 1) in _effects(fleet, job_id), "step two to be recorded")
+    first.kill()
+
+    fleet.start(target=TARGET, lease=1.0)
+    fleet.wait_for(lambda: _in_state(fleet, job_id, "done"), "the re-run to finish")
+
+    assert _effects(fleet, job_id) == [("one", 1), ("two", 1), ("parked", 1), ("three", 2)]
+    job = _job(fleet, job_id)
+    assert job["output"] == {"a": 1, "b": 2, "c": 3}
+    assert job["attempt"] == 2
+    assert _steps(fleet, job_id) == [
+        ("one", False, "run", "done", 1),
+        ("two", False, "run", "done", 1),
+        ("three", False, "run", "done", 2),
+    ]
+
+
+def test_a_wait_holds_no_worker_and_a_publish_from_psql_wakes_it(
+    fleet: Fleet, conn: Conn, client: x_jobs.App
+) -> None:
+    job_id = flows.app.enqueue(flows.await_approval, {"key": "order-7"}, conn=conn).id
+    fleet.start(target=TARGET)
+    fleet.wait_for(lambda: _in_state(fleet, job_id, "suspended"), "the run to suspend")
+    job = _job(fleet, job_id)
+    assert job["claimed_by"] is None and job["forever"] is True
+    # Attempts are for failures: the suspension gave its attempt back.
+    assert job["attempt"] == 0
+
+    # An event with another key wakes nobody.
+    subprocess.run(
+        [
+            "psql",
+            "-X",
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-d",
+            fleet.dbname,
+            "-c",
+            """SELECT x_jobs.publish('approved', '{"by": "mallory"}', 'order-8')""",
+        ],
+        check=True,
+    )
+    subprocess.run(
+        [
+            "psql",
+            "-X",
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-d",
+            fleet.dbname,
+            "-c",
+            """SELECT x_jobs.publish('approved', '{"by": "ada"}', 'order-7')""",
+        ],
+        check=True,
+    )
+
+    assert client.result(job_id, timeout=60) == {"by": "ada"}
+    assert _effects(fleet, job_id) == [("before", 1), ("after", 1)]
+    assert _job(fleet, job_id)["attempt"] == 1
+    assert _steps(fleet, job_id) == [
+        ("before", False, "run", "done", 1),
+        ("approval", False, "wait", "done", 1),
+    ]
+
+
+def test_a_wait_with_a_timeout_takes_the_timeout_path(
+    fleet: Fleet, conn: Conn, client: x_jobs.App
+) -> None:
+    job_id = flows.app.enqueue(flows.await_approval, {"key": "never", "timeout": 0.5}, conn=conn).id
+    fleet.start(target=TARGET, poll=0.1)
+
+    output = client.result(job_id, timeout=60)
+    assert output["timed_out"].startswith("X_STEP_TIMEOUT")
+    assert _effects(fleet, job_id) == [("before", 1), ("timed out", 1)]
+    ((status, resolved_by),) = fleet.execute(
+        "SELECT status::text, resolved_by FROM x_jobs.step WHERE job_id = %s AND name = 'approval'",
+        [job_id],
+    )
+    assert (status, resolved_by) == ("failed", "timeout")
+
+
+def test_a_wait_since_the_run_began_sees_an_event_published_before_it(
+    fleet: Fleet, conn: Conn, client: x_jobs.App
+) -> None:
+    job_id = flows.app.enqueue(flows.await_since_run, {"key": "early"}, conn=conn).id
+    conn.execute("SELECT x_jobs.publish('approved', '{\"n\": 1}', 'early')")
+    fleet.start(target=TARGET)
+    assert client.result(job_id, timeout=60) == {"n": 1}
+
+
+def test_a_sleep_suspends_the_run_and_it_resumes_after(
+    fleet: Fleet, conn: Conn, client: x_jobs.App
+) -> None:
+    job_id = flows.app.enqueue(flows.napper, {"seconds": 1.5}, conn=conn).id
+    fleet.start(target=TARGET, poll=0.1)
+    fleet.wait_for(lambda: _in_state(fleet, job_id, "suspended"), "the run to sleep")
+    assert _job(fleet, job_id)["claimed_by"] is None
+
+    # max_attempts is 1: the sleep did not spend the job's only attempt.
+    assert client.result(job_id, timeout=60) == {"attempt": 1}
+    assert _effects(fleet, job_id) == [("before", 1), ("after", 1)]
+
+
+def test_a_saga_that_fails_for_good_runs_the_compensations_in_reverse_once(
+    fleet: Fleet, conn: Conn, client: x_jobs.App
+) -> None:
+    job_id = flows.app.enqueue(flows.saga, {}, conn=conn).id
+    fleet.start(target=TARGET)
+
+    with pytest.raises(x_jobs.JobFailed) as failed:
+        client.result(job_id, timeout=60)
+    assert failed.value.state == "dead"
+    assert "step three failed" in (failed.value.error or "")
+    # Attempt 1 failed with attempts left: no compensation. Attempt 2 replayed one and two, failed
+    # at three for good, and undid two, then one; step three never completed, so nothing undoes it.
+    assert _effects(fleet, job_id) == [
+        ("one", 1),
+        ("two", 1),
+        ("three", 1),
+        ("three", 2),
+        ("undo two r2", 2),
+        ("undo one r1", 2),
+    ]
+    # Recorded as they ran: two's compensation first.
+    assert [s for s in _steps(fleet, job_id) if s[1]] == [
+        ("two", True, "run", "done", 2),
+        ("one", True, "run", "done", 2),
+    ]
+
+
+def test_a_failing_compensation_is_retried_reported_and_both_errors_kept(
+    fleet: Fleet, conn: Conn, client: x_jobs.App
+) -> None:
+    job_id = flows.app.enqueue(flows.saga, {"bad_undo": True}, conn=conn).id
+    fleet.start(target=TARGET)
+
+    with pytest.raises(x_jobs.JobFailed):
+        client.result(job_id, timeout=60)
+    effects = [what for what, _ in _effects(fleet, job_id)]
+    assert effects.count("undo two r2") == 3
+    assert effects[-1] == "undo one r1"
+    error = _job(fleet, job_id)["last_error"]
+    assert "step three failed" in error
+    assert "compensation of step 'two' failed" in error and "refund service is down" in error
+    ((status, step_error),) = fleet.execute(
+        "SELECT status::text, error FROM x_jobs.step"
+        " WHERE job_id = %s AND name = 'two' AND compensation",
+        [job_id],
+    )
+    assert status == "failed" and "refund service is down" in step_error
+
+
+def test_progress_is_written_to_the_row(fleet: Fleet, conn: Conn, client: x_jobs.App) -> None:
+    job_id = flows.app.enqueue(flows.reporter, {}, conn=conn).id
+    fleet.start(target=TARGET)
+    assert client.result(job_id, timeout=60) is True
+    progress = _job(fleet, job_id)["progress"]
+    assert (progress["done"], progress["total"], progress["note"]) == (3, 10, "three of ten")
+
+
+def test_an_async_workflow_replays_its_step_after_an_event(
+    fleet: Fleet, conn: Conn, client: x_jobs.App
+) -> None:
+    job_id = flows.app.enqueue(flows.async_flow, {"key": "k"}, conn=conn).id
+    fleet.start(target=TARGET)
+    fleet.wait_for(lambda: _in_state(fleet, job_id, "suspended"), "the async run to suspend")
+    conn.execute("SELECT x_jobs.publish('go', '{\"ok\": true}', 'k')")
+    assert client.result(job_id, timeout=60) == {"a": 1, "payload": {"ok": True}}
+    assert _effects(fleet, job_id) == [("one", 1), ("after", 1)]
+
+
+def test_result_times_out_on_a_live_job_and_refuses_an_unknown_one(
+    conn: Conn, client: x_jobs.App
+) -> None:
+    job_id = flows.app.enqueue(flows.reporter, {}, conn=conn).id
+    with pytest.raises(x_jobs.ResultTimeout, match=f"job {job_id} is still ready"):
+        client.result(job_id, timeout=0.1)
+    with pytest.raises(x_jobs.errors.JobNotFound):
+        client.result(job_id + 1000, timeout=0.1)
