@@ -10,6 +10,9 @@ from the issues as a ratio measured in the same run, because the machines are sh
                  ceiling: a hand-written FOR UPDATE SKIP LOCKED update of a plain table. Two
                  ways: claim and complete each in its own transaction, and the pipelined loop
                  (complete the previous batch and claim the next in one transaction)
+  drain          jobs/s of x-jobs worker processes draining no-op jobs, beside the peers
+  events         publishes/s (each waking one of 10,000 waiting runs) from 1 and 4
+                 connections, and the latency from a publish's commit to the resumed run
 
 Run it by hand against any server with `python bench/bench.py` (PGHOST etc. name the server;
 it creates and drops its own database). `--quick` shrinks every size for a smoke run.
@@ -51,6 +54,8 @@ class Sizes:
     threads: int
     drain_jobs: int
     procrastinate_jobs: int
+    waiting_runs: int
+    resume_samples: int
 
 
 FULL = Sizes(
@@ -63,6 +68,8 @@ FULL = Sizes(
     threads=8,
     drain_jobs=100_000,
     procrastinate_jobs=5_000,
+    waiting_runs=10_000,
+    resume_samples=200,
 )
 QUICK = Sizes(
     enqueue_batches=6,
@@ -74,6 +81,8 @@ QUICK = Sizes(
     threads=8,
     drain_jobs=10_000,
     procrastinate_jobs=500,
+    waiting_runs=1_000,
+    resume_samples=30,
 )
 
 
@@ -440,6 +449,110 @@ def peer_drains(sizes: Sizes, workers: int) -> list[dict[str, Any]]:
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
 
+# --- events: publish and wake ------------------------------------------------------------------
+
+
+def park_waiting_runs(dsn: str, runs: int) -> None:
+    """`runs` jobs suspended on `bench.go`, each waiting with its own key (its id)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("TRUNCATE x_jobs.job, x_jobs.step, x_jobs.event")
+        enqueue_backlog(dsn, runs, "parked", name="parked")
+        while conn.execute(
+            "SELECT count(x_jobs.step_wait(id => c.id, worker => 'bench', step => 'go',"
+            " event => 'bench.go', event_key => c.id::text))"
+            " FROM x_jobs.claim(ARRAY['parked'], 'bench', '1 hour', 1000) AS c"
+        ).fetchone() != (0,):
+            pass
+        conn.execute("VACUUM ANALYZE x_jobs.job, x_jobs.step")
+
+
+def publish_rate(dsn: str, keys: list[int], threads: int, wakes: int = 1) -> float:
+    """publishes/s of `threads` connections publishing one event per key, each in its own
+    transaction; each must wake `wakes` runs."""
+    share = [keys[n::threads] for n in range(threads)]
+    woken = [0] * threads
+
+    def publish(n: int) -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for key in share[n]:
+                row = conn.execute(
+                    "SELECT woken FROM x_jobs.publish('bench.go', '{\"ok\": true}', %s)",
+                    [str(key)],
+                ).fetchone()
+                woken[n] += row[0] if row else 0
+
+    started = time.perf_counter()
+    pool = [threading.Thread(target=publish, args=(n,)) for n in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join()
+    elapsed = time.perf_counter() - started
+    if sum(woken) != len(keys) * wakes:
+        raise RuntimeError(f"{len(keys)} publishes woke {sum(woken)} runs, not {wakes} each")
+    return len(keys) / elapsed
+
+
+def bench_publish_rate(dsn: str, sizes: Sizes) -> dict[int, float]:
+    """publishes/s from 1 and 4 connections, with `sizes.waiting_runs` runs waiting at the
+    start; each round publishes for a fifth of them, so most still wait at its end."""
+    rates: dict[int, float] = {}
+    park_waiting_runs(dsn, sizes.waiting_runs)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        ids = [int(r[0]) for r in conn.execute("SELECT id FROM x_jobs.job ORDER BY id")]
+    fifth = len(ids) // 5
+    for n, threads in enumerate((1, 4)):
+        rates[threads] = publish_rate(dsn, ids[n * fifth : (n + 1) * fifth], threads)
+    # The same publishes for keys nobody waits on: no wake, and so no NOTIFY. PostgreSQL
+    # serializes the commits of notifying transactions, which is what this comparison shows.
+    rates[0] = publish_rate(dsn, [-key for key in ids[:fifth]], 4, wakes=0)
+    return rates
+
+
+def bench_resume_latency(dsn: str, sizes: Sizes) -> list[float]:
+    """Seconds from a publish's commit to the resumed run's first statement, one waiting run
+    at a time, served by one x-jobs worker process (woken by NOTIFY, polling every 1 s)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("TRUNCATE x_jobs.job, x_jobs.step, x_jobs.event, x_jobs.worker")
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS public.resumed (key text PRIMARY KEY, at timestamptz)"
+        )
+        env = dict(os.environ, PYTHONPATH=str(ROOT / "bench"), PGDATABASE=BENCH_DB)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "x_jobs", "worker", "apps.waiter:app", "--log-level", "warning"],
+            env=env,
+        )
+        samples: list[float] = []
+        try:
+            for key in range(sizes.resume_samples):
+                (job_id,) = conn.execute(
+                    "SELECT id FROM x_jobs.enqueue(name => 'waiter', queue => 'bench',"
+                    " input => jsonb_build_object('key', %s::text))",
+                    [key],
+                ).fetchone() or (None,)
+                while conn.execute(
+                    "SELECT state::text FROM x_jobs.job WHERE id = %s", [job_id]
+                ).fetchone() != ("suspended",):
+                    time.sleep(0.002)
+                with conn.transaction():
+                    conn.execute("SELECT x_jobs.publish('bench.go', NULL, %s::text)", [key])
+                # The commit's instant on the server's clock, which the run stamps too.
+                row = conn.execute("SELECT pg_catalog.clock_timestamp()").fetchone()
+                assert row is not None
+                committed = row[0]
+                while (
+                    resumed := conn.execute(
+                        "SELECT at FROM public.resumed WHERE key = %s::text", [key]
+                    ).fetchone()
+                ) is None:
+                    time.sleep(0.0005)
+                samples.append(max(0.0, (resumed[0] - committed).total_seconds()))
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+    return samples
+
+
 # --- report ------------------------------------------------------------------------------------
 
 
@@ -452,13 +565,13 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     parser.add_argument(
         "--only",
-        choices=["enqueue", "latency", "throughput", "drain"],
+        choices=["enqueue", "latency", "throughput", "drain", "events"],
         action="append",
         help="run only these parts (repeatable)",
     )
     args = parser.parse_args()
     sizes = QUICK if args.quick else FULL
-    parts = set(args.only or ["enqueue", "latency", "throughput", "drain"])
+    parts = set(args.only or ["enqueue", "latency", "throughput", "drain", "events"])
 
     with bench_database() as dsn:
         with psycopg.connect(dsn) as conn:
@@ -570,6 +683,30 @@ def main() -> int:
                             verdict(ours >= sql_rate / 2),
                         )
                     )
+
+        if "events" in parts:
+            for threads, rate in bench_publish_rate(dsn, sizes).items():
+                lines.append(
+                    (
+                        f"publish waking one run, {threads} conn(s), "
+                        f"{sizes.waiting_runs:,} runs waiting"
+                        if threads
+                        else "publish waking nobody (no NOTIFY), 4 conns",
+                        f"{rate:,.0f} publishes/s",
+                        "",
+                        "",
+                    )
+                )
+            resume = bench_resume_latency(dsn, sizes)
+            lines.append(
+                (
+                    f"publish commit to resumed run, 1 worker, {len(resume)} runs",
+                    f"median {statistics.median(resume) * 1000:.1f} ms, "
+                    f"p99 {percentile(resume, 0.99) * 1000:.1f} ms",
+                    "",
+                    "",
+                )
+            )
 
     width = max(len(line[0]) for line in lines)
     value_width = max(len(line[1]) for line in lines)
