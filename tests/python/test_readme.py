@@ -7,10 +7,12 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import psycopg
+from conftest import wait_for
 
-from x_jobs import errors
+from x_jobs import App, errors
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 ROW = re.compile(r"^\| (XJ\d{3}|\d{5}) \| (X_[A-Z_]+) \| (.+?) \| (\w+) \|$")
@@ -87,3 +89,59 @@ def test_the_python_example_runs(dsn: str, conn: psycopg.Connection[tuple[object
     ).fetchone()
     # One welcome, 1,000 batch mails and the receipt, each under its own key.
     assert rows == (1002, 1002)
+
+
+def test_the_workflow_example_runs_in_a_worker(
+    dsn: str, conn: psycopg.Connection[Any], tmp_path: Path
+) -> None:
+    """The README's workflow, end to end: enqueued by running the example, served by a worker
+    process, woken by a publish and by resolving its sleep."""
+    example = readme_blocks("python", "Python")[1]
+    (tmp_path / "readme_flow.py").write_text(example)
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env.update(PGDATABASE=conn.info.dbname, PYTHONPATH=str(tmp_path))
+    enqueued = subprocess.run(
+        [sys.executable, "readme_flow.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert enqueued.returncode == 0, enqueued.stderr
+    job_id = int(enqueued.stdout.strip())
+
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "x_jobs", "worker", "readme_flow:app", "--poll", "0.1"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+
+        def waiting_on(step: str) -> bool:
+            row = conn.execute(
+                "SELECT j.state::text, s.status::text FROM x_jobs.job AS j"
+                " JOIN x_jobs.step AS s ON s.job_id = j.id AND s.name = %s WHERE j.id = %s",
+                [step, job_id],
+            ).fetchone()
+            return row == ("suspended", "waiting")
+
+        wait_for(lambda: waiting_on("paid"), "the run to wait for its payment")
+        conn.execute(
+            "SELECT x_jobs.publish(event => 'order.paid', key => '42',"
+            " payload => '{\"amount\": 10}')"
+        )
+        wait_for(lambda: waiting_on("cool-off"), "the run to sleep")
+        conn.execute("SELECT x_jobs.resolve_step(job => %s, step => 'cool-off')", [job_id])
+        client = App(dsn)
+        try:
+            assert client.result(job_id, timeout=60) == {"charge": "ch_42", "paid": "10"}
+        finally:
+            client.close()
+    finally:
+        worker.terminate()
+        _, stderr = worker.communicate(timeout=60)
+    assert worker.returncode == 0, stderr
