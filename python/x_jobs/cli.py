@@ -1,10 +1,10 @@
 """The ``x-jobs`` command line (also ``python -m x_jobs``).
 
 ``worker`` runs the jobs of an App. The operator's commands call the SQL API and print what it
-answers: ``enqueue``, ``jobs list|show|retry|cancel``, ``queues [pause|resume]``, and ``install``
-(the schema without CREATE EXTENSION, see :mod:`x_jobs.install`). Each takes ``--dsn`` (default
-``DATABASE_URL``, else libpq's PG* environment, as ``App()``) and ``--json`` (one JSON document on
-stdout instead of tables).
+answers: ``enqueue``, ``jobs list|show|retry|cancel``, ``events publish``, ``steps resolve``,
+``queues [pause|resume]``, and ``install`` (the schema without CREATE EXTENSION, see
+:mod:`x_jobs.install`). Each takes ``--dsn`` (default ``DATABASE_URL``, else libpq's PG*
+environment, as ``App()``) and ``--json`` (one JSON document on stdout instead of tables).
 
 Exit codes: 0 done; 1 the database refused (an x_jobs refusal such as X_JOB_NOT_FOUND, or any
 other SQL error); 2 a usage or connection problem (bad arguments, a bad DSN, an unreachable
@@ -240,6 +240,37 @@ class QueueRow:
     paused: bool
 
 
+@dataclass(frozen=True)
+class StepRow:
+    """A step a run reached (x_jobs.step, ``STEP_COLUMNS``)."""
+
+    job_id: int
+    name: str
+    compensation: bool
+    kind: str
+    created_at: datetime
+    event: str | None
+    event_key: str | None
+    match: Any
+    since: datetime | None
+    timeout_at: datetime | None
+    status: str
+    attempt: int
+    output: Any
+    error: str | None
+    event_id: int | None
+    resolved_by: str | None
+    resolved_at: datetime | None
+
+
+@dataclass(frozen=True)
+class PublishedRow:
+    """What x_jobs.publish answers."""
+
+    event_id: int
+    woken: int
+
+
 JOB_COLUMNS: LiteralString = """
     id, name, queue, state::text AS state, attempt, max_attempts, priority, run_at, visible_at,
     claimed_by, tenant_id, idempotency_key, concurrency_key, concurrency_limit, dead_letter,
@@ -286,6 +317,31 @@ CANCEL: LiteralString = "SELECT x_jobs.cancel(id => %(id)s)"
 QUEUE_STATS: LiteralString = """
     SELECT queue, ready, delayed, suspended, running, demand, paused FROM x_jobs.queue_stats()
 """
+STEP_COLUMNS: LiteralString = """
+    job_id, name, compensation, kind, created_at, event, event_key, match, since, timeout_at,
+    status::text AS status, attempt, output, error, event_id, resolved_by, resolved_at
+"""
+# x_jobs.steps answers only the worker that holds the run; the operator reads the table, in the
+# order x_jobs.steps answers: when the run reached each step, a step before its compensation.
+JOB_STEPS: LiteralString = (
+    "SELECT "
+    + STEP_COLUMNS
+    + """
+    FROM x_jobs.step
+    WHERE job_id = %(id)s
+    ORDER BY created_at, compensation, name
+"""
+)
+# NULL payload (no --payload) is the API's default; --payload null publishes JSON null.
+PUBLISH: LiteralString = """
+    SELECT event_id, woken
+    FROM x_jobs.publish(event => %(event)s, payload => %(payload)s, key => %(key)s)
+"""
+RESOLVE_STEP: LiteralString = (
+    "SELECT "
+    + STEP_COLUMNS
+    + " FROM x_jobs.resolve_step(job => %(job)s, step => %(step)s, output => %(output)s)"
+)
 PAUSE: LiteralString = "SELECT x_jobs.pause_queue(queue => %(queue)s)"
 RESUME: LiteralString = "SELECT x_jobs.resume_queue(queue => %(queue)s)"
 
@@ -399,7 +455,9 @@ def database(
         out.fail(EXIT_REFUSED, err.diag.message_primary or str(err), hint, sqlstate=err.sqlstate)
 
 
-def _json_input(value: str) -> Any:
+def _json_input(value: str, option: str = "--input") -> Any:
+    """The JSON value an option gave; a usage error (exit 2) naming ``option`` otherwise."""
+
     # jsonb has no NaN or Infinity: refuse them here, like any other text that is not JSON.
     def no_constants(name: str) -> Any:
         raise ValueError(f"{name} is not JSON")
@@ -407,7 +465,7 @@ def _json_input(value: str) -> Any:
     try:
         return json.loads(value, parse_constant=no_constants)
     except ValueError as err:
-        raise typer.BadParameter(f"not a JSON value ({err})", param_hint="'--input'") from err
+        raise typer.BadParameter(f"not a JSON value ({err})", param_hint=f"'{option}'") from err
 
 
 def _iso_datetime(value: str) -> datetime:
@@ -610,6 +668,95 @@ def _errors_table(errors: list[JobErrorRow]) -> RenderableType:
     return table
 
 
+def _number(value: object) -> str:
+    """3.0 as 3: progress counts are double precision in SQL, whole numbers in practice."""
+    if value is None:
+        return "?"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _progress(progress: Any) -> str:
+    """A job's progress for a person: ``3/10 (30%), note, at <UTC time>``; "-" when unset."""
+    if not isinstance(progress, dict):
+        return "-" if progress is None else json.dumps(progress, ensure_ascii=False)
+    done, total = progress.get("done"), progress.get("total")
+    parts = []
+    if done is not None or total is not None:
+        count = f"{_number(done)}/{_number(total)}"
+        if isinstance(done, int | float) and isinstance(total, int | float) and total > 0:
+            count += f" ({done / total:.0%})"
+        parts.append(count)
+    if progress.get("note") is not None:
+        parts.append(str(progress["note"]))
+    at = progress.get("at")
+    if isinstance(at, str):
+        try:
+            parts.append(f"at {_when(datetime.fromisoformat(at))}")
+        except ValueError:
+            parts.append(f"at {at}")
+    return ", ".join(parts) or "-"
+
+
+#: Characters of a step's output or error in the steps table; --json has them whole.
+SHORT = 60
+
+
+def _shorten(text: str, limit: int = SHORT) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def _utc(value: datetime | None) -> str:
+    """A time in a table: UTC without the offset (the header says UTC), as `jobs list`."""
+    return "-" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _steps_table(steps: list[StepRow]) -> RenderableType:
+    if not steps:
+        return "no steps recorded"
+    # Rich narrows the widest foldable columns first, evenly, and crops cells when the columns'
+    # min_width add up to more than it has. So no min_width: below 140 columns the times get a
+    # fixed width that puts the time under the date, and name, event and output share the rest.
+    narrow = Console(width=_width()).width < 140
+    times: dict[str, Any] = {"width": 10} if narrow else {"no_wrap": True}
+    table = _table(title="steps, in the order the run reached them")
+    table.add_column("step", overflow="fold")
+    table.add_column("kind", no_wrap=True)
+    table.add_column("status", no_wrap=True)
+    table.add_column("attempt", justify="right", no_wrap=True)
+    table.add_column("event", overflow="fold")
+    table.add_column("timeout at (UTC)", overflow="fold", **times)
+    table.add_column("resolved (UTC)", overflow="fold", **times)
+    table.add_column("output / error", overflow="fold")
+    for step in steps:
+        name = Text(step.name)
+        if step.compensation:
+            name.append(" (compensation)", style="italic")
+        event = "-"
+        if step.event is not None:
+            event = step.event if step.event_key is None else f"{step.event} key={step.event_key}"
+        if step.error is not None:
+            result = Text(_shorten(_first_line(step.error)), style="red")
+        elif step.output is not None:
+            result = Text(_shorten(json.dumps(step.output, ensure_ascii=False)))
+        else:
+            result = Text("-")
+        table.add_row(
+            name,
+            Text(step.kind),
+            Text(step.status),
+            Text(str(step.attempt)),
+            Text(event),
+            Text(_utc(step.timeout_at)),
+            Text(
+                "-" if step.resolved_by is None else f"{step.resolved_by} {_utc(step.resolved_at)}"
+            ),
+            result,
+        )
+    return table
+
+
 def _job_fields(job: JobRow) -> Table:
     concurrency = (
         f"{job.concurrency_key} (limit {job.concurrency_limit})" if job.concurrency_key else "-"
@@ -640,7 +787,7 @@ def _job_fields(job: JobRow) -> Table:
             ("updated", _when(job.updated_at)),
             ("input", JSON.from_data(job.input)),
             ("output", "-" if job.output is None else JSON.from_data(job.output)),
-            ("progress", "-" if job.progress is None else JSON.from_data(job.progress)),
+            ("progress", _progress(job.progress)),
             ("last error", _or_dash(job.last_error)),
             ("stack", _or_dash(job.last_error_stack)),
         ]
@@ -660,18 +807,34 @@ JobId = Annotated[int, typer.Argument(metavar="ID", help="The job's id.")]
 
 @jobs_cli.command("show")
 def jobs_show(job_id: JobId, dsn: Dsn = None, as_json: AsJson = False) -> None:
-    """One job: its row, then every failed attempt from x_jobs.job_error, oldest first."""
+    """One job: its row and progress, its steps in the order the run reached them (x_jobs.step),
+    then every failed attempt from x_jobs.job_error, oldest first."""
     out = Output(as_json)
-    with database(dsn, out) as conn, conn.transaction():  # one snapshot for row and errors
+    # REPEATABLE READ: one snapshot for the row, its steps and its errors, which autocommit's
+    # READ COMMITTED would give each statement on its own.
+    with database(dsn, out) as conn, conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
         job = conn.cursor(row_factory=class_row(JobRow)).execute(SHOW_JOB, {"id": job_id})
         row = job.fetchone()
         if row is None:
             raise _not_found(job_id)
+        steps = (
+            conn.cursor(row_factory=class_row(StepRow))
+            .execute(JOB_STEPS, {"id": job_id})
+            .fetchall()
+        )
         cur = conn.cursor(row_factory=class_row(JobErrorRow))
         errors = cur.execute(JOB_ERRORS, {"id": job_id}).fetchall()
     out.emit(
-        {"job": dataclasses.asdict(row), "errors": [dataclasses.asdict(e) for e in errors]},
+        {
+            "job": dataclasses.asdict(row),
+            "progress": row.progress,
+            "steps": [dataclasses.asdict(s) for s in steps],
+            "errors": [dataclasses.asdict(e) for e in errors],
+        },
         _job_fields(row),
+        "",
+        _steps_table(steps),
         "",
         _errors_table(errors),
     )
@@ -705,6 +868,97 @@ def jobs_cancel(job_id: JobId, dsn: Dsn = None, as_json: AsJson = False) -> None
         f"job {job_id} cancelled"
         if cancelled
         else f"job {job_id} had already finished ({state}); nothing changed",
+    )
+
+
+events_cli = typer.Typer(help="Publish events to waiting workflow runs.", no_args_is_help=True)
+cli.add_typer(events_cli, name="events")
+
+
+@events_cli.command("publish")
+def events_publish(
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The event, such as order.paid.")],
+    payload_json: Annotated[
+        str | None,
+        typer.Option(
+            "--payload",
+            metavar="JSON",
+            help="The event's payload, a JSON value: the output of the waits it resolves.",
+            show_default=False,
+        ),
+    ] = None,
+    key: Annotated[
+        str | None,
+        typer.Option(
+            help="Wake only the waits on this key (and those naming no key).", show_default=False
+        ),
+    ] = None,
+    dsn: Dsn = None,
+    as_json: AsJson = False,
+) -> None:
+    """Publish an event (x_jobs.publish): the waits that match it are done with its payload and
+    their suspended runs are due at once. Prints the event's id and how many runs it woke."""
+    out = Output(as_json)
+    payload = None if payload_json is None else Jsonb(_json_input(payload_json, "--payload"))
+    params = {"event": name, "payload": payload, "key": key}
+    with database(dsn, out) as conn, conn.transaction():
+        cur = conn.cursor(row_factory=class_row(PublishedRow))
+        row = cur.execute(PUBLISH, params).fetchone()
+    assert row is not None  # publish answers one row or raises
+    keyed = f" with key {key!r}" if key is not None else ""
+    woke = "no run waited for it" if row.woken == 0 else f"woke {row.woken} run"
+    woke += "s" if row.woken > 1 else ""
+    out.emit(
+        dataclasses.asdict(row),
+        f"event {name!r}{keyed} published as id {row.event_id}: {woke}",
+    )
+
+
+steps_cli = typer.Typer(help="Resolve the waiting steps of workflow runs.", no_args_is_help=True)
+cli.add_typer(steps_cli, name="steps")
+
+
+@steps_cli.command("resolve")
+def steps_resolve(
+    job_id: Annotated[int, typer.Argument(metavar="JOB", help="The job's id.")],
+    step: Annotated[str, typer.Argument(metavar="STEP", help="The step's name.")],
+    output_json: Annotated[
+        str | None,
+        typer.Option(
+            "--output",
+            metavar="JSON",
+            help="The step's output, a JSON value: what the run's wait or sleep answers.",
+            show_default=False,
+        ),
+    ] = None,
+    dsn: Dsn = None,
+    as_json: AsJson = False,
+) -> None:
+    """Resolve a waiting step by hand (x_jobs.resolve_step): a sleep ends now, a wait is done
+    with --output, and the suspended run is due at once. Refused while a worker holds the job."""
+    out = Output(as_json)
+    output = None if output_json is None else Jsonb(_json_input(output_json, "--output"))
+    params = {"job": job_id, "step": step, "output": output}
+    with database(dsn, out) as conn, conn.transaction():
+        cur = conn.cursor(row_factory=class_row(StepRow))
+        row = cur.execute(RESOLVE_STEP, params).fetchone()
+        state = conn.execute(JOB_STATE, {"id": job_id}).fetchone()
+    assert row is not None  # resolve_step answers the step or raises
+    job_state = None if state is None else str(state[0])
+    out.emit(
+        {"step": dataclasses.asdict(row), "state": job_state},
+        _fields(
+            [
+                ("job", str(row.job_id)),
+                ("step", row.name),
+                ("kind", row.kind),
+                ("status", row.status),
+                ("output", "-" if row.output is None else JSON.from_data(row.output)),
+                ("resolved by", _or_dash(row.resolved_by)),
+                ("resolved at", _when(row.resolved_at)),
+            ]
+        ),
+        f"job {row.job_id} is {job_state}",
     )
 
 

@@ -428,6 +428,304 @@ def test_queues_shows_counts_and_pause_resume_toggle_paused(dsn: str, conn: Conn
     assert not_paused.stdout.strip() == "queue mail was not paused"
 
 
+def claim(conn: Conn, job_id: int, worker: str) -> None:
+    claimed = conn.execute(
+        "SELECT id FROM x_jobs.claim(queues => ARRAY['default'], worker => %s, qty => 1)",
+        [worker],
+    ).fetchall()
+    assert claimed == [(job_id,)]
+
+
+def suspend_on_wait(conn: Conn, job_id: int, worker: str = "w1") -> None:
+    """Claim the job as ``worker`` and suspend its run on step 'approve', a wait for the event
+    'approved' with key 'k', as a workflow body would."""
+    claim(conn, job_id, worker)
+    step = conn.execute(
+        "SELECT status::text FROM x_jobs.step_wait(id => %s, worker => %s, step => 'approve',"
+        " event => 'approved', event_key => 'k')",
+        [job_id, worker],
+    ).fetchone()
+    assert step == ("waiting",)
+    assert job_state(conn, job_id) == "suspended"
+
+
+def suspend_on_sleep(conn: Conn, job_id: int, worker: str, step: str) -> None:
+    claim(conn, job_id, worker)
+    slept = conn.execute(
+        "SELECT status::text FROM x_jobs.step_sleep(id => %s, worker => %s, step => %s,"
+        " duration => '1 day')",
+        [job_id, worker, step],
+    ).fetchone()
+    assert slept == ("waiting",)
+    assert job_state(conn, job_id) == "suspended"
+
+
+def job_state(conn: Conn, job_id: int) -> str:
+    row = conn.execute("SELECT state::text FROM x_jobs.job WHERE id = %s", [job_id]).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def step_row(conn: Conn, job_id: int, name: str) -> tuple[Any, ...]:
+    """status, output, event_id, resolved_by of a job's (non-compensation) step."""
+    row = conn.execute(
+        "SELECT status::text, output, event_id, resolved_by FROM x_jobs.step"
+        " WHERE job_id = %s AND name = %s AND NOT compensation",
+        [job_id, name],
+    ).fetchone()
+    assert row is not None
+    return row
+
+
+def test_events_publish_wakes_the_run_waiting_for_its_event_and_key(dsn: str, conn: Conn) -> None:
+    job_id = enqueue(dsn, "approval")
+    suspend_on_wait(conn, job_id)
+
+    # Another key resolves nothing: the run sleeps on.
+    other = as_json(
+        x_jobs("events", "publish", "approved", "--key", "other", "--json", "--dsn", dsn)
+    )
+    assert other["woken"] == 0
+    assert job_state(conn, job_id) == "suspended"
+    assert step_row(conn, job_id, "approve") == ("waiting", None, None, None)
+
+    published = as_json(
+        x_jobs(
+            "events",
+            "publish",
+            "approved",
+            "--key",
+            "k",
+            "--payload",
+            '{"ok":true}',
+            "--json",
+            "--dsn",
+            dsn,
+        )
+    )
+    event = conn.execute(
+        "SELECT id, name, key, payload FROM x_jobs.event WHERE key = 'k'"
+    ).fetchone()
+    assert event is not None
+    assert published == {"event_id": event[0], "woken": 1}
+    assert event[1:] == ("approved", "k", {"ok": True})
+    assert other["event_id"] < published["event_id"]
+    assert job_state(conn, job_id) == "ready"
+    assert step_row(conn, job_id, "approve") == ("done", {"ok": True}, event[0], "event")
+
+
+def test_events_publish_with_no_waiter_wakes_none(dsn: str, conn: Conn) -> None:
+    said = succeeded(x_jobs("events", "publish", "order.paid", "--dsn", dsn)).stdout.strip()
+    [(event_id, key, payload)] = conn.execute(
+        "SELECT id, key, payload FROM x_jobs.event WHERE name = 'order.paid'"
+    ).fetchall()
+    assert said == f"event 'order.paid' published as id {event_id}: no run waited for it"
+    assert (key, payload) == (None, None)  # no --payload: SQL NULL, the API's default
+
+    doc = as_json(
+        x_jobs("events", "publish", "order.paid", "--payload", "null", "--json", "--dsn", dsn)
+    )
+    assert doc == {"event_id": event_id + 1, "woken": 0}
+    row = conn.execute(
+        "SELECT payload IS NULL, jsonb_typeof(payload) FROM x_jobs.event WHERE id = %s",
+        [doc["event_id"]],
+    ).fetchone()
+    assert row == (False, "null")  # --payload null: the JSON null
+
+
+def test_steps_resolve_ends_a_sleep_and_the_run_is_ready(dsn: str, conn: Conn) -> None:
+    job_id = enqueue(dsn, "reminder")
+    suspend_on_sleep(conn, job_id, "w1", "nap")
+
+    human = succeeded(
+        x_jobs("steps", "resolve", str(job_id), "nap", "--output", '{"early": true}', "--dsn", dsn)
+    ).stdout
+    fields = dict(
+        re.split(r"\s{2,}", line.strip(), maxsplit=1)
+        for line in human.splitlines()
+        if re.search(r"\S\s{2,}\S", line)
+    )
+    assert {k: fields[k] for k in ("job", "step", "kind", "status", "resolved by")} == {
+        "job": str(job_id),
+        "step": "nap",
+        "kind": "sleep",
+        "status": "done",
+        "resolved by": "operator",
+    }
+    assert human.splitlines()[-1] == f"job {job_id} is ready"
+    assert job_state(conn, job_id) == "ready"
+    assert step_row(conn, job_id, "nap") == ("done", {"early": True}, None, "operator")
+    due = conn.execute(
+        "SELECT run_at <= x_jobs.now() FROM x_jobs.job WHERE id = %s", [job_id]
+    ).fetchone()
+    assert due == (True,)  # due at once, not in a day
+
+    # A resolved step cannot be resolved again.
+    again = failed(x_jobs("steps", "resolve", str(job_id), "nap", "--dsn", dsn), 1)
+    line, hint = one_line_and_hint(again)
+    assert line == f"x-jobs: X_STEP_NOT_WAITING: step 'nap' of job {job_id} is done"
+    assert "Only a waiting step" in hint
+
+    # The next sleep of the run, resolved without --output: SQL NULL.
+    suspend_on_sleep(conn, job_id, "w2", "nap2")
+    doc = as_json(x_jobs("steps", "resolve", str(job_id), "nap2", "--json", "--dsn", dsn))
+    assert doc["state"] == "ready"
+    step = doc["step"]
+    assert {k: step[k] for k in ("job_id", "name", "kind", "status", "output", "resolved_by")} == {
+        "job_id": job_id,
+        "name": "nap2",
+        "kind": "sleep",
+        "status": "done",
+        "output": None,
+        "resolved_by": "operator",
+    }
+    assert step["compensation"] is False
+    resolved_at = datetime.fromisoformat(step["resolved_at"])
+    assert resolved_at >= datetime.fromisoformat(step["created_at"])
+    assert job_state(conn, job_id) == "ready"
+
+
+def test_steps_resolve_refusals_change_nothing(dsn: str, conn: Conn) -> None:
+    job_id = enqueue(dsn, "approval")
+    claim(conn, job_id, "w1")
+
+    # While a worker holds the run, its body may be about to record the step itself.
+    held = failed(x_jobs("steps", "resolve", str(job_id), "approve", "--dsn", dsn), 1)
+    line, hint = one_line_and_hint(held)
+    assert line == f"x-jobs: X_JOB_HELD: job {job_id} is running on worker 'w1'"
+    assert "Resolve a step while its run is suspended" in hint
+    doc = json.loads(
+        failed(x_jobs("steps", "resolve", str(job_id), "approve", "--json", "--dsn", dsn), 1).stdout
+    )
+    assert (doc["error"]["code"], doc["error"]["sqlstate"]) == ("X_JOB_HELD", "XJ030")
+    assert job_state(conn, job_id) == "running"
+
+    conn.execute("SELECT x_jobs.release(ids => ARRAY[%s]::bigint[], worker => 'w1')", [job_id])
+    suspend_on_wait(conn, job_id, "w2")
+    unknown = failed(x_jobs("steps", "resolve", str(job_id), "aprove", "--dsn", dsn), 1)
+    line, hint = one_line_and_hint(unknown)
+    assert line == f"x-jobs: X_STEP_NOT_FOUND: job {job_id} has no step 'aprove'"
+    assert "x-jobs jobs show" in hint
+    doc = json.loads(
+        failed(x_jobs("steps", "resolve", str(job_id), "aprove", "--json", "--dsn", dsn), 1).stdout
+    )
+    assert (doc["error"]["code"], doc["error"]["sqlstate"]) == ("X_STEP_NOT_FOUND", "XJ031")
+
+    assert job_state(conn, job_id) == "suspended"
+    assert step_row(conn, job_id, "approve") == ("waiting", None, None, None)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["events", "publish", "approved", "--payload", "{nope"], "'--payload'"),
+        (["events", "publish", "approved", "--payload", "Infinity"], "'--payload'"),
+        (["steps", "resolve", "1", "approve", "--output", "{nope"], "'--output'"),
+        (["steps", "resolve", "1", "approve", "--output", "NaN"], "'--output'"),
+        (["steps", "resolve", "one", "approve"], "'JOB'"),
+        (["steps", "resolve", "1"], "STEP"),
+    ],
+)
+def test_publish_and_resolve_usage_errors_exit_2_and_change_nothing(
+    dsn: str, conn: Conn, args: list[str], says: str
+) -> None:
+    job_id = enqueue(dsn, "approval")
+    suspend_on_wait(conn, job_id)
+    result = failed(x_jobs(*args, "--dsn", dsn), 2)
+    assert says in result.stderr
+    assert conn.execute("SELECT count(*) FROM x_jobs.event").fetchone() == (0,)
+    assert job_state(conn, job_id) == "suspended"
+    assert step_row(conn, job_id, "approve") == ("waiting", None, None, None)
+
+
+def test_jobs_show_prints_progress_and_steps_in_reached_order(dsn: str, conn: Conn) -> None:
+    job_id = enqueue(dsn, "order")
+    claim(conn, job_id, "w1")
+    assert conn.execute(
+        "SELECT x_jobs.progress(id => %s, worker => 'w1', done => 3, total => 10, note => 'n')",
+        [job_id],
+    ).fetchone() == (True,)
+    for step, output, error, compensation in [
+        ("fetch", json.dumps({"rows": "x" * 200}), None, False),
+        ("charge", '{"charge": "ch_1"}', None, False),
+        ("charge", None, "refund failed: card expired\nTraceback: ...", True),
+    ]:
+        conn.execute(
+            "SELECT x_jobs.step_record(id => %s, worker => 'w1', step => %s, output => %s,"
+            " error => %s, compensation => %s)",
+            [job_id, step, output, error, compensation],
+        )
+    conn.execute(
+        "SELECT x_jobs.step_wait(id => %s, worker => 'w1', step => 'approve',"
+        " event => 'approved', event_key => 'k', timeout => '1 hour')",
+        [job_id],
+    )
+
+    doc = as_json(x_jobs("jobs", "show", str(job_id), "--json", "--dsn", dsn))
+    progress = doc["progress"]
+    assert {k: progress[k] for k in ("done", "total", "note")} == {
+        "done": 3,
+        "total": 10,
+        "note": "n",
+    }
+    assert doc["job"]["progress"] == progress
+    at = datetime.fromisoformat(progress["at"])
+    columns = ("name", "compensation", "kind", "status", "attempt", "event", "event_key")
+    assert [tuple(s[k] for k in columns) for s in doc["steps"]] == [
+        ("fetch", False, "run", "done", 1, None, None),
+        ("charge", False, "run", "done", 1, None, None),
+        ("charge", True, "run", "failed", 1, None, None),
+        ("approve", False, "wait", "waiting", 1, "approved", "k"),
+    ]
+    fetch, charge, refund, approve = doc["steps"]
+    assert fetch["output"] == {"rows": "x" * 200}  # whole in JSON
+    assert (charge["output"], charge["resolved_by"]) == ({"charge": "ch_1"}, "worker")
+    assert refund["error"] == "refund failed: card expired\nTraceback: ..."
+    assert approve["output"] is approve["resolved_by"] is approve["resolved_at"] is None
+    timeout_at = datetime.fromisoformat(approve["timeout_at"])
+    assert timeout_at - datetime.fromisoformat(approve["created_at"]) < timedelta(
+        hours=1, seconds=5
+    )
+
+    shown = succeeded(x_jobs("jobs", "show", str(job_id), "--dsn", dsn)).stdout
+    head, rest = shown.split("steps, in the order the run reached them")
+    steps, _ = rest.split("no errors recorded")
+    when = at.astimezone(UTC).isoformat(sep=" ", timespec="seconds")
+    assert re.search(rf"^progress\s+3/10 \(30%\), n, at {re.escape(when)}\s*$", head, re.MULTILINE)
+    rows = [line for line in steps.splitlines() if re.match(r"^[a-z]", line)]
+    assert rows[0].split()[:4] == ["step", "kind", "status", "attempt"]  # the header
+    assert [row.split()[0] for row in rows[1:]] == ["fetch", "charge", "charge", "approve"]
+    fetch_row, charge_row, refund_row, approve_row = rows[1:]
+    assert fetch_row.split()[1:4] == ["run", "done", "1"]
+    # A long output is shortened to SHORT characters (--json has it whole).
+    assert '{"rows": "xxxx' in fetch_row
+    assert fetch_row.rstrip().endswith("x\u2026")
+    assert len(fetch_row.rstrip().split("  ")[-1]) == 60
+    assert "(compensation)" not in charge_row
+    assert charge_row.rstrip().endswith('{"charge": "ch_1"}')
+    assert refund_row.startswith("charge (compensation)")
+    assert refund_row.rstrip().endswith("refund failed: card expired")  # its first line
+    assert "Traceback" not in steps
+    timeout = timeout_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+    assert approve_row.split()[1:4] == ["wait", "waiting", "1"]
+    assert re.search(rf"\sapproved key=k\s+{timeout}\s+-\s+-\s*$", approve_row), approve_row
+    assert "worker " in charge_row  # resolved by the worker, then when
+
+    # Published, the wait shows who resolved it and the payload.
+    x_jobs("events", "publish", "approved", "--key", "k", "--payload", '{"ok": 1}', "--dsn", dsn)
+    shown = succeeded(x_jobs("jobs", "show", str(job_id), "--dsn", dsn)).stdout
+    [approve_row] = [line for line in shown.splitlines() if line.startswith("approve")]
+    assert re.search(r"\sdone\s.*\sevent \S+ \S+\s+\{\"ok\": 1\}\s*$", approve_row), approve_row
+
+    # A job with neither: a dash, no steps, and null and [] in JSON.
+    plain = enqueue(dsn, "plain")
+    doc = as_json(x_jobs("jobs", "show", str(plain), "--json", "--dsn", dsn))
+    assert (doc["progress"], doc["steps"]) == (None, [])
+    shown = succeeded(x_jobs("jobs", "show", str(plain), "--dsn", dsn)).stdout
+    assert re.search(r"^progress\s+-\s*$", shown, re.MULTILINE)
+    assert "no steps recorded" in shown
+
+
 @pytest.mark.parametrize(
     "bad_dsn",
     [
@@ -463,12 +761,14 @@ def test_a_bad_dsn_in_a_real_process_prints_no_traceback() -> None:
 
 def test_an_unknown_job_id_exits_1_with_x_job_not_found(dsn: str) -> None:
     hints = set()
-    for command in ("show", "retry", "cancel"):
-        result = failed(x_jobs("jobs", command, "424242", "--dsn", dsn), 1)
+    commands = [["jobs", command, "424242"] for command in ("show", "retry", "cancel")]
+    commands.append(["steps", "resolve", "424242", "approve"])
+    for command in commands:
+        result = failed(x_jobs(*command, "--dsn", dsn), 1)
         line, hint = one_line_and_hint(result)
         assert line == "x-jobs: X_JOB_NOT_FOUND: no job has id 424242"
         hints.add(hint)
-    assert len(hints) == 1  # show says what the SQL says for retry and cancel
+    assert len(hints) == 1  # show says what the SQL says for retry, cancel and resolve_step
 
     result = failed(x_jobs("jobs", "retry", "424242", "--json", "--dsn", dsn), 1)
     assert json.loads(result.stdout) == {
@@ -489,6 +789,7 @@ def test_an_unknown_job_id_exits_1_with_x_job_not_found(dsn: str) -> None:
         (["enqueue", "a", "--input", "{}", "--priority", "99999"], "X_PRIORITY_INVALID", ""),
         (["enqueue", "", "--input", "{}"], "X_NAME_INVALID", ""),
         (["queues", "pause", ""], "X_QUEUE_INVALID", "Name the queue to pause"),
+        (["events", "publish", ""], "X_EVENT_INVALID", "Name the event with a short text"),
     ],
 )
 def test_other_refusals_print_their_message_and_hint(
