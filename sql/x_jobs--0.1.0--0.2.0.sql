@@ -2,7 +2,8 @@
 
 -- 0.1.0 -> 0.2.0: durable workflows. Steps (memoized, sleeps, waits on events), events with
 -- publish and event wake, resolve_step for operators, progress, purge_events; purge also
--- deletes the steps of the jobs it deletes; ten new refusals (XJ024-XJ033).
+-- deletes the steps of the jobs it deletes. The transactional outbox (put, relay, ack, nack,
+-- redrive, purge) and the webhook ledger (receive_webhook). New refusals XJ024-XJ037.
 
 ------------------------------------------------------------------------------------------------
 -- Steps and events (0.2.0): durable workflows
@@ -79,6 +80,70 @@ SELECT pg_catalog.pg_extension_config_dump('x_jobs.event', '');
 SELECT pg_catalog.pg_extension_config_dump('x_jobs.event_id_seq', '');
 
 ------------------------------------------------------------------------------------------------
+-- The transactional outbox and the webhook ledger (0.2.0)
+------------------------------------------------------------------------------------------------
+
+CREATE TYPE x_jobs.outbox_state AS ENUM (
+    'pending',    -- waiting for a relay, due at available_at (a retry waits out its backoff)
+    'inflight',   -- held by `relay` until available_at (the lease)
+    'delivered',
+    'dead'        -- out of attempts, or refused for good by its sink: kept for redrive
+);
+
+-- Messages an application writes in its own transaction, delivered afterwards by relays, at
+-- least once, in order per key. Column order as for x_jobs.job: what the put sets first, what
+-- relays change last.
+CREATE TABLE x_jobs.outbox (
+    id bigint GENERATED ALWAYS AS IDENTITY,
+    created_at timestamptz NOT NULL,
+    max_attempts integer NOT NULL,
+    topic text NOT NULL,
+    key text,
+    headers jsonb NOT NULL,
+    payload jsonb NOT NULL,
+    state x_jobs.outbox_state NOT NULL,
+    attempt integer NOT NULL DEFAULT 0,
+    available_at timestamptz NOT NULL,
+    relay text,
+    delivered_at timestamptz,
+    last_error text,
+    CONSTRAINT outbox_pkey PRIMARY KEY (id),
+    CONSTRAINT outbox_max_attempts_positive CHECK (max_attempts >= 1),
+    CONSTRAINT outbox_inflight_is_held CHECK (state <> 'inflight' OR relay IS NOT NULL)
+)
+WITH (fillfactor = 80);
+
+COMMENT ON TABLE x_jobs.outbox IS 'Messages put in application transactions, delivered by relays in order per key.';
+COMMENT ON COLUMN x_jobs.outbox.available_at IS 'pending: due from then on; inflight: the lease expiry.';
+
+-- The relay's two arms, as the claim's: due pending messages and lapsed leases, each in order,
+-- each partial so the delivered messages kept for inspection are in neither.
+CREATE INDEX outbox_pending_idx ON x_jobs.outbox (available_at, id)
+WHERE state = 'pending';
+
+CREATE INDEX outbox_inflight_idx ON x_jobs.outbox (available_at, id)
+WHERE state = 'inflight';
+
+-- The undelivered messages of each key, in put order: a message goes out only when it heads
+-- its key here (nothing earlier of its key is pending or in flight).
+CREATE INDEX outbox_key_idx ON x_jobs.outbox (key, id)
+WHERE key IS NOT NULL AND state IN ('pending', 'inflight');
+
+-- Webhooks received from other services, by their sender's message id: a redelivered webhook
+-- finds its row and enqueues nothing again.
+CREATE TABLE x_jobs.webhook_ledger (
+    source text NOT NULL,
+    webhook_id text NOT NULL,
+    received_at timestamptz NOT NULL,
+    job_id bigint NOT NULL,
+    CONSTRAINT webhook_ledger_pkey PRIMARY KEY (source, webhook_id)
+);
+
+SELECT pg_catalog.pg_extension_config_dump('x_jobs.outbox', '');
+SELECT pg_catalog.pg_extension_config_dump('x_jobs.outbox_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('x_jobs.webhook_ledger', '');
+
+------------------------------------------------------------------------------------------------
 -- Functions changed in 0.2.0
 ------------------------------------------------------------------------------------------------
 
@@ -139,6 +204,11 @@ AS $$
         ('XJ031', 'X_STEP_NOT_FOUND', 'The job has no step of this name.'),
         ('XJ032', 'X_STEP_NOT_WAITING', 'resolve_step was asked of a step that is not waiting.'),
         ('XJ033', 'X_PROGRESS_INVALID', 'Progress is negative, past its total, or its note is too long.'),
+        ('XJ034', 'X_TOPIC_INVALID', 'An outbox topic is missing, empty or longer than 200 characters.'),
+        ('XJ035', 'X_MESSAGE_INVALID', 'An outbox message has no payload, headers that are not an object of strings, or is not an object.'),
+        ('XJ036', 'X_RELAY_INVALID', 'A relay id is missing or empty.'),
+        ('XJ037', 'X_WEBHOOK_INVALID', 'receive_webhook got no source or no webhook id.'),
+        ('40001', 'X_WEBHOOK_RACE', 'One webhook id was received twice at once; retry the transaction.'),
         ('40001', 'X_ENQUEUE_RACE', 'An idempotency key kept changing hands during enqueue; retry the call.')
 $$;
 
@@ -807,12 +877,489 @@ END
 $$;
 
 ------------------------------------------------------------------------------------------------
+-- Functions: the outbox and its relays (0.2.0)
+------------------------------------------------------------------------------------------------
+--
+-- outbox_put / outbox_put_many  write messages in the caller's transaction (a rollback leaves
+--                               nothing) and NOTIFY 'x_jobs_outbox' with the topic.
+-- relay_outbox                  hands a relay the oldest due messages, at most one per key in
+--                               flight, for `lease`; lapsed leases are handed out again.
+-- outbox_ack / outbox_nack      settle them, only by the relay that holds them: delivered, or
+--                               back to pending after a backoff, or dead.
+-- outbox_redrive                dead messages back to pending; purge_outbox: retention.
+
+-- The refusals shared by the put functions: a topic, headers that are an object, a payload.
+CREATE FUNCTION x_jobs._require_message(
+    p_topic text, p_payload jsonb, p_headers jsonb, p_max_attempts integer
+)
+RETURNS void
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF p_topic IS NULL OR p_topic = '' OR pg_catalog.length(p_topic) > 200 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ034',
+            MESSAGE = pg_catalog.format('X_TOPIC_INVALID: topic %s is missing, empty or longer than 200 characters',
+                coalesce(pg_catalog.quote_literal(p_topic), 'NULL')),
+            HINT = 'Name the topic the relays route by, such as ''orders.created''.';
+    END IF;
+    IF p_payload IS NULL THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ035',
+            MESSAGE = pg_catalog.format('X_MESSAGE_INVALID: message of topic %L has no payload', p_topic),
+            HINT = 'Pass a JSON payload (use ''null''::jsonb for a message that carries nothing).';
+    END IF;
+    IF pg_catalog.pg_column_size(p_payload) > x_jobs._max_payload_bytes() THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ003',
+            MESSAGE = pg_catalog.format('X_PAYLOAD_TOO_LARGE: payload of %s bytes exceeds the limit of %s',
+                pg_catalog.pg_column_size(p_payload), x_jobs._max_payload_bytes()),
+            DETAIL = pg_catalog.format('For a message of topic %L.', p_topic),
+            HINT = 'Put a reference to large data in the message, or raise x_jobs.max_payload_bytes.';
+    END IF;
+    IF p_headers IS NOT NULL AND (pg_catalog.jsonb_typeof(p_headers) <> 'object' OR EXISTS (
+        SELECT FROM pg_catalog.jsonb_each(p_headers) AS h WHERE pg_catalog.jsonb_typeof(h.value) <> 'string'
+    )) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ035',
+            MESSAGE = pg_catalog.format('X_MESSAGE_INVALID: headers %s are not an object of strings', p_headers),
+            HINT = 'Pass headers as a JSON object of string values, such as ''{"x-tenant": "acme"}''.';
+    END IF;
+    IF p_max_attempts < 1 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ004',
+            MESSAGE = pg_catalog.format('X_MAX_ATTEMPTS_INVALID: max_attempts %s is below 1', p_max_attempts),
+            HINT = 'Pass 1 or more, or NULL for the default of 10.';
+    END IF;
+END
+$$;
+
+-- Put one message, in the caller's transaction. `key` orders delivery: the messages of one key
+-- go out one at a time, in put order; messages without a key go out in any order. Answers the
+-- message id.
+CREATE FUNCTION x_jobs.outbox_put(
+    topic text,
+    payload jsonb,
+    key text DEFAULT NULL,
+    headers jsonb DEFAULT NULL,
+    max_attempts integer DEFAULT NULL
+)
+RETURNS bigint
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := x_jobs.now();
+    v_id bigint;
+BEGIN
+    PERFORM x_jobs._require_message(outbox_put.topic, outbox_put.payload, outbox_put.headers,
+        outbox_put.max_attempts);
+    INSERT INTO x_jobs.outbox (created_at, max_attempts, topic, key, headers, payload, state, available_at)
+    VALUES (v_now, coalesce(outbox_put.max_attempts, 10), outbox_put.topic, outbox_put.key,
+        coalesce(outbox_put.headers, '{}'), outbox_put.payload, 'pending', v_now)
+    RETURNING id INTO v_id;
+    PERFORM pg_catalog.pg_notify('x_jobs_outbox', outbox_put.topic);
+    RETURN v_id;
+END
+$$;
+
+-- Put many messages in one statement: `messages` is a JSON array of objects with the fields of
+-- outbox_put (topic, payload, key, headers, max_attempts). Answers (ord, id) in input order.
+CREATE FUNCTION x_jobs.outbox_put_many(messages jsonb)
+RETURNS TABLE (ord integer, id bigint)
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := x_jobs.now();
+BEGIN
+    IF outbox_put_many.messages IS NULL OR pg_catalog.jsonb_typeof(outbox_put_many.messages) <> 'array'
+        OR EXISTS (
+            SELECT FROM pg_catalog.jsonb_array_elements(outbox_put_many.messages) AS m (value)
+            WHERE pg_catalog.jsonb_typeof(m.value) <> 'object'
+        ) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ035',
+            MESSAGE = pg_catalog.format('X_MESSAGE_INVALID: messages %s are not an array of objects',
+                pg_catalog.left(coalesce(outbox_put_many.messages::text, 'NULL'), 200)),
+            HINT = 'Pass a JSON array of objects such as [{"topic": "t", "payload": {}, "key": "k"}].';
+    END IF;
+
+    PERFORM x_jobs._require_message(m.value ->> 'topic', m.value -> 'payload', m.value -> 'headers',
+        (m.value ->> 'max_attempts')::integer)
+    FROM pg_catalog.jsonb_array_elements(outbox_put_many.messages) AS m (value);
+
+    RETURN QUERY
+    WITH input AS (
+        SELECT m.ord::integer AS ord, m.value
+        FROM pg_catalog.jsonb_array_elements(outbox_put_many.messages) WITH ORDINALITY AS m (value, ord)
+    ),
+    put AS (
+        INSERT INTO x_jobs.outbox AS o (created_at, max_attempts, topic, key, headers, payload, state, available_at)
+        SELECT v_now, coalesce((i.value ->> 'max_attempts')::integer, 10), i.value ->> 'topic',
+               i.value ->> 'key', coalesce(i.value -> 'headers', '{}'), i.value -> 'payload', 'pending', v_now
+        FROM input AS i
+        ORDER BY i.ord
+        RETURNING o.id
+    )
+    -- Identity values are drawn in insert order, which is input order: rank them back.
+    SELECT (pg_catalog.row_number() OVER (ORDER BY p.id))::integer, p.id FROM put AS p ORDER BY p.id;
+
+    PERFORM pg_catalog.pg_notify('x_jobs_outbox', t.topic)
+    FROM (
+        SELECT DISTINCT m.value ->> 'topic' AS topic
+        FROM pg_catalog.jsonb_array_elements(outbox_put_many.messages) AS m (value)
+    ) AS t;
+END
+$$;
+
+-- Hand `relay` up to `qty` messages to deliver, for `lease`: the oldest due pending messages
+-- that head their key (nothing earlier of the key is pending or in flight), and the messages
+-- whose lease lapsed (a relay that died). Locked rows are skipped, so relays never wait for
+-- each other, and a statement's snapshot sees a key's earlier message as pending or in flight
+-- until it is delivered: a key never has two messages in flight. `topics` restricts the claim
+-- to the topics this relay has sinks for (NULL: all).
+--
+-- Each arm walks its partial index in order and reads about `qty` entries plus the messages of
+-- keys that are busy: delivered messages are in neither index. Answers the messages in the
+-- order to deliver them, with the attempt this delivery is.
+CREATE FUNCTION x_jobs.relay_outbox(
+    relay text,
+    qty integer DEFAULT 100,
+    lease interval DEFAULT '30 seconds',
+    topics text[] DEFAULT NULL
+)
+RETURNS TABLE (id bigint, topic text, key text, payload jsonb, headers jsonb, attempt integer)
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := x_jobs.now();
+BEGIN
+    IF relay_outbox.relay IS NULL OR relay_outbox.relay = '' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ036',
+            MESSAGE = pg_catalog.format('X_RELAY_INVALID: relay id %s is empty',
+                coalesce(pg_catalog.quote_literal(relay_outbox.relay), 'NULL')),
+            HINT = 'Pass an id unique to the relay process, such as host:pid:random.';
+    END IF;
+    IF relay_outbox.lease IS NULL OR relay_outbox.lease <= interval '0' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ012',
+            MESSAGE = pg_catalog.format('X_LEASE_INVALID: lease %s is not positive',
+                coalesce(relay_outbox.lease::text, 'NULL')),
+            HINT = 'Pass a lease longer than a delivery takes, such as ''30 seconds''.';
+    END IF;
+    IF relay_outbox.qty IS NULL OR relay_outbox.qty < 1 OR relay_outbox.qty > 1000 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ013',
+            MESSAGE = pg_catalog.format('X_QTY_INVALID: qty %s is outside 1..1000',
+                coalesce(relay_outbox.qty::text, 'NULL')),
+            HINT = 'Pass how many messages the relay can deliver at once, from 1 to 1000.';
+    END IF;
+    IF pg_catalog.current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ022',
+            MESSAGE = pg_catalog.format('X_ISOLATION_UNSUPPORTED: relay_outbox cannot run at isolation level %s',
+                pg_catalog.current_setting('transaction_isolation')),
+            HINT = 'Call relay_outbox in its own READ COMMITTED transaction (autocommit).';
+    END IF;
+
+    RETURN QUERY
+    WITH due AS (
+        SELECT o.id, o.available_at
+        FROM x_jobs.outbox AS o
+        WHERE o.state = 'pending'
+            AND o.available_at <= v_now
+            AND (relay_outbox.topics IS NULL OR o.topic = ANY (relay_outbox.topics))
+            AND (o.key IS NULL OR NOT EXISTS (
+                SELECT FROM x_jobs.outbox AS e
+                WHERE e.key = o.key AND e.id < o.id AND e.state IN ('pending', 'inflight')
+            ))
+        ORDER BY o.available_at, o.id
+        LIMIT relay_outbox.qty
+        FOR UPDATE SKIP LOCKED
+    ),
+    lapsed AS (
+        SELECT o.id, o.available_at
+        FROM x_jobs.outbox AS o
+        WHERE o.state = 'inflight'
+            AND o.available_at <= v_now
+            AND (relay_outbox.topics IS NULL OR o.topic = ANY (relay_outbox.topics))
+        ORDER BY o.available_at, o.id
+        LIMIT relay_outbox.qty
+        FOR UPDATE SKIP LOCKED
+    ),
+    -- Rows an arm locked and this LIMIT drops stay locked until the call's transaction ends.
+    picked AS (
+        SELECT d.id, d.available_at FROM due AS d
+        UNION ALL
+        SELECT l.id, l.available_at FROM lapsed AS l
+        ORDER BY 2, 1
+        LIMIT relay_outbox.qty
+    ),
+    taken AS (
+        UPDATE x_jobs.outbox AS o
+        SET state = 'inflight',
+            attempt = o.attempt + 1,
+            relay = relay_outbox.relay,
+            available_at = v_now + relay_outbox.lease
+        FROM picked AS p
+        WHERE o.id = p.id
+        RETURNING o.id, o.topic, o.key, o.payload, o.headers, o.attempt
+    )
+    SELECT t.id, t.topic, t.key, t.payload, t.headers, t.attempt FROM taken AS t ORDER BY t.id;
+END
+$$;
+
+-- The messages `relay` delivered: answers the ids it held among `ids` (now delivered); a
+-- missing id was not held (its lease lapsed and another relay took it): it goes out again.
+CREATE FUNCTION x_jobs.outbox_ack(ids bigint[], relay text)
+RETURNS SETOF bigint
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := x_jobs.now();
+BEGIN
+    IF outbox_ack.relay IS NULL OR outbox_ack.relay = '' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ036',
+            MESSAGE = pg_catalog.format('X_RELAY_INVALID: relay id %s is empty',
+                coalesce(pg_catalog.quote_literal(outbox_ack.relay), 'NULL')),
+            HINT = 'Pass the id the relay claimed with.';
+    END IF;
+    RETURN QUERY
+    UPDATE x_jobs.outbox AS o
+    SET state = 'delivered', delivered_at = v_now, available_at = v_now
+    WHERE o.id = ANY (outbox_ack.ids)
+        AND o.state = 'inflight'
+        AND o.relay = outbox_ack.relay
+    RETURNING o.id;
+END
+$$;
+
+-- A delivery failed. With attempts left (and retryable) the message waits until retry_at, or
+-- its backoff: min(1 hour, 1 second * 2^(attempt - 1)) with equal jitter; the messages after it
+-- in its key wait too. Else it is dead, kept for outbox_redrive. Answers the state it is in
+-- now, or NULL when `relay` did not hold it (nothing changed).
+CREATE FUNCTION x_jobs.outbox_nack(
+    id bigint,
+    relay text,
+    error text,
+    retry_at timestamptz DEFAULT NULL,
+    retryable boolean DEFAULT TRUE
+)
+RETURNS x_jobs.outbox_state
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := x_jobs.now();
+    v_state x_jobs.outbox_state;
+BEGIN
+    IF outbox_nack.relay IS NULL OR outbox_nack.relay = '' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ036',
+            MESSAGE = pg_catalog.format('X_RELAY_INVALID: relay id %s is empty',
+                coalesce(pg_catalog.quote_literal(outbox_nack.relay), 'NULL')),
+            HINT = 'Pass the id the relay claimed with.';
+    END IF;
+    IF outbox_nack.error IS NULL OR outbox_nack.error = '' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ023',
+            MESSAGE = pg_catalog.format('X_ERROR_MISSING: message %s failed without an error message', outbox_nack.id),
+            HINT = 'Pass what went wrong as error, such as the HTTP status and body.';
+    END IF;
+
+    UPDATE x_jobs.outbox AS o
+    SET state = CASE
+            WHEN NOT outbox_nack.retryable OR o.attempt >= o.max_attempts THEN 'dead'
+            ELSE 'pending'
+        END::x_jobs.outbox_state,
+        available_at = CASE
+            WHEN NOT outbox_nack.retryable OR o.attempt >= o.max_attempts THEN v_now
+            ELSE greatest(v_now, coalesce(outbox_nack.retry_at,
+                v_now + least(interval '1 hour', interval '1 second' * pg_catalog.power(2, least(o.attempt - 1, 20)))
+                * (0.5 + pg_catalog.random() / 2)))
+        END,
+        relay = NULL,
+        last_error = outbox_nack.error
+    WHERE o.id = outbox_nack.id
+        AND o.state = 'inflight'
+        AND o.relay = outbox_nack.relay
+    RETURNING o.state INTO v_state;
+    RETURN v_state;
+END
+$$;
+
+-- Send dead messages again: back to pending, due now, with all their attempts. By id, or every
+-- dead message of `topic` (up to max_rows, oldest first). A redriven message goes out after
+-- any message of its key that is pending or in flight ahead of it. Answers how many.
+CREATE FUNCTION x_jobs.outbox_redrive(
+    ids bigint[] DEFAULT NULL,
+    topic text DEFAULT NULL,
+    max_rows integer DEFAULT 1000
+)
+RETURNS bigint
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := x_jobs.now();
+    v_count bigint;
+    v_topics text[];
+BEGIN
+    IF outbox_redrive.max_rows IS NULL OR outbox_redrive.max_rows < 1 OR outbox_redrive.max_rows > 100000 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ013',
+            MESSAGE = pg_catalog.format('X_QTY_INVALID: max_rows %s is outside 1..100000',
+                coalesce(outbox_redrive.max_rows::text, 'NULL')),
+            HINT = 'Redrive in batches of up to 100000, and call again for more.';
+    END IF;
+
+    WITH redriven AS (
+        UPDATE x_jobs.outbox AS o
+        SET state = 'pending', attempt = 0, available_at = v_now, relay = NULL
+        WHERE o.id IN (
+            SELECT d.id FROM x_jobs.outbox AS d
+            WHERE d.state = 'dead'
+                AND (outbox_redrive.ids IS NULL OR d.id = ANY (outbox_redrive.ids))
+                AND (outbox_redrive.topic IS NULL OR d.topic = outbox_redrive.topic)
+            ORDER BY d.id
+            LIMIT outbox_redrive.max_rows
+            FOR UPDATE
+        )
+        RETURNING o.topic
+    )
+    SELECT count(*), pg_catalog.array_agg(DISTINCT r.topic) INTO v_count, v_topics FROM redriven AS r;
+
+    PERFORM pg_catalog.pg_notify('x_jobs_outbox', t.topic) FROM unnest(v_topics) AS t (topic);
+    RETURN v_count;
+END
+$$;
+
+-- Retention for the outbox: delete up to `batch_size` messages delivered before now -
+-- older_than, lowest id first. Dead messages stay until redriven or deleted by hand.
+CREATE FUNCTION x_jobs.purge_outbox(older_than interval, batch_size integer DEFAULT 10000)
+RETURNS bigint
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_count bigint;
+BEGIN
+    IF purge_outbox.older_than IS NULL OR purge_outbox.older_than < interval '0'
+        OR purge_outbox.batch_size IS NULL OR purge_outbox.batch_size < 1 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ020',
+            MESSAGE = pg_catalog.format('X_RETENTION_INVALID: purge outbox older than %s in batches of %s',
+                coalesce(purge_outbox.older_than::text, 'NULL'), coalesce(purge_outbox.batch_size::text, 'NULL')),
+            HINT = 'Pass an age of zero or more, such as ''7 days'', and a batch size of 1 or more.';
+    END IF;
+
+    DELETE FROM x_jobs.outbox AS o
+    WHERE o.id IN (
+        SELECT k.id
+        FROM x_jobs.outbox AS k
+        WHERE k.state = 'delivered'
+            AND k.delivered_at < x_jobs.now() - purge_outbox.older_than
+        ORDER BY k.id
+        LIMIT purge_outbox.batch_size
+        FOR UPDATE SKIP LOCKED
+    );
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END
+$$;
+
+-- A webhook received from `source` with its sender's message id: in one transaction, the
+-- ledger row and the job it becomes (enqueue's name, input, queue). A webhook id seen before
+-- answers its first job with duplicate = true and enqueues nothing: a redelivery (at least
+-- once on the sender's side) becomes exactly one job. Two concurrent receipts of one id: the
+-- second waits for the first and answers duplicate.
+CREATE FUNCTION x_jobs.receive_webhook(
+    source text,
+    webhook_id text,
+    name text,
+    input jsonb DEFAULT NULL,
+    queue text DEFAULT NULL
+)
+RETURNS TABLE (job_id bigint, duplicate boolean)
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_job bigint;
+BEGIN
+    IF receive_webhook.source IS NULL OR receive_webhook.source = ''
+        OR receive_webhook.webhook_id IS NULL OR receive_webhook.webhook_id = '' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ037',
+            MESSAGE = pg_catalog.format('X_WEBHOOK_INVALID: webhook source %s and id %s must both be given',
+                coalesce(pg_catalog.quote_literal(receive_webhook.source), 'NULL'),
+                coalesce(pg_catalog.quote_literal(receive_webhook.webhook_id), 'NULL')),
+            HINT = 'Pass the sender''s name as source and its webhook-id header as webhook_id.';
+    END IF;
+
+    -- Seen before: the common redelivery, answered without writing anything.
+    SELECT l.job_id INTO v_job
+    FROM x_jobs.webhook_ledger AS l
+    WHERE l.source = receive_webhook.source AND l.webhook_id = receive_webhook.webhook_id;
+    IF FOUND THEN
+        RETURN QUERY SELECT v_job, TRUE;
+        RETURN;
+    END IF;
+
+    -- New: the job, then the ledger row. A concurrent receipt of the same id gets the same job
+    -- (the idempotency key makes its enqueue wait for ours) and then finds the ledger row taken:
+    -- it raises, so that its transaction rolls back and its retry answers duplicate.
+    SELECT e.id INTO v_job
+    FROM x_jobs.enqueue(name => receive_webhook.name, input => receive_webhook.input,
+        queue => receive_webhook.queue,
+        idempotency_key => 'webhook:' || receive_webhook.source || ':' || receive_webhook.webhook_id) AS e;
+    INSERT INTO x_jobs.webhook_ledger AS l (source, webhook_id, received_at, job_id)
+    VALUES (receive_webhook.source, receive_webhook.webhook_id, x_jobs.now(), v_job)
+    ON CONFLICT (source, webhook_id) DO NOTHING;
+    IF FOUND THEN
+        RETURN QUERY SELECT v_job, FALSE;
+        RETURN;
+    END IF;
+    RAISE EXCEPTION USING
+        ERRCODE = '40001',
+        MESSAGE = pg_catalog.format('X_WEBHOOK_RACE: webhook %L from %L was received twice at once',
+            receive_webhook.webhook_id, receive_webhook.source),
+        HINT = 'Roll back and receive it again: the retry answers the first receipt''s job.';
+END
+$$;
+
+------------------------------------------------------------------------------------------------
 -- Grants
 ------------------------------------------------------------------------------------------------
 
 -- New functions are executable by PUBLIC unless revoked; nothing is left to PUBLIC.
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA x_jobs FROM public;
-REVOKE ALL ON x_jobs.step, x_jobs.event FROM public;
+REVOKE ALL ON x_jobs.step, x_jobs.event, x_jobs.outbox, x_jobs.webhook_ledger FROM public;
 
 -- Steps and events (0.2.0). A producer publishes: it resolves the waits of its event and makes
 -- their runs due, so it may update those columns of a job and a step, and no others.
@@ -839,3 +1386,20 @@ GRANT INSERT, UPDATE ON x_jobs.step TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.resolve_step(bigint, text, jsonb) TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs.purge_events(interval, integer) TO x_jobs_admin;
 GRANT DELETE ON x_jobs.step, x_jobs.event TO x_jobs_admin;
+
+-- The outbox (0.2.0). Producers put messages and receive webhooks (which enqueue jobs).
+GRANT EXECUTE ON FUNCTION x_jobs._require_message(text, jsonb, jsonb, integer) TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs.outbox_put(text, jsonb, text, jsonb, integer) TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs.outbox_put_many(jsonb) TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs.receive_webhook(text, text, text, jsonb, text) TO x_jobs_producer;
+GRANT SELECT, INSERT ON x_jobs.outbox, x_jobs.webhook_ledger TO x_jobs_producer;
+GRANT USAGE ON SEQUENCE x_jobs.outbox_id_seq TO x_jobs_producer;
+-- Workers relay: they claim, deliver and settle messages.
+GRANT EXECUTE ON FUNCTION x_jobs.relay_outbox(text, integer, interval, text[]) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.outbox_ack(bigint[], text) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.outbox_nack(bigint, text, text, timestamptz, boolean) TO x_jobs_worker;
+GRANT UPDATE ON x_jobs.outbox TO x_jobs_worker;
+-- Admins redrive dead messages and purge delivered ones (and old ledger rows by hand).
+GRANT EXECUTE ON FUNCTION x_jobs.outbox_redrive(bigint[], text, integer) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.purge_outbox(interval, integer) TO x_jobs_admin;
+GRANT DELETE ON x_jobs.outbox, x_jobs.webhook_ledger TO x_jobs_admin;

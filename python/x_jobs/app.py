@@ -35,6 +35,7 @@ from x_jobs.errors import (
     VersionUnsupported,
     translate,
 )
+from x_jobs.outbox import Outbox
 
 logger = logging.getLogger(__name__)
 
@@ -214,6 +215,8 @@ class App:
         self.jobs: dict[str, Job[Any]] = {}
         self._pool_size = pool_size
         self._pool: ConnectionPool | None = None
+        #: Put messages in the outbox, and register the sinks a relay delivers them to.
+        self.outbox = Outbox(self)
         self._lock = threading.Lock()
 
     # --- declarations -------------------------------------------------------------------------

@@ -144,6 +144,36 @@ def worker(
         raise typer.Exit(2) from err
 
 
+@cli.command()
+def relay(
+    app_path: Annotated[str, typer.Argument(metavar="MODULE:APP", help="Where the App lives.")],
+    concurrency: Annotated[int, typer.Option(help="Deliveries in flight at once.")] = 16,
+    lease: Annotated[
+        float, typer.Option(help="Lease of a claimed message, seconds (above sink timeouts).")
+    ] = 60.0,
+    poll: Annotated[float, typer.Option(help="Poll interval, seconds.")] = 1.0,
+    grace: Annotated[float, typer.Option(help="Drain grace on SIGTERM, seconds.")] = 30.0,
+    dsn: Annotated[str | None, typer.Option(help="Database; default DATABASE_URL or PG*.")] = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
+    log_format: Annotated[str, typer.Option(help="text or json.")] = "text",
+) -> None:
+    """Run an outbox relay: deliver the messages of the topics MODULE:APP has sinks for
+    (app.outbox.webhook / to_job / sink) until SIGTERM or SIGINT."""
+    from x_jobs.relay import Relay  # noqa: PLC0415 - the other commands do not need it
+
+    setup_logging(log_level, log_format)
+    app = load_app(app_path)
+    if dsn is not None:
+        app.dsn = dsn
+    try:
+        Relay(app, concurrency=concurrency, lease=lease, poll_interval=poll, grace=grace).run()
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from err
+    except XJobsError as err:
+        typer.echo(f"x-jobs: {err}", err=True)
+        raise typer.Exit(2) from err
+
+
 # --- the operator's commands ------------------------------------------------------------------
 
 EXIT_REFUSED = 1

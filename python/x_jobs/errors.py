@@ -170,6 +170,29 @@ class ProgressInvalid(InvalidArgument):
     code, sqlstate = "X_PROGRESS_INVALID", "XJ033"
 
 
+class TopicInvalid(InvalidArgument):
+    code, sqlstate = "X_TOPIC_INVALID", "XJ034"
+
+
+class MessageInvalid(InvalidArgument):
+    code, sqlstate = "X_MESSAGE_INVALID", "XJ035"
+
+
+class RelayInvalid(InvalidArgument):
+    code, sqlstate = "X_RELAY_INVALID", "XJ036"
+
+
+class WebhookInvalid(InvalidArgument):
+    code, sqlstate = "X_WEBHOOK_INVALID", "XJ037"
+
+
+class WebhookRace(XJobsError):
+    """Two receipts of one webhook id at once: roll back and receive it again (the retry
+    answers the first receipt's job)."""
+
+    code, sqlstate = "X_WEBHOOK_RACE", "40001"
+
+
 class EnqueueRace(XJobsError):
     """The call lost a race it cannot settle by itself; calling it again succeeds."""
 
