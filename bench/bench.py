@@ -11,6 +11,9 @@ from the issues as a ratio measured in the same run, because the machines are sh
                  ways: claim and complete each in its own transaction, and the pipelined loop
                  (complete the previous batch and claim the next in one transaction)
   drain          jobs/s of x-jobs worker processes draining no-op jobs, beside the peers
+  outbox         outbox_put throughput inside application transactions (1 and 4 connections,
+                 and put_many of 100), and relay throughput to a local no-op HTTP endpoint
+                 and to the job sink with 1 and 4 relay processes
   events         publishes/s (each waking one of 10,000 waiting runs) from 1 and 4
                  connections, and the latency from a publish's commit to the resumed run
 
@@ -34,6 +37,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +60,8 @@ class Sizes:
     procrastinate_jobs: int
     waiting_runs: int
     resume_samples: int
+    put_transactions: int
+    relay_messages: int
 
 
 FULL = Sizes(
@@ -70,6 +76,8 @@ FULL = Sizes(
     procrastinate_jobs=5_000,
     waiting_runs=10_000,
     resume_samples=200,
+    put_transactions=4_000,
+    relay_messages=20_000,
 )
 QUICK = Sizes(
     enqueue_batches=6,
@@ -83,6 +91,8 @@ QUICK = Sizes(
     procrastinate_jobs=500,
     waiting_runs=1_000,
     resume_samples=30,
+    put_transactions=400,
+    relay_messages=2_000,
 )
 
 
@@ -553,6 +563,144 @@ def bench_resume_latency(dsn: str, sizes: Sizes) -> list[float]:
     return samples
 
 
+# --- the outbox: put and relay -----------------------------------------------------------------
+
+
+def put_rate(dsn: str, transactions: int, threads: int, per_transaction: int) -> float:
+    """messages/s of `threads` connections committing transactions that each put
+    `per_transaction` messages (one outbox_put, or one outbox_put_many), each beside an
+    application row, as an application would."""
+    share = transactions // threads
+    batch = json.dumps(
+        [
+            {"topic": "bench.put", "payload": {"n": n}, "key": f"k{n % 100}"}
+            for n in range(per_transaction)
+        ]
+    )
+
+    def put(n: int) -> None:
+        with psycopg.connect(dsn) as conn:
+            for i in range(share):
+                with conn.transaction():
+                    conn.execute("INSERT INTO public.app_order (note) VALUES ('order')")
+                    if per_transaction == 1:
+                        conn.execute(
+                            "SELECT x_jobs.outbox_put('bench.put', '{\"n\": 1}', %s)",
+                            [f"k{i % 100}"],
+                        )
+                    else:
+                        conn.execute("SELECT count(*) FROM x_jobs.outbox_put_many(%s)", [batch])
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS public.app_order (id bigserial PRIMARY KEY, note text)"
+        )
+    started = time.perf_counter()
+    pool = [threading.Thread(target=put, args=(n,)) for n in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join()
+    return share * threads * per_transaction / (time.perf_counter() - started)
+
+
+class _NoContent(BaseHTTPRequestHandler):
+    """The no-op webhook endpoint: reads the request, answers 204."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def relay_rate(dsn: str, messages: int, relays: int, topic: str, url: str) -> float:
+    """messages/s of `relays` x-jobs relay processes delivering `messages` messages of `topic`
+    (on 1,000 keys), start-up outside the clock."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("TRUNCATE x_jobs.outbox, x_jobs.job")
+        for start in range(0, messages, 1000):
+            conn.execute(
+                "SELECT count(*) FROM x_jobs.outbox_put_many(%s)",
+                [
+                    json.dumps(
+                        [
+                            {"topic": "parked." + topic, "payload": {"n": n}, "key": f"k{n % 1000}"}
+                            for n in range(start, min(messages, start + 1000))
+                        ]
+                    )
+                ],
+            )
+        conn.execute("VACUUM ANALYZE x_jobs.outbox")
+        env = dict(
+            os.environ, PYTHONPATH=str(ROOT / "bench"), PGDATABASE=BENCH_DB, X_JOBS_BENCH_URL=url
+        )
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "x_jobs",
+                    "relay",
+                    "apps.relays:app",
+                    "--concurrency",
+                    "32",
+                    "--poll",
+                    "0.1",
+                    "--log-level",
+                    "warning",
+                ],
+                env=env,
+            )
+            for _ in range(relays)
+        ]
+        try:
+            time.sleep(1.5)  # the relays connect and find nothing of their topics yet
+            started = time.perf_counter()
+            conn.execute("UPDATE x_jobs.outbox SET topic = %s", [topic])
+            conn.execute("SELECT pg_notify('x_jobs_outbox', %s)", [topic])
+            while True:
+                row = conn.execute(
+                    "SELECT count(*) FROM x_jobs.outbox WHERE state <> 'delivered'"
+                ).fetchone()
+                if row == (0,):
+                    break
+                time.sleep(0.01)
+            return messages / (time.perf_counter() - started)
+        finally:
+            for proc in procs:
+                proc.send_signal(signal.SIGTERM)
+            for proc in procs:
+                proc.wait(timeout=60)
+
+
+def bench_outbox(dsn: str, sizes: Sizes) -> list[tuple[str, float]]:
+    figures = [
+        ("put, 1 message per transaction, 1 conn", put_rate(dsn, sizes.put_transactions, 1, 1)),
+        ("put, 1 message per transaction, 4 conns", put_rate(dsn, sizes.put_transactions, 4, 1)),
+        (
+            "put_many, 100 messages per transaction, 4 conns",
+            put_rate(dsn, sizes.put_transactions // 20, 4, 100),
+        ),
+    ]
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _NoContent)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/hook"
+    try:
+        for relays in (1, 4):
+            rate = relay_rate(dsn, sizes.relay_messages, relays, "bench.hook", url)
+            figures.append((f"relay to a no-op HTTP endpoint, {relays} relay(s)", rate))
+        for relays in (1, 4):
+            rate = relay_rate(dsn, sizes.relay_messages, relays, "bench.job", url)
+            figures.append((f"relay to the job sink, {relays} relay(s)", rate))
+    finally:
+        server.shutdown()
+    return figures
+
+
 # --- report ------------------------------------------------------------------------------------
 
 
@@ -565,13 +713,13 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     parser.add_argument(
         "--only",
-        choices=["enqueue", "latency", "throughput", "drain", "events"],
+        choices=["enqueue", "latency", "throughput", "drain", "events", "outbox"],
         action="append",
         help="run only these parts (repeatable)",
     )
     args = parser.parse_args()
     sizes = QUICK if args.quick else FULL
-    parts = set(args.only or ["enqueue", "latency", "throughput", "drain", "events"])
+    parts = set(args.only or ["enqueue", "latency", "throughput", "drain", "events", "outbox"])
 
     with bench_database() as dsn:
         with psycopg.connect(dsn) as conn:
@@ -707,6 +855,10 @@ def main() -> int:
                     "",
                 )
             )
+
+        if "outbox" in parts:
+            for label, rate in bench_outbox(dsn, sizes):
+                lines.append((label, f"{rate:,.0f} messages/s", "", ""))
 
     width = max(len(line[0]) for line in lines)
     value_width = max(len(line[1]) for line in lines)

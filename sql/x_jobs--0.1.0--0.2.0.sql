@@ -139,6 +139,9 @@ CREATE TABLE x_jobs.webhook_ledger (
     CONSTRAINT webhook_ledger_pkey PRIMARY KEY (source, webhook_id)
 );
 
+-- What purge_webhook_ledger deletes first.
+CREATE INDEX webhook_ledger_received_idx ON x_jobs.webhook_ledger (received_at);
+
 SELECT pg_catalog.pg_extension_config_dump('x_jobs.outbox', '');
 SELECT pg_catalog.pg_extension_config_dump('x_jobs.outbox_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('x_jobs.webhook_ledger', '');
@@ -208,7 +211,6 @@ AS $$
         ('XJ035', 'X_MESSAGE_INVALID', 'An outbox message has no payload, headers that are not an object of strings, or is not an object.'),
         ('XJ036', 'X_RELAY_INVALID', 'A relay id is missing or empty.'),
         ('XJ037', 'X_WEBHOOK_INVALID', 'receive_webhook got no source or no webhook id.'),
-        ('40001', 'X_WEBHOOK_RACE', 'One webhook id was received twice at once; retry the transaction.'),
         ('40001', 'X_ENQUEUE_RACE', 'An idempotency key kept changing hands during enqueue; retry the call.')
 $$;
 
@@ -396,7 +398,7 @@ BEGIN
         error = CASE
             WHEN s.kind = 'wait' THEN pg_catalog.format(
                 'X_STEP_TIMEOUT: no event %L%s came before %s', s.event,
-                coalesce(pg_catalog.format(' with key %L', s.event_key), ''), s.timeout_at)
+                CASE WHEN s.event_key IS NULL THEN '' ELSE pg_catalog.format(' with key %L', s.event_key) END, s.timeout_at)
         END,
         resolved_by = 'timeout',
         resolved_at = v_now
@@ -634,7 +636,7 @@ BEGIN
         UPDATE x_jobs.step AS s
         SET status = 'failed',
             error = pg_catalog.format('X_STEP_TIMEOUT: no event %L%s came before %s', s.event,
-                coalesce(pg_catalog.format(' with key %L', s.event_key), ''), s.timeout_at),
+                CASE WHEN s.event_key IS NULL THEN '' ELSE pg_catalog.format(' with key %L', s.event_key) END, s.timeout_at),
             resolved_by = 'timeout', resolved_at = v_now
         WHERE s.job_id = step_wait.id AND s.name = step_wait.step AND NOT s.compensation
         RETURNING s.* INTO v_step;
@@ -653,10 +655,15 @@ $$;
 --
 -- READ COMMITTED only: the waits registered while this publish waited for the event's lock are
 -- read by a statement after it, which under a transaction snapshot would not see them.
+--
+-- SECURITY DEFINER: a producer publishes (records an event, resolves the waits on it, makes
+-- their runs due) without any right to write jobs or steps itself. Every name in the body is
+-- schema-qualified and search_path is pinned with pg_temp last.
 CREATE FUNCTION x_jobs.publish(event text, payload jsonb DEFAULT NULL, key text DEFAULT NULL)
 RETURNS TABLE (event_id bigint, woken integer)
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
@@ -841,8 +848,10 @@ END
 $$;
 
 -- Retention for events: delete up to `batch_size` events published before now - older_than,
--- oldest first. Answers how many; call it again until it answers less than batch_size. A wait
--- that asks for events since an instant older than the retention will not see the purged ones.
+-- lowest id first (nearly oldest first, along the primary key). Answers how many; call it again
+-- until it answers less than batch_size. A wait that asks for events since an instant older
+-- than the retention will not see the purged ones. Run one purger at a time: it takes no row
+-- locks to skip (admins may delete events, not update them).
 CREATE FUNCTION x_jobs.purge_events(older_than interval, batch_size integer DEFAULT 10000)
 RETURNS bigint
 LANGUAGE plpgsql
@@ -869,7 +878,6 @@ BEGIN
         WHERE k.published_at < x_jobs.now() - purge_events.older_than
         ORDER BY k.id
         LIMIT purge_events.batch_size
-        FOR UPDATE SKIP LOCKED
     );
     GET DIAGNOSTICS v_count = ROW_COUNT;
     RETURN v_count;
@@ -1292,16 +1300,22 @@ END
 $$;
 
 -- A webhook received from `source` with its sender's message id: in one transaction, the
--- ledger row and the job it becomes (enqueue's name, input, queue). A webhook id seen before
--- answers its first job with duplicate = true and enqueues nothing: a redelivery (at least
--- once on the sender's side) becomes exactly one job. Two concurrent receipts of one id: the
--- second waits for the first and answers duplicate.
+-- ledger row and the job it becomes: `name`, `input` and `queue`, with the rest of the job's
+-- enqueue request in `request` (max_attempts, priority, ... as enqueue_many takes them). A
+-- webhook id seen before answers its first job with duplicate = true and enqueues nothing: a
+-- redelivery (senders deliver at least once) becomes exactly one job.
+--
+-- Two receipts of one id at once are serialized by a transaction-scoped advisory lock on
+-- (source, webhook id), and the ledger is read after it: the second waits for the first to
+-- commit and then answers duplicate. READ COMMITTED only: a transaction snapshot would not see
+-- the first receipt's commit.
 CREATE FUNCTION x_jobs.receive_webhook(
     source text,
     webhook_id text,
     name text,
     input jsonb DEFAULT NULL,
-    queue text DEFAULT NULL
+    queue text DEFAULT NULL,
+    request jsonb DEFAULT NULL
 )
 RETURNS TABLE (job_id bigint, duplicate boolean)
 LANGUAGE plpgsql
@@ -1321,8 +1335,23 @@ BEGIN
                 coalesce(pg_catalog.quote_literal(receive_webhook.webhook_id), 'NULL')),
             HINT = 'Pass the sender''s name as source and its webhook-id header as webhook_id.';
     END IF;
+    IF receive_webhook.request IS NOT NULL AND pg_catalog.jsonb_typeof(receive_webhook.request) <> 'object' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ009',
+            MESSAGE = pg_catalog.format('X_JOBS_INVALID: request %s is not an object', receive_webhook.request),
+            HINT = 'Pass the job''s options as an object with enqueue_many''s fields, such as {"max_attempts": 5}.';
+    END IF;
+    IF pg_catalog.current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ022',
+            MESSAGE = pg_catalog.format('X_ISOLATION_UNSUPPORTED: receive_webhook cannot run at isolation level %s',
+                pg_catalog.current_setting('transaction_isolation')),
+            HINT = 'Receive webhooks in READ COMMITTED transactions (the default).';
+    END IF;
 
-    -- Seen before: the common redelivery, answered without writing anything.
+    PERFORM pg_catalog.pg_advisory_xact_lock(2024061704,
+        pg_catalog.hashtext(receive_webhook.source || E'\x1f' || receive_webhook.webhook_id));
+
     SELECT l.job_id INTO v_job
     FROM x_jobs.webhook_ledger AS l
     WHERE l.source = receive_webhook.source AND l.webhook_id = receive_webhook.webhook_id;
@@ -1331,25 +1360,53 @@ BEGIN
         RETURN;
     END IF;
 
-    -- New: the job, then the ledger row. A concurrent receipt of the same id gets the same job
-    -- (the idempotency key makes its enqueue wait for ours) and then finds the ledger row taken:
-    -- it raises, so that its transaction rolls back and its retry answers duplicate.
     SELECT e.id INTO v_job
-    FROM x_jobs.enqueue(name => receive_webhook.name, input => receive_webhook.input,
-        queue => receive_webhook.queue,
-        idempotency_key => 'webhook:' || receive_webhook.source || ':' || receive_webhook.webhook_id) AS e;
-    INSERT INTO x_jobs.webhook_ledger AS l (source, webhook_id, received_at, job_id)
-    VALUES (receive_webhook.source, receive_webhook.webhook_id, x_jobs.now(), v_job)
-    ON CONFLICT (source, webhook_id) DO NOTHING;
-    IF FOUND THEN
-        RETURN QUERY SELECT v_job, FALSE;
-        RETURN;
+    FROM x_jobs.enqueue_many(pg_catalog.jsonb_build_array(
+        coalesce(receive_webhook.request, '{}')
+        || pg_catalog.jsonb_strip_nulls(pg_catalog.jsonb_build_object(
+            'name', receive_webhook.name, 'queue', receive_webhook.queue))
+        || CASE WHEN receive_webhook.input IS NULL THEN '{}'
+            ELSE pg_catalog.jsonb_build_object('input', receive_webhook.input) END
+    )) AS e;
+    INSERT INTO x_jobs.webhook_ledger (source, webhook_id, received_at, job_id)
+    VALUES (receive_webhook.source, receive_webhook.webhook_id, x_jobs.now(), v_job);
+    RETURN QUERY SELECT v_job, FALSE;
+END
+$$;
+
+-- Retention for the webhook ledger: delete up to `batch_size` rows received before now -
+-- older_than, oldest first. Keep them longer than senders retry (days): a webhook redelivered
+-- after its row is gone becomes a second job. Run one purger at a time (no row locks).
+CREATE FUNCTION x_jobs.purge_webhook_ledger(older_than interval, batch_size integer DEFAULT 10000)
+RETURNS bigint
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_count bigint;
+BEGIN
+    IF purge_webhook_ledger.older_than IS NULL OR purge_webhook_ledger.older_than < interval '0'
+        OR purge_webhook_ledger.batch_size IS NULL OR purge_webhook_ledger.batch_size < 1 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ020',
+            MESSAGE = pg_catalog.format('X_RETENTION_INVALID: purge webhooks older than %s in batches of %s',
+                coalesce(purge_webhook_ledger.older_than::text, 'NULL'),
+                coalesce(purge_webhook_ledger.batch_size::text, 'NULL')),
+            HINT = 'Pass an age of zero or more, longer than senders retry, such as ''30 days''.';
     END IF;
-    RAISE EXCEPTION USING
-        ERRCODE = '40001',
-        MESSAGE = pg_catalog.format('X_WEBHOOK_RACE: webhook %L from %L was received twice at once',
-            receive_webhook.webhook_id, receive_webhook.source),
-        HINT = 'Roll back and receive it again: the retry answers the first receipt''s job.';
+
+    DELETE FROM x_jobs.webhook_ledger AS l
+    WHERE (l.source, l.webhook_id) IN (
+        SELECT k.source, k.webhook_id
+        FROM x_jobs.webhook_ledger AS k
+        WHERE k.received_at < x_jobs.now() - purge_webhook_ledger.older_than
+        ORDER BY k.received_at
+        LIMIT purge_webhook_ledger.batch_size
+    );
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
 END
 $$;
 
@@ -1361,16 +1418,12 @@ $$;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA x_jobs FROM public;
 REVOKE ALL ON x_jobs.step, x_jobs.event, x_jobs.outbox, x_jobs.webhook_ledger FROM public;
 
--- Steps and events (0.2.0). A producer publishes: it resolves the waits of its event and makes
--- their runs due, so it may update those columns of a job and a step, and no others.
-GRANT EXECUTE ON FUNCTION x_jobs._clock() TO x_jobs_producer;
-GRANT EXECUTE ON FUNCTION x_jobs._require_event(text) TO x_jobs_producer;
+-- Steps and events (0.2.0). A producer publishes; publish runs as its owner (see there).
 GRANT EXECUTE ON FUNCTION x_jobs.publish(text, jsonb, text) TO x_jobs_producer;
-GRANT SELECT, INSERT ON x_jobs.event TO x_jobs_producer;
-GRANT USAGE ON SEQUENCE x_jobs.event_id_seq TO x_jobs_producer;
-GRANT SELECT, UPDATE (status, output, event_id, resolved_by, resolved_at) ON x_jobs.step TO x_jobs_producer;
-GRANT UPDATE (state, run_at, updated_at) ON x_jobs.job TO x_jobs_producer;
--- Workers replay, record and suspend the steps of the runs they hold.
+-- Workers replay, record and suspend the steps of the runs they hold, and read the events a
+-- wait matches.
+GRANT EXECUTE ON FUNCTION x_jobs._clock() TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs._require_event(text) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs._require_held(bigint, text, text) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs._suspend(bigint, timestamptz) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.steps(bigint, text) TO x_jobs_worker;
@@ -1381,7 +1434,8 @@ GRANT EXECUTE ON FUNCTION x_jobs.step_wait(
 ) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.progress(bigint, text, double precision, double precision, text)
 TO x_jobs_worker;
-GRANT INSERT, UPDATE ON x_jobs.step TO x_jobs_worker;
+GRANT SELECT, INSERT, UPDATE ON x_jobs.step TO x_jobs_worker;
+GRANT SELECT ON x_jobs.event TO x_jobs_worker;
 -- Admins resolve steps by hand and purge old events (and the steps of purged jobs).
 GRANT EXECUTE ON FUNCTION x_jobs.resolve_step(bigint, text, jsonb) TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs.purge_events(interval, integer) TO x_jobs_admin;
@@ -1391,7 +1445,7 @@ GRANT DELETE ON x_jobs.step, x_jobs.event TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs._require_message(text, jsonb, jsonb, integer) TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs.outbox_put(text, jsonb, text, jsonb, integer) TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs.outbox_put_many(jsonb) TO x_jobs_producer;
-GRANT EXECUTE ON FUNCTION x_jobs.receive_webhook(text, text, text, jsonb, text) TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs.receive_webhook(text, text, text, jsonb, text, jsonb) TO x_jobs_producer;
 GRANT SELECT, INSERT ON x_jobs.outbox, x_jobs.webhook_ledger TO x_jobs_producer;
 GRANT USAGE ON SEQUENCE x_jobs.outbox_id_seq TO x_jobs_producer;
 -- Workers relay: they claim, deliver and settle messages.
@@ -1399,7 +1453,8 @@ GRANT EXECUTE ON FUNCTION x_jobs.relay_outbox(text, integer, interval, text[]) T
 GRANT EXECUTE ON FUNCTION x_jobs.outbox_ack(bigint[], text) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.outbox_nack(bigint, text, text, timestamptz, boolean) TO x_jobs_worker;
 GRANT UPDATE ON x_jobs.outbox TO x_jobs_worker;
--- Admins redrive dead messages and purge delivered ones (and old ledger rows by hand).
+-- Admins redrive dead messages, purge delivered ones and old ledger rows.
 GRANT EXECUTE ON FUNCTION x_jobs.outbox_redrive(bigint[], text, integer) TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs.purge_outbox(interval, integer) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.purge_webhook_ledger(interval, integer) TO x_jobs_admin;
 GRANT DELETE ON x_jobs.outbox, x_jobs.webhook_ledger TO x_jobs_admin;

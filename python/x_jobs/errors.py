@@ -186,13 +186,6 @@ class WebhookInvalid(InvalidArgument):
     code, sqlstate = "X_WEBHOOK_INVALID", "XJ037"
 
 
-class WebhookRace(XJobsError):
-    """Two receipts of one webhook id at once: roll back and receive it again (the retry
-    answers the first receipt's job)."""
-
-    code, sqlstate = "X_WEBHOOK_RACE", "40001"
-
-
 class EnqueueRace(XJobsError):
     """The call lost a race it cannot settle by itself; calling it again succeeds."""
 

@@ -1,0 +1,513 @@
+"""Signed webhooks out of the outbox and into the queue, in the Standard Webhooks format
+(https://www.standardwebhooks.com): the headers ``webhook-id``, ``webhook-timestamp`` and
+``webhook-signature`` (``v1,`` + base64 HMAC-SHA256 of ``id.timestamp.body`` under a shared
+secret). Signing and verifying are the maintained ``standardwebhooks`` package's; this module
+only carries the bytes.
+
+Out: :class:`WebhookSink` is the outbox sink behind ``app.outbox.webhook(topic, url,
+secret=...)``. It POSTs each message's payload as JSON; the ``webhook-id`` is ``msg_<id>`` in
+every attempt of one message, so the receiving end dedupes redeliveries by it.
+
+In: :class:`Receiver` turns a signed POST into a job. It verifies the signature and the
+timestamp, then calls ``x_jobs.receive_webhook``, which writes the ledger row and the job in one
+transaction: a redelivered webhook (same id) answers its first job, marked duplicate, and
+enqueues nothing. Mount ``receiver.wsgi`` or ``receiver.asgi`` in any framework, or run
+:func:`serve`. The answers: 200 (job id, duplicate), 400 (not JSON), 401 (signature or timestamp
+refused; nothing written), 405 (not a POST), 413 (too large), 422 (input does not validate).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import http
+import json
+import logging
+import math
+import secrets
+import socketserver
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
+from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
+from typing import Any, LiteralString
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+from wsgiref.simple_server import make_server as _wsgiref_server
+from wsgiref.types import StartResponse, WSGIEnvironment
+
+import httpx
+from psycopg.types.json import Jsonb
+from standardwebhooks.webhooks import (
+    EmptyWebhookSecretError,
+    Webhook,
+    WebhookVerificationError,
+)
+
+from x_jobs.app import App, Job
+from x_jobs.errors import InputInvalid, PayloadTooLarge
+from x_jobs.outbox import DeliveryError, OutboxMessage
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "Receiver",
+    "WebhookSink",
+    "make_server",
+    "new_secret",
+    "serve",
+]
+
+#: How much of a refusing endpoint's body a DeliveryError quotes.
+BODY_HEAD_BYTES = 512
+
+#: The largest timestamp tolerance: standardwebhooks refuses timestamps more than five minutes
+#: away from now whatever we ask, so a wider window could not be honoured.
+MAX_TOLERANCE = 300.0
+
+RECEIVE: LiteralString = """
+    SELECT job_id, duplicate
+    FROM x_jobs.receive_webhook(source => %s, webhook_id => %s, name => %s, input => %s,
+                                queue => %s, request => %s)
+"""
+
+
+def new_secret() -> str:
+    """A fresh shared secret in the Standard Webhooks form: ``whsec_`` + base64 of 32 random
+    bytes. Give the same string to the sender and the receiver."""
+    return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode("ascii")
+
+
+def _webhook(secret: str | bytes) -> Webhook:
+    try:
+        return Webhook(secret)
+    except (ValueError, EmptyWebhookSecretError) as err:
+        raise ValueError(
+            "a webhook secret is base64 (optionally prefixed whsec_) or raw bytes, not empty; "
+            "make one with x_jobs.webhooks.new_secret()"
+        ) from err
+
+
+# --- out ------------------------------------------------------------------------------------
+
+
+class WebhookSink:
+    """An outbox sink that POSTs each message to ``url``, signed with ``secret``.
+
+    The body is the payload as compact JSON. The headers are the sink's ``headers``, then the
+    message's own, then ``content-type`` and the three Standard Webhooks headers (which nothing
+    overrides); names are sent lower-case. At most ``max_concurrent`` requests to the endpoint
+    run at once, however many relay threads deliver; ``timeout`` (seconds) bounds connecting,
+    each write and each read.
+
+    2xx is delivered. 408, 429, 5xx, a network error or a timeout raise a retryable
+    :class:`DeliveryError`, with ``retry_at`` from a Retry-After header when there is one; any
+    other status (3xx are not followed, 4xx) raises a final one. ``client`` replaces the
+    sink's own httpx client (for proxies or TLS settings); the sink then does not close it.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        secret: str | bytes,
+        timeout: float = 10.0,
+        max_concurrent: int = 8,
+        headers: Mapping[str, str] | None = None,
+        client: httpx.Client | None = None,
+    ) -> None:
+        if max_concurrent < 1:
+            raise ValueError(f"max_concurrent is {max_concurrent}; it must be 1 or more")
+        if not timeout > 0:
+            raise ValueError(f"timeout is {timeout}; it must be above 0 seconds")
+        target = httpx.URL(url)
+        if target.scheme not in {"http", "https"} or not target.host:
+            raise ValueError(f"webhook url {url!r} is not an http:// or https:// URL")
+        self.url = url
+        #: The URL without credentials, query or fragment: what error messages name.
+        self.endpoint = f"{target.scheme}://{target.netloc.decode('ascii')}{target.path}"
+        self.timeout = timeout
+        self.max_concurrent = max_concurrent
+        self.headers = {name.lower(): value for name, value in (headers or {}).items()}
+        self._webhook = _webhook(secret)
+        self._slots = threading.BoundedSemaphore(max_concurrent)
+        self._owns_client = client is None
+        self.client = client or httpx.Client(
+            timeout=httpx.Timeout(timeout),
+            limits=httpx.Limits(
+                max_connections=max_concurrent, max_keepalive_connections=max_concurrent
+            ),
+            follow_redirects=False,
+        )
+
+    def signature_headers(
+        self, webhook_id: str, body: str | bytes, *, timestamp: int | None = None
+    ) -> dict[str, str]:
+        """The Standard Webhooks headers for one body: its id, the timestamp (now unless
+        given, in seconds since the epoch) and the signature over both and the body."""
+        text = body.decode("utf-8") if isinstance(body, bytes) else body
+        stamp = int(time.time()) if timestamp is None else timestamp
+        signature = self._webhook.sign(webhook_id, datetime.fromtimestamp(stamp, UTC), text)
+        return {
+            "webhook-id": webhook_id,
+            "webhook-timestamp": str(stamp),
+            "webhook-signature": signature,
+        }
+
+    def deliver(self, message: OutboxMessage) -> None:
+        body = json.dumps(
+            message.payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
+        headers = {
+            **self.headers,
+            **{name.lower(): value for name, value in message.headers.items()},
+            "content-type": "application/json",
+            # The id is the message's, not the attempt's: the receiver's dedupe key.
+            **self.signature_headers(f"msg_{message.id}", body),
+        }
+        with self._slots:
+            try:
+                with self.client.stream(
+                    "POST", self.url, content=body.encode("utf-8"), headers=headers
+                ) as response:
+                    if response.is_success:
+                        # Read a short answer so that the connection goes back to the pool.
+                        _body_head(response)
+                        return
+                    status = response.status_code
+                    retry_after = response.headers.get("retry-after")
+                    head = _body_head(response)
+            except httpx.RequestError as err:
+                raise DeliveryError(
+                    f"POST {self.endpoint} failed: {type(err).__name__}: {err}",
+                    retryable=not isinstance(err, httpx.UnsupportedProtocol),
+                ) from err
+        retryable = status in {408, 429} or status >= 500
+        raise DeliveryError(
+            f"POST {self.endpoint} answered {status} {_phrase(status)}: {head!r}",
+            retryable=retryable,
+            retry_at=_retry_at(retry_after) if retryable else None,
+        )
+
+    def close(self) -> None:
+        if self._owns_client:
+            self.client.close()
+
+
+def _body_head(response: httpx.Response) -> str:
+    """The start of a response's body, for an error message; what arrived if reading fails."""
+    head = bytearray()
+    try:
+        for chunk in response.iter_bytes():
+            head += chunk
+            if len(head) >= BODY_HEAD_BYTES:
+                break
+    except httpx.HTTPError:
+        pass
+    return bytes(head[:BODY_HEAD_BYTES]).decode("utf-8", "replace")
+
+
+def _phrase(status: int) -> str:
+    try:
+        return http.HTTPStatus(status).phrase
+    except ValueError:
+        return ""
+
+
+def _retry_at(value: str | None, now: datetime | None = None) -> datetime | None:
+    """When a Retry-After header (delay-seconds or an HTTP-date) allows the next attempt; None
+    without one or when it does not parse. A date in the past means now."""
+    if value is None or not value.strip():
+        return None
+    now = now or datetime.now(UTC)
+    value = value.strip()
+    try:
+        if value.isdigit():
+            return now + timedelta(seconds=int(value))
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(when, now)
+
+
+# --- in -------------------------------------------------------------------------------------
+
+#: What a receipt answers: the HTTP status and the JSON document.
+Answer = tuple[int, dict[str, Any]]
+#: The ASGI 3 interface (asgiref's types, without depending on asgiref).
+Scope = MutableMapping[str, Any]
+ASGIReceive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+ASGISend = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+
+class Receiver:
+    """Receives signed webhooks from ``source`` (the sender's name: webhook ids are unique per
+    source) as jobs of ``job``.
+
+    ``job`` is a declared :class:`~x_jobs.Job` or a job name. A declared job (or a name this
+    app declares) validates the body as its input, as ``app.enqueue`` does, and sets the queue
+    unless ``queue`` is given; an undeclared name (a job handled by another service's workers)
+    takes the body as it is. ``tolerance`` is how far, in seconds, the ``webhook-timestamp`` may
+    be from now (at most 300, the limit of the verifying library). ``max_body`` caps what the
+    WSGI and ASGI adapters read (bytes).
+    """
+
+    def __init__(
+        self,
+        app: App,
+        *,
+        secret: str | bytes,
+        job: Job[Any] | str,
+        source: str,
+        queue: str | None = None,
+        tolerance: float = 300,
+        max_body: int = 1 << 20,
+    ) -> None:
+        if not 0 < tolerance <= MAX_TOLERANCE:
+            raise ValueError(
+                f"tolerance is {tolerance} s; it must be above 0 and at most {MAX_TOLERANCE:g}"
+            )
+        if not source:
+            raise ValueError("source names the sender; it must not be empty")
+        self.app = app
+        self.job = job
+        self.source = source
+        self.queue = queue
+        self.tolerance = float(tolerance)
+        self.max_body = max_body
+        self._webhook = _webhook(secret)
+
+    def receive(self, headers: Mapping[str, str], body: bytes) -> Answer:
+        """Verify one request and record it: the HTTP status and JSON answer to send. Header
+        names are case-insensitive. Nothing is written unless the signature verifies.
+
+        Answers 200 ``{"job_id", "duplicate"}``; 401 (signature or timestamp refused), 400
+        (not JSON), 422 (input invalid), 413 (payload over x_jobs.max_payload_bytes) with
+        ``{"error"}``. Other database errors raise."""
+        lowered = {name.lower(): value for name, value in headers.items()}
+        refusal = self.verify(lowered, body)
+        if refusal is not None:
+            logger.info("webhook from %s refused: %s", self.source, refusal)
+            return 401, {"error": refusal}
+        try:
+            payload = json.loads(body, parse_constant=_refuse_constant)
+        except ValueError as err:
+            return 400, {"error": f"the body is not JSON: {err}"}
+
+        declared = self.job if isinstance(self.job, Job) else self.app.jobs.get(self.job)
+        request: dict[str, Any] | None = None
+        if declared is None:
+            name, queue = str(self.job), self.queue
+        else:
+            # The declared job's options (attempts, backoff, priority, keys) come along, as
+            # app.enqueue would send them.
+            name, queue = declared.name, self.queue or declared.queue
+            try:
+                request = declared.request(payload)
+            except InputInvalid as err:
+                return 422, {"error": str(err)}
+            payload = request.pop("input")
+
+        try:
+            job_id, duplicate = self._record(lowered["webhook-id"], name, payload, queue, request)
+        except PayloadTooLarge as err:
+            return 413, {"error": str(err)}
+        return 200, {"job_id": job_id, "duplicate": duplicate}
+
+    def verify(self, headers: Mapping[str, str], body: bytes) -> str | None:
+        """Why a request is refused (its timestamp, signature or secret), or None when it
+        verifies. ``headers`` are lower-case."""
+        stamp = headers.get("webhook-timestamp", "")
+        try:
+            sent = float(stamp)
+        except ValueError:
+            return "the webhook-timestamp header is missing or not a number"
+        if not math.isfinite(sent) or abs(time.time() - sent) > self.tolerance:
+            return f"the webhook-timestamp is more than {self.tolerance:g} s away from now"
+        try:
+            # Checks the timestamp again (its own fixed five minutes) and every v1 signature of
+            # the header against the body; json_parse=False, so a JSON error is not a refusal.
+            self._webhook.verify(body, dict(headers), json_parse=False)
+        except (WebhookVerificationError, ValueError) as err:
+            # ValueError: a body that is not UTF-8, or a malformed signature header.
+            return f"the signature does not verify: {err}"
+        return None
+
+    def _record(
+        self,
+        webhook_id: str,
+        name: str,
+        payload: Any,
+        queue: str | None,
+        request: dict[str, Any] | None,
+    ) -> tuple[int, bool]:
+        """``x_jobs.receive_webhook`` in a transaction of its own: the ledger row and the job,
+        or the first receipt's job (a concurrent receipt of the same id waits for it)."""
+        with self.app.connection() as db, db.transaction():
+            row = db.execute(
+                RECEIVE,
+                [
+                    self.source,
+                    webhook_id,
+                    name,
+                    Jsonb(payload),
+                    queue,
+                    None if request is None else Jsonb(request),
+                ],
+            ).fetchone()
+        assert row is not None
+        return int(row[0]), bool(row[1])
+
+    def _answer(self, headers: Mapping[str, str], body: bytes) -> Answer:
+        """``receive`` for the adapters: an unexpected error is logged and answered 500 (the
+        sender retries) rather than escaping into the server."""
+        try:
+            return self.receive(headers, body)
+        except Exception:
+            logger.exception("webhook from %s: receiving failed", self.source)
+            return 500, {"error": "the webhook could not be recorded; send it again later"}
+
+    # --- adapters -----------------------------------------------------------------------------
+
+    def wsgi(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        """The receiver as a WSGI application: POST the webhook to any path."""
+        if environ.get("REQUEST_METHOD") != "POST":
+            return _wsgi_answer(start_response, (405, {"error": "only POST is allowed"}))
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            return _wsgi_answer(start_response, (400, {"error": "Content-Length is not a number"}))
+        if length > self.max_body:
+            return _wsgi_answer(start_response, (413, {"error": self._too_large()}))
+        body = environ["wsgi.input"].read(length) if length > 0 else b""
+        headers = {
+            key[5:].replace("_", "-").lower(): value
+            for key, value in environ.items()
+            if key.startswith("HTTP_")
+        }
+        return _wsgi_answer(start_response, self._answer(headers, body))
+
+    async def asgi(self, scope: Scope, receive: ASGIReceive, send: ASGISend) -> None:
+        """The receiver as an ASGI 3 application (HTTP, and lifespan when it is the whole app).
+        The blocking verify-and-record runs in a worker thread."""
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            raise ValueError(f"the webhook receiver serves http, not {scope['type']}")
+        if scope["method"] != "POST":
+            await _asgi_answer(send, (405, {"error": "only POST is allowed"}))
+            return
+        body = bytearray()
+        while True:
+            event = await receive()
+            if event["type"] == "http.disconnect":
+                return
+            body += event.get("body", b"")
+            if len(body) > self.max_body:
+                await _asgi_answer(send, (413, {"error": self._too_large()}))
+                return
+            if not event.get("more_body", False):
+                break
+        headers = {
+            name.decode("latin-1").lower(): value.decode("latin-1")
+            for name, value in scope["headers"]
+        }
+        answer = await asyncio.to_thread(self._answer, headers, bytes(body))
+        await _asgi_answer(send, answer)
+
+    def _too_large(self) -> str:
+        return f"the body is larger than {self.max_body} bytes"
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _encode(answer: Answer) -> tuple[str, list[tuple[str, str]], bytes]:
+    status, document = answer
+    body = json.dumps(document, separators=(",", ":")).encode("utf-8")
+    headers = [("content-type", "application/json"), ("content-length", str(len(body)))]
+    if status == 405:
+        headers.append(("allow", "POST"))
+    return f"{status} {_phrase(status)}", headers, body
+
+
+def _wsgi_answer(start_response: StartResponse, answer: Answer) -> list[bytes]:
+    status, headers, body = _encode(answer)
+    start_response(status, headers)
+    return [body]
+
+
+async def _asgi_answer(send: ASGISend, answer: Answer) -> None:
+    _, headers, body = _encode(answer)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": answer[0],
+            "headers": [
+                (name.encode("latin-1"), value.encode("latin-1")) for name, value in headers
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _lifespan(receive: ASGIReceive, send: ASGISend) -> None:
+    while True:
+        event = await receive()
+        if event["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif event["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+# --- a ready server -------------------------------------------------------------------------
+
+
+class _ThreadingWSGIServer(socketserver.ThreadingMixIn, WSGIServer):
+    """wsgiref's server with a thread per request, so that one slow receipt (a race waiting on
+    a lock, say) does not hold up the others."""
+
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """Request lines to the logger, not to stderr."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        logger.debug("%s %s", self.address_string(), format % args)
+
+
+def make_server(receiver: Receiver, host: str = "127.0.0.1", port: int = 8000) -> WSGIServer:
+    """A bound, not yet serving, HTTP server for ``receiver`` (port 0: any free port, see
+    ``server.server_port``). Run ``server.serve_forever()``; stop it with ``shutdown()``."""
+    return _wsgiref_server(
+        host, port, receiver.wsgi, server_class=_ThreadingWSGIServer, handler_class=_QuietHandler
+    )
+
+
+def serve(
+    receiver: Receiver,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    ready: Callable[[WSGIServer], Any] | None = None,
+) -> None:
+    """Serve ``receiver`` over HTTP on wsgiref's server (a thread per request) until
+    ``server.shutdown()`` or Ctrl-C. ``ready`` gets the server once it listens: its port, and
+    a way to stop it from another thread. For tests and small deployments; behind a real
+    server, mount ``receiver.wsgi`` or ``receiver.asgi`` instead."""
+    with make_server(receiver, host, port) as server:
+        logger.info(
+            "receiving webhooks from %s on http://%s:%s/", receiver.source, host, server.server_port
+        )
+        if ready is not None:
+            ready(server)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            logger.info("webhook server stopped")

@@ -1,0 +1,675 @@
+"""Signed webhooks out (WebhookSink) and in (Receiver), over real sockets and a real database.
+
+The sink posts to http.server endpoints on 127.0.0.1 that answer what a test asks (a status, a
+Retry-After, a stall) and count the requests in flight; the receiver runs against the test's own
+database, through ``receive`` itself, its WSGI app served by ``serve``, and its ASGI app called
+with an ASGI scope. Nothing of the HTTP client or of x_jobs is mocked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, MutableMapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, cast
+from urllib.parse import parse_qsl, urlsplit
+from wsgiref.simple_server import WSGIServer
+
+import httpx
+import psycopg
+import pytest
+from conftest import DEADLINE_SECONDS, Conn, wait_for
+from pydantic import BaseModel
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+
+import x_jobs
+from x_jobs.outbox import DeliveryError, OutboxMessage
+from x_jobs.webhooks import Receiver, WebhookSink, new_secret, serve
+
+logger = logging.getLogger(__name__)
+
+# The Standard Webhooks test vector (the spec's libraries test their sign() with it).
+VECTOR_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+VECTOR_ID = "msg_p5jXN8AQM9LWM0D4loKWxJek"
+VECTOR_TIMESTAMP = 1614265330
+VECTOR_PAYLOAD = '{"test": 2432232314}'
+VECTOR_SIGNATURE = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+
+SECRET = new_secret()
+SOURCE = "shop"
+
+
+class Order(BaseModel):
+    order_id: int
+    note: str = ""
+
+
+def signed(
+    body: bytes | str,
+    *,
+    webhook_id: str = "msg_1",
+    secret: str = SECRET,
+    timestamp: float | None = None,
+) -> dict[str, str]:
+    """Standard Webhooks headers computed by the library itself, independent of WebhookSink."""
+    text = body.decode() if isinstance(body, bytes) else body
+    stamp = int(time.time() if timestamp is None else timestamp)
+    return {
+        "Webhook-Id": webhook_id,
+        "Webhook-Timestamp": str(stamp),
+        "Webhook-Signature": Webhook(secret).sign(
+            webhook_id, datetime.fromtimestamp(stamp, UTC), text
+        ),
+    }
+
+
+def written(conn: Conn) -> tuple[int, int]:
+    """(ledger rows, jobs) in the test's database."""
+    row = conn.execute(
+        "SELECT (SELECT count(*) FROM x_jobs.webhook_ledger), (SELECT count(*) FROM x_jobs.job)"
+    ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+@pytest.fixture
+def app(dsn: str) -> Iterator[x_jobs.App]:
+    app = x_jobs.App(dsn, pool_size=6)
+
+    @app.job(name="orders.paid", queue="orders")
+    def paid(input: Order) -> None:
+        pass
+
+    yield app
+    app.close()
+
+
+@pytest.fixture
+def receiver(app: x_jobs.App) -> Receiver:
+    return Receiver(app, secret=SECRET, job=app.lookup("orders.paid"), source=SOURCE)
+
+
+# --- the signature ---------------------------------------------------------------------------
+
+
+def test_the_spec_vector_signs_alike_in_the_library_and_the_sink() -> None:
+    at = datetime.fromtimestamp(VECTOR_TIMESTAMP, UTC)
+    assert Webhook(VECTOR_SECRET).sign(VECTOR_ID, at, VECTOR_PAYLOAD) == VECTOR_SIGNATURE
+    # The secret without its whsec_ prefix is the same key.
+    unprefixed = VECTOR_SECRET.removeprefix("whsec_")
+    assert Webhook(unprefixed).sign(VECTOR_ID, at, VECTOR_PAYLOAD) == VECTOR_SIGNATURE
+
+    sink = WebhookSink("http://127.0.0.1:9/", secret=VECTOR_SECRET)
+    try:
+        headers = sink.signature_headers(
+            VECTOR_ID, VECTOR_PAYLOAD.encode(), timestamp=VECTOR_TIMESTAMP
+        )
+    finally:
+        sink.close()
+    assert headers == {
+        "webhook-id": VECTOR_ID,
+        "webhook-timestamp": str(VECTOR_TIMESTAMP),
+        "webhook-signature": VECTOR_SIGNATURE,
+    }
+
+
+def test_the_library_verifies_the_vector_signature_and_refuses_one_bit_off() -> None:
+    # verify() also checks that the timestamp is within five minutes of now, so the vector's
+    # id, payload and secret are signed at now (as the spec libraries' own tests do).
+    webhook = Webhook(VECTOR_SECRET)
+    headers = signed(VECTOR_PAYLOAD, webhook_id=VECTOR_ID, secret=VECTOR_SECRET)
+    assert webhook.verify(VECTOR_PAYLOAD, headers) == {"test": 2432232314}
+    # Key rotation: several signatures, unknown versions skipped, one valid is enough.
+    rotated = dict(headers)
+    rotated["Webhook-Signature"] = " ".join(
+        [
+            "v1,Ceo5qEr07ixe2NLpvHk3FH9bwy/WavXrAFQ/9tdO6mc=",
+            "v2,Ceo5qEr07ixe2NLpvHk3FH9bwy/WavXrAFQ/9tdO6mc=",
+            headers["Webhook-Signature"],
+        ]
+    )
+    assert webhook.verify(VECTOR_PAYLOAD, rotated) == {"test": 2432232314}
+    # The vector's signature with its last base64 digit changed, at the vector's own time.
+    stale = {
+        "webhook-id": VECTOR_ID,
+        "webhook-timestamp": str(VECTOR_TIMESTAMP),
+        "webhook-signature": VECTOR_SIGNATURE,
+    }
+    with pytest.raises(WebhookVerificationError, match="too old"):
+        webhook.verify(VECTOR_PAYLOAD, stale)
+    flipped = headers | {"Webhook-Signature": headers["Webhook-Signature"][:-2] + "A="}
+    with pytest.raises(WebhookVerificationError, match="No matching signature"):
+        webhook.verify(VECTOR_PAYLOAD, flipped)
+
+
+# --- the receiver ----------------------------------------------------------------------------
+
+BODY = b'{"order_id":7,"note":"paid"}'
+
+
+def _tampered() -> tuple[dict[str, str], bytes]:
+    return signed(BODY), b'{"order_id":8,"note":"paid"}'
+
+
+def _wrong_secret() -> tuple[dict[str, str], bytes]:
+    return signed(BODY, secret=new_secret()), BODY
+
+
+def _stale() -> tuple[dict[str, str], bytes]:
+    return signed(BODY, timestamp=time.time() - 301), BODY
+
+
+def _from_the_future() -> tuple[dict[str, str], bytes]:
+    return signed(BODY, timestamp=time.time() + 301), BODY
+
+
+def _unsigned() -> tuple[dict[str, str], bytes]:
+    headers = signed(BODY)
+    del headers["Webhook-Signature"]
+    return headers, BODY
+
+
+def _garbled_signature() -> tuple[dict[str, str], bytes]:
+    return signed(BODY) | {"Webhook-Signature": "v1"}, BODY
+
+
+def _not_utf8() -> tuple[dict[str, str], bytes]:
+    return signed(BODY), b"\xff" + BODY
+
+
+def _the_vector_at_its_time() -> tuple[dict[str, str], bytes]:
+    return {
+        "webhook-id": VECTOR_ID,
+        "webhook-timestamp": str(VECTOR_TIMESTAMP),
+        "webhook-signature": VECTOR_SIGNATURE,
+    }, VECTOR_PAYLOAD.encode()
+
+
+@pytest.mark.parametrize(
+    "request_of",
+    [
+        _tampered,
+        _wrong_secret,
+        _stale,
+        _from_the_future,
+        _unsigned,
+        _garbled_signature,
+        _not_utf8,
+        _the_vector_at_its_time,
+    ],
+)
+def test_unverified_webhooks_are_refused_and_write_nothing(
+    app: x_jobs.App,
+    receiver: Receiver,
+    conn: Conn,
+    request_of: Callable[[], tuple[dict[str, str], bytes]],
+) -> None:
+    headers, body = request_of()
+    if request_of is _the_vector_at_its_time:
+        receiver = Receiver(app, secret=VECTOR_SECRET, job="orders.paid", source=SOURCE)
+    status, answer = receiver.receive(headers, body)
+    assert status == 401
+    assert answer["error"]
+    assert written(conn) == (0, 0)
+
+
+def test_a_tighter_tolerance_refuses_what_the_default_accepts(app: x_jobs.App, conn: Conn) -> None:
+    strict = Receiver(app, secret=SECRET, job="orders.paid", source=SOURCE, tolerance=60)
+    status, answer = strict.receive(signed(BODY, timestamp=time.time() - 120), BODY)
+    assert (status, written(conn)) == (401, (0, 0))
+    assert "60 s" in answer["error"]
+    with pytest.raises(ValueError, match="tolerance"):
+        Receiver(app, secret=SECRET, job="orders.paid", source=SOURCE, tolerance=600)
+
+
+def test_a_webhook_becomes_one_job_and_its_redelivery_a_duplicate(
+    receiver: Receiver, conn: Conn
+) -> None:
+    headers = signed(BODY, webhook_id="msg_order_7")
+    status, answer = receiver.receive(headers, BODY)
+    assert status == 200
+    assert answer["duplicate"] is False
+    job_id = answer["job_id"]
+    row = conn.execute(
+        "SELECT name, queue, input FROM x_jobs.job WHERE id = %s", [job_id]
+    ).fetchone()
+    assert row == ("orders.paid", "orders", {"order_id": 7, "note": "paid"})
+    ledger = conn.execute("SELECT source, webhook_id, job_id FROM x_jobs.webhook_ledger").fetchall()
+    assert ledger == [(SOURCE, "msg_order_7", job_id)]
+
+    # The sender retries (a lost 200, say): same id, a fresh timestamp and signature.
+    again = signed(BODY, webhook_id="msg_order_7", timestamp=time.time() + 1)
+    assert receiver.receive(again, BODY) == (200, {"job_id": job_id, "duplicate": True})
+    assert written(conn) == (1, 1)
+    # The same id from another sender is another webhook.
+    other = Receiver(receiver.app, secret=SECRET, job="orders.paid", source="billing")
+    status, answer = other.receive(headers, BODY)
+    assert (status, answer["duplicate"]) == (200, False)
+    assert answer["job_id"] != job_id
+    assert written(conn) == (2, 2)
+
+
+def test_a_body_that_is_not_json_or_not_the_input_is_refused(
+    app: x_jobs.App, receiver: Receiver, conn: Conn
+) -> None:
+    for body in (b"order 7 paid", b'{"order_id": NaN}'):
+        status, answer = receiver.receive(signed(body), body)
+        assert status == 400, answer
+    body = b'{"order_id": "seven"}'
+    status, answer = receiver.receive(signed(body), body)
+    assert status == 422
+    assert "X_INPUT_INVALID" in answer["error"]
+    assert written(conn) == (0, 0)
+
+    # A job this app does not declare (another service's workers run it) takes the body as
+    # it is, in the receiver's queue.
+    loose = Receiver(app, secret=SECRET, job="ledger.import", source=SOURCE, queue="imports")
+    status, answer = loose.receive(signed(body), body)
+    assert status == 200
+    row = conn.execute(
+        "SELECT name, queue, input FROM x_jobs.job WHERE id = %s", [answer["job_id"]]
+    ).fetchone()
+    assert row == ("ledger.import", "imports", {"order_id": "seven"})
+
+
+def _lock_waiters(conn: Conn) -> int:
+    row = conn.execute(
+        "SELECT count(*) FROM pg_catalog.pg_stat_activity"
+        " WHERE datname = pg_catalog.current_database() AND wait_event_type = 'Lock'"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_receipt_that_races_an_uncommitted_one_waits_and_answers_duplicate(
+    receiver: Receiver, conn: Conn, dsn: str
+) -> None:
+    answers: queue.Queue[tuple[int, dict[str, Any]]] = queue.Queue()
+    headers = signed(BODY, webhook_id="msg_race")
+    with psycopg.connect(dsn, autocommit=True) as holder:
+        with holder.transaction():
+            # The first receipt, not yet committed: the second waits for it on the lock of the
+            # webhook id, then finds its ledger row.
+            row = holder.execute(
+                "SELECT job_id FROM x_jobs.receive_webhook(%s, 'msg_race', 'orders.paid',"
+                " %s::jsonb, 'orders')",
+                [SOURCE, BODY.decode()],
+            ).fetchone()
+            assert row is not None
+            thread = threading.Thread(target=lambda: answers.put(receiver.receive(headers, BODY)))
+            thread.start()
+            wait_for(lambda: _lock_waiters(conn) == 1, "the second receipt to wait on the first")
+        thread.join(DEADLINE_SECONDS)
+    assert answers.get(timeout=DEADLINE_SECONDS) == (200, {"job_id": row[0], "duplicate": True})
+    assert written(conn) == (1, 1)
+
+
+def test_concurrent_receipts_of_one_id_make_one_job(receiver: Receiver, conn: Conn) -> None:
+    racers = 5
+    barrier = threading.Barrier(racers)
+    answers: queue.Queue[tuple[int, dict[str, Any]]] = queue.Queue()
+    headers = signed(BODY, webhook_id="msg_burst")
+
+    def receive() -> None:
+        barrier.wait(DEADLINE_SECONDS)
+        answers.put(receiver.receive(headers, BODY))
+
+    threads = [threading.Thread(target=receive) for _ in range(racers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(DEADLINE_SECONDS)
+    got = [answers.get_nowait() for _ in range(racers)]
+    assert {status for status, _ in got} == {200}
+    assert len({answer["job_id"] for _, answer in got}) == 1
+    assert sorted(answer["duplicate"] for _, answer in got) == [False] + [True] * (racers - 1)
+    assert written(conn) == (1, 1)
+
+
+# --- the adapters ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def served(receiver: Receiver) -> Iterator[str]:
+    """The receiver's WSGI app on wsgiref, through ``serve``; yields its URL."""
+    servers: queue.Queue[WSGIServer] = queue.Queue()
+    thread = threading.Thread(
+        target=serve, args=(receiver, "127.0.0.1", 0), kwargs={"ready": servers.put}
+    )
+    thread.start()
+    server = servers.get(timeout=DEADLINE_SECONDS)
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/hooks/orders"
+    finally:
+        server.shutdown()
+        thread.join(DEADLINE_SECONDS)
+
+
+def test_the_sink_and_the_served_receiver_agree_end_to_end(served: str, conn: Conn) -> None:
+    sink = WebhookSink(served, secret=SECRET, headers={"X-Sender": "x_jobs tests"})
+    message = OutboxMessage(
+        id=42, topic="orders.paid", key="order-7", payload={"order_id": 7, "note": "é"}
+    )
+    try:
+        sink.deliver(message)
+        # A redelivery (the relay died before its ack): the same webhook-id, still one job.
+        sink.deliver(dataclasses.replace(message, attempt=2))
+    finally:
+        sink.close()
+    rows = conn.execute(
+        "SELECT l.source, l.webhook_id, j.name, j.input"
+        " FROM x_jobs.webhook_ledger AS l JOIN x_jobs.job AS j ON j.id = l.job_id"
+    ).fetchall()
+    assert rows == [(SOURCE, "msg_42", "orders.paid", {"order_id": 7, "note": "é"})]
+    assert written(conn) == (1, 1)
+
+    # A sender with another secret is refused for good; a body the job refuses too.
+    impostor = WebhookSink(served, secret=new_secret())
+    wrong_input = WebhookSink(served, secret=SECRET)
+    try:
+        with pytest.raises(DeliveryError, match="401") as refused:
+            impostor.deliver(OutboxMessage(id=43, topic="orders.paid", key=None, payload={}))
+        assert refused.value.retryable is False
+        with pytest.raises(DeliveryError, match="422") as invalid:
+            wrong_input.deliver(OutboxMessage(id=44, topic="orders.paid", key=None, payload={}))
+        assert invalid.value.retryable is False
+    finally:
+        impostor.close()
+        wrong_input.close()
+    assert written(conn) == (1, 1)
+
+    # Only POST.
+    answer = httpx.get(served)
+    assert (answer.status_code, answer.headers["allow"]) == (405, "POST")
+
+
+def test_the_asgi_app_answers_a_signed_request(receiver: Receiver, conn: Conn) -> None:
+    body = b'{"order_id": 9}'
+
+    def call(method: str, headers: dict[str, str], chunks: list[bytes]) -> tuple[int, Any]:
+        events: list[MutableMapping[str, Any]] = [
+            {"type": "http.request", "body": chunk, "more_body": n < len(chunks) - 1}
+            for n, chunk in enumerate(chunks)
+        ]
+        sent: list[MutableMapping[str, Any]] = []
+
+        async def receive() -> MutableMapping[str, Any]:
+            return events.pop(0) if events else {"type": "http.disconnect"}
+
+        async def send(event: MutableMapping[str, Any]) -> None:
+            sent.append(event)
+
+        scope: dict[str, Any] = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": method,
+            "path": "/hooks",
+            "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+        }
+        asyncio.run(receiver.asgi(scope, receive, send))
+        assert [event["type"] for event in sent] == ["http.response.start", "http.response.body"]
+        assert (b"content-type", b"application/json") in sent[0]["headers"]
+        return int(sent[0]["status"]), json.loads(sent[1]["body"])
+
+    # The body in two chunks, as a server streams it.
+    status, answer = call("POST", signed(body, webhook_id="msg_asgi"), [body[:5], body[5:]])
+    assert status == 200
+    assert answer["duplicate"] is False
+    assert written(conn) == (1, 1)
+    assert call("POST", signed(body, webhook_id="msg_asgi"), [body])[1]["duplicate"] is True
+    assert call("POST", signed(body, secret=new_secret()), [body])[0] == 401
+    assert call("GET", {}, [b""])[0] == 405
+    assert written(conn) == (1, 1)
+
+
+# --- the sink against scripted endpoints ---------------------------------------------------
+
+
+@dataclass
+class Seen:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class Endpoint:
+    """What a scripted endpoint saw, and the gates its /hold and /stall paths wait at."""
+
+    url: str
+    seen: list[Seen] = field(default_factory=list)
+    in_flight: int = 0
+    peak: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    release: threading.Event = field(default_factory=threading.Event)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    endpoint: Endpoint
+
+
+class _Scripted(BaseHTTPRequestHandler):
+    """POST /<status>?<header>=<value>&...: answers that status with those headers and a short
+    body. /hold and /stall wait for the endpoint's release first (then answer 200)."""
+
+    def do_POST(self) -> None:
+        endpoint = cast(_Server, self.server).endpoint
+        url = urlsplit(self.path)
+        body = self.rfile.read(int(self.headers.get("content-length") or 0))
+        with endpoint.lock:
+            endpoint.seen.append(
+                Seen(url.path, {k.lower(): v for k, v in self.headers.items()}, body)
+            )
+            endpoint.in_flight += 1
+            endpoint.peak = max(endpoint.peak, endpoint.in_flight)
+        try:
+            name = url.path.strip("/")
+            if name in {"hold", "stall"}:
+                endpoint.release.wait(DEADLINE_SECONDS)
+            status = int(name) if name.isdigit() else 200
+            reply = f"endpoint says {status}".encode()
+            self.send_response(status)
+            for header, value in parse_qsl(url.query):
+                self.send_header(header, value)
+            self.send_header("content-length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+        except OSError:
+            pass  # the sink gave up (its timeout) and closed the connection
+        finally:
+            with endpoint.lock:
+                endpoint.in_flight -= 1
+
+    def log_message(self, format: str, *args: Any) -> None:
+        logger.debug("endpoint: %s", format % args)
+
+
+@pytest.fixture
+def endpoint() -> Iterator[Endpoint]:
+    server = _Server(("127.0.0.1", 0), _Scripted)
+    server.endpoint = Endpoint(url=f"http://127.0.0.1:{server.server_port}")
+    thread = threading.Thread(target=server.serve_forever)
+    thread.start()
+    try:
+        yield server.endpoint
+    finally:
+        server.endpoint.release.set()
+        server.shutdown()
+        server.server_close()
+        thread.join(DEADLINE_SECONDS)
+
+
+def _message(n: int = 1) -> OutboxMessage:
+    return OutboxMessage(
+        id=n, topic="orders.paid", key=None, payload={"n": n}, headers={"X-Tenant": "acme"}
+    )
+
+
+@pytest.mark.parametrize("status", [200, 201, 204])
+def test_a_2xx_delivers_a_signed_compact_json_post(endpoint: Endpoint, status: int) -> None:
+    sink = WebhookSink(f"{endpoint.url}/{status}", secret=SECRET, headers={"X-Static": "on"})
+    try:
+        sink.deliver(_message(5))
+    finally:
+        sink.close()
+    (seen,) = endpoint.seen
+    assert seen.body == b'{"n":5}'
+    assert seen.headers["content-type"] == "application/json"
+    assert (seen.headers["x-static"], seen.headers["x-tenant"]) == ("on", "acme")
+    assert seen.headers["webhook-id"] == "msg_5"
+    assert abs(int(seen.headers["webhook-timestamp"]) - time.time()) < 60
+    assert Webhook(SECRET).verify(seen.body, seen.headers) == {"n": 5}
+
+
+def test_message_headers_cannot_override_the_signature(endpoint: Endpoint) -> None:
+    sink = WebhookSink(endpoint.url, secret=SECRET, headers={"Webhook-Id": "static"})
+    message = OutboxMessage(
+        id=6, topic="t", key=None, payload=[], headers={"webhook-signature": "v1,forged"}
+    )
+    try:
+        sink.deliver(message)
+    finally:
+        sink.close()
+    (seen,) = endpoint.seen
+    assert seen.headers["webhook-id"] == "msg_6"
+    Webhook(SECRET).verify(seen.body, seen.headers)
+
+
+RETRY_DATE = datetime(2031, 5, 4, 3, 2, 1, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("path", "retryable", "retry_at"),
+    [
+        ("/500", True, None),
+        ("/502", True, None),
+        ("/429?Retry-After=120", True, timedelta(seconds=120)),
+        (f"/503?Retry-After={format_datetime(RETRY_DATE, usegmt=True)}", True, RETRY_DATE),
+        ("/408", True, None),
+        ("/400", False, None),
+        ("/404", False, None),
+        ("/410?Retry-After=5", False, None),
+        ("/301?Location=/200", False, None),
+    ],
+)
+def test_failures_say_whether_and_when_to_retry(
+    endpoint: Endpoint,
+    path: str,
+    retryable: bool,
+    retry_at: timedelta | datetime | None,
+) -> None:
+    sink = WebhookSink(endpoint.url + path, secret=SECRET)
+    before = datetime.now(UTC)
+    try:
+        with pytest.raises(DeliveryError) as failed:
+            sink.deliver(_message())
+    finally:
+        sink.close()
+    error = failed.value
+    status = urlsplit(path).path.strip("/")
+    assert f"answered {status}" in str(error)
+    assert f"endpoint says {status}" in str(error)
+    assert error.retryable is retryable
+    if isinstance(retry_at, timedelta):
+        assert error.retry_at is not None
+        assert before + retry_at <= error.retry_at <= datetime.now(UTC) + retry_at
+    else:
+        assert error.retry_at == retry_at
+    assert len(endpoint.seen) == 1  # a redirect is not followed
+
+
+def test_a_refused_connection_is_retryable() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    sink = WebhookSink(f"http://127.0.0.1:{port}/", secret=SECRET, timeout=2)
+    try:
+        with pytest.raises(DeliveryError, match="ConnectError") as failed:
+            sink.deliver(_message())
+    finally:
+        sink.close()
+    assert failed.value.retryable is True
+    assert failed.value.retry_at is None
+
+
+def test_a_timeout_is_retryable(endpoint: Endpoint) -> None:
+    sink = WebhookSink(f"{endpoint.url}/stall", secret=SECRET, timeout=0.2)
+    started = time.monotonic()
+    try:
+        with pytest.raises(DeliveryError, match="ReadTimeout") as failed:
+            sink.deliver(_message())
+    finally:
+        sink.close()
+    assert failed.value.retryable is True
+    assert time.monotonic() - started < DEADLINE_SECONDS / 2
+
+
+def test_the_url_credentials_stay_out_of_errors(endpoint: Endpoint) -> None:
+    sink = WebhookSink(
+        endpoint.url.replace("//", "//user:pw@") + "/500?token=s3cret", secret=SECRET
+    )
+    try:
+        with pytest.raises(DeliveryError) as failed:
+            sink.deliver(_message())
+    finally:
+        sink.close()
+    assert "s3cret" not in str(failed.value)
+    assert "pw" not in str(failed.value)
+
+
+def test_max_concurrent_bounds_the_requests_in_flight(endpoint: Endpoint) -> None:
+    deliveries, limit = 6, 2
+    sink = WebhookSink(f"{endpoint.url}/hold", secret=SECRET, max_concurrent=limit)
+    errors: queue.Queue[BaseException] = queue.Queue()
+
+    def deliver(n: int) -> None:
+        try:
+            sink.deliver(_message(n))
+        except BaseException as err:
+            errors.put(err)
+
+    threads = [threading.Thread(target=deliver, args=(n,)) for n in range(deliveries)]
+    try:
+        for thread in threads:
+            thread.start()
+        wait_for(lambda: endpoint.in_flight == limit, f"{limit} requests in flight")
+        # The other four are queued in the sink: give them a chance to (wrongly) get through.
+        time.sleep(0.3)
+        assert (endpoint.in_flight, len(endpoint.seen)) == (limit, limit)
+    finally:
+        endpoint.release.set()
+        for thread in threads:
+            thread.join(DEADLINE_SECONDS)
+        sink.close()
+    assert errors.empty()
+    assert endpoint.peak == limit
+    assert sorted(seen.headers["webhook-id"] for seen in endpoint.seen) == [
+        f"msg_{n}" for n in range(deliveries)
+    ]
+
+
+def test_bad_arguments_are_refused_up_front() -> None:
+    app = x_jobs.App("dbname=never_connected")
+    for url in ("ftp://example.com/", "example.com/hooks"):
+        with pytest.raises(ValueError, match="http"):
+            WebhookSink(url, secret=SECRET)
+    with pytest.raises(ValueError, match="max_concurrent"):
+        WebhookSink("http://127.0.0.1/", secret=SECRET, max_concurrent=0)
+    with pytest.raises(ValueError, match="secret"):
+        WebhookSink("http://127.0.0.1/", secret="")
+    with pytest.raises(ValueError, match="secret"):
+        Receiver(app, secret="", job="orders.paid", source=SOURCE)
+    with pytest.raises(ValueError, match="source"):
+        Receiver(app, secret=SECRET, job="orders.paid", source="")
