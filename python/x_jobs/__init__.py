@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from x_jobs.app import App, Concurrency, Enqueued, Job, Retry
 from x_jobs.errors import JobFailed, ResultTimeout, XJobsError, translate
+from x_jobs.outbox import DeliveryError, OutboxMessage
 from x_jobs.steps import AsyncSteps, Steps, StepTimeout
 from x_jobs.worker import AsyncJobContext, JobCancelled, JobContext, PermanentError, Worker
 
@@ -23,11 +24,13 @@ __all__ = [
     "AsyncJobContext",
     "AsyncSteps",
     "Concurrency",
+    "DeliveryError",
     "Enqueued",
     "Job",
     "JobCancelled",
     "JobContext",
     "JobFailed",
+    "OutboxMessage",
     "PermanentError",
     "ResultTimeout",
     "Retry",

@@ -145,3 +145,22 @@ def test_the_workflow_example_runs_in_a_worker(
         worker.terminate()
         _, stderr = worker.communicate(timeout=60)
     assert worker.returncode == 0, stderr
+
+
+def test_the_outbox_example_puts_its_messages(conn: psycopg.Connection[Any]) -> None:
+    example = readme_blocks("python", "Python")[2]
+    done = subprocess.run(
+        [sys.executable, "-c", example],
+        env=dict(os.environ, PGDATABASE=conn.info.dbname),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = conn.execute(
+        "SELECT topic, key, payload, state::text FROM x_jobs.outbox ORDER BY id"
+    ).fetchall()
+    assert rows == [
+        ("orders.created", "order-42", {"order": 42}, "pending"),
+        ("orders.audit", "order-42", {"order": 42}, "pending"),
+    ]
