@@ -1977,6 +1977,12 @@ DECLARE
     v_job x_jobs.job;
     v_step x_jobs.step;
 BEGIN
+    -- The step row is locked before the job row, as publish locks them: the other order could
+    -- deadlock with a publish of the same event (and abort the publisher's transaction).
+    SELECT s.* INTO v_step
+    FROM x_jobs.step AS s
+    WHERE s.job_id = resolve_step.job AND s.name = resolve_step.step AND NOT s.compensation
+    FOR UPDATE;
     SELECT j.* INTO v_job FROM x_jobs.job AS j WHERE j.id = resolve_step.job FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING
@@ -1992,11 +1998,7 @@ BEGIN
             HINT = 'Resolve a step while its run is suspended; wait for the worker to suspend or settle it.';
     END IF;
 
-    SELECT s.* INTO v_step
-    FROM x_jobs.step AS s
-    WHERE s.job_id = resolve_step.job AND s.name = resolve_step.step AND NOT s.compensation
-    FOR UPDATE;
-    IF NOT FOUND THEN
+    IF v_step.job_id IS NULL THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ031',
             MESSAGE = pg_catalog.format('X_STEP_NOT_FOUND: job %s has no step %L', resolve_step.job,

@@ -1,15 +1,17 @@
 """The ``x-jobs`` command line (also ``python -m x_jobs``).
 
-``worker`` runs the jobs of an App. The operator's commands call the SQL API and print what it
-answers: ``enqueue``, ``jobs list|show|retry|cancel``, ``events publish``, ``steps resolve``,
-``queues [pause|resume]``, and ``install`` (the schema without CREATE EXTENSION, see
-:mod:`x_jobs.install`). Each takes ``--dsn`` (default ``DATABASE_URL``, else libpq's PG*
-environment, as ``App()``) and ``--json`` (one JSON document on stdout instead of tables).
+``worker`` runs the jobs of an App, ``relay`` delivers its outbox. The operator's commands call
+the SQL API and print what it answers: ``enqueue``, ``jobs list|show|retry|cancel``,
+``outbox list|show|redrive``, ``events publish``, ``steps resolve``, ``queues [pause|resume]``,
+and ``install`` (the schema without CREATE EXTENSION, see :mod:`x_jobs.install`). Each takes
+``--dsn`` (default ``DATABASE_URL``, else libpq's PG* environment, as ``App()``) and ``--json``
+(one JSON document on stdout instead of tables).
 
-Exit codes: 0 done; 1 the database refused (an x_jobs refusal such as X_JOB_NOT_FOUND, or any
-other SQL error); 2 a usage or connection problem (bad arguments, a bad DSN, an unreachable
-server, a database without x_jobs or with a version this client cannot speak to). An error is
-one line on stderr, then a hint; with ``--json`` stdout also gets ``{"error": {...}}``.
+Exit codes: 0 done; 1 the database refused (an x_jobs refusal such as X_JOB_NOT_FOUND, one
+this client makes in the same manner such as X_MESSAGE_NOT_FOUND, or any other SQL error); 2 a
+usage or connection problem (bad arguments, a bad DSN, an unreachable server, a database without
+x_jobs or with a version this client cannot speak to). An error is one line on stderr, then a
+hint; with ``--json`` stdout also gets ``{"error": {...}}``.
 """
 
 from __future__ import annotations
@@ -38,7 +40,15 @@ from rich.text import Text
 
 from x_jobs import install as installer
 from x_jobs.app import App
-from x_jobs.errors import JobNotFound, VersionUnsupported, XJobsError, translate
+from x_jobs.errors import (
+    ClientError,
+    JobNotFound,
+    QtyInvalid,
+    StateUnknown,
+    VersionUnsupported,
+    XJobsError,
+    translate,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -301,6 +311,25 @@ class PublishedRow:
     woken: int
 
 
+@dataclass(frozen=True)
+class OutboxRow:
+    """A message of x_jobs.outbox as the operator reads it (``OUTBOX_COLUMNS``)."""
+
+    id: int
+    created_at: datetime
+    max_attempts: int
+    topic: str
+    key: str | None
+    headers: Any
+    payload: Any
+    state: str
+    attempt: int
+    available_at: datetime
+    relay: str | None
+    delivered_at: datetime | None
+    last_error: str | None
+
+
 JOB_COLUMNS: LiteralString = """
     id, name, queue, state::text AS state, attempt, max_attempts, priority, run_at, visible_at,
     claimed_by, tenant_id, idempotency_key, concurrency_key, concurrency_limit, dead_letter,
@@ -374,6 +403,34 @@ RESOLVE_STEP: LiteralString = (
 )
 PAUSE: LiteralString = "SELECT x_jobs.pause_queue(queue => %(queue)s)"
 RESUME: LiteralString = "SELECT x_jobs.resume_queue(queue => %(queue)s)"
+OUTBOX_COLUMNS: LiteralString = """
+    id, created_at, max_attempts, topic, key, headers, payload, state::text AS state, attempt,
+    available_at, relay, delivered_at, last_error
+"""
+OUTBOX_STATES: LiteralString = "SELECT pg_catalog.enum_range(NULL::x_jobs.outbox_state)::text[]"
+# The API has no lister of the outbox; the admin role reads the table, newest first and paged by
+# id as x_jobs.list_jobs pages jobs (the primary key, read backwards, serves every filter). The
+# state is checked against OUTBOX_STATES first, so the cast cannot fail.
+LIST_OUTBOX: LiteralString = (
+    "SELECT "
+    + OUTBOX_COLUMNS
+    + """
+    FROM x_jobs.outbox
+    WHERE (%(state)s::text IS NULL OR state = %(state)s::x_jobs.outbox_state)
+        AND (%(topic)s::text IS NULL OR topic = %(topic)s)
+        AND (%(key)s::text IS NULL OR key = %(key)s)
+        AND (%(before)s::bigint IS NULL OR id < %(before)s)
+    ORDER BY id DESC
+    LIMIT %(limit)s
+"""
+)
+SHOW_OUTBOX: LiteralString = "SELECT " + OUTBOX_COLUMNS + " FROM x_jobs.outbox WHERE id = %(id)s"
+# NULL ids or topic: no restriction there (the command refuses to pass both NULL).
+REDRIVE: LiteralString = """
+    SELECT x_jobs.outbox_redrive(
+        ids => %(ids)s::bigint[], topic => %(topic)s, max_rows => %(limit)s::integer
+    )
+"""
 
 
 def _first_line(text: str) -> str:
@@ -1058,6 +1115,186 @@ def queues_resume(
 ) -> None:
     """Let a paused queue be claimed again (x_jobs.resume_queue)."""
     _toggle(ctx, name, dsn, as_json, pause=False)
+
+
+outbox_cli = typer.Typer(
+    help="List and show outbox messages, send dead ones again.", no_args_is_help=True
+)
+cli.add_typer(outbox_cli, name="outbox")
+
+#: The page sizes `outbox list` takes, as x_jobs.list_jobs for `jobs list`.
+OUTBOX_PAGE = range(1, 1001)
+
+
+class MessageNotFound(ClientError):
+    """No outbox message has the id an outbox command was given."""
+
+    code = "X_MESSAGE_NOT_FOUND"
+
+
+def _outbox_table(messages: list[OutboxRow]) -> Table:
+    # As `jobs list`: the fixed columns stay narrow, topic, key and last error fold.
+    table = _table()
+    table.add_column("id", justify="right", no_wrap=True)
+    table.add_column("topic", overflow="fold", min_width=8)
+    table.add_column("key", overflow="fold", min_width=5)
+    table.add_column("state", no_wrap=True)
+    table.add_column("attempt", justify="right", no_wrap=True)
+    table.add_column("available at (UTC)", no_wrap=True)
+    table.add_column("last error", overflow="fold", min_width=10, max_width=SHORT)
+    for message in messages:
+        table.add_row(
+            Text(str(message.id)),
+            Text(message.topic),
+            Text(_or_dash(message.key)),
+            Text(message.state),
+            Text(f"{message.attempt}/{message.max_attempts}"),
+            Text(_utc(message.available_at)),
+            Text(_shorten(_first_line(message.last_error)) if message.last_error else ""),
+        )
+    return table
+
+
+def _literal(text: str) -> str:
+    """``text`` quoted as SQL's %L does, so the refusal reads as the one `jobs list` prints."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+@outbox_cli.command("list")
+def outbox_list(
+    state: Annotated[
+        str | None,
+        typer.Option(help="Only messages in this state (pending, inflight, delivered, dead)."),
+    ] = None,
+    topic: Annotated[str | None, typer.Option(help="Only messages of this topic.")] = None,
+    key: Annotated[str | None, typer.Option(help="Only messages of this key.")] = None,
+    before: Annotated[
+        int | None,
+        typer.Option(metavar="ID", help="Only ids below this one: the next page's start."),
+    ] = None,
+    limit: Annotated[int, typer.Option(help="Rows per page, 1 to 1000.")] = 50,
+    dsn: Dsn = None,
+    as_json: AsJson = False,
+) -> None:
+    """Outbox messages newest first, one page at a time (x_jobs.outbox); page on with --before.
+
+    After a full page it prints the command for the next one: --before the page's last id.
+    """
+    out = Output(as_json)
+    params = {"state": state, "topic": topic, "key": key, "before": before, "limit": limit}
+    with database(dsn, out) as conn:
+        # The refusals x_jobs.list_jobs makes for `jobs list`, in its order.
+        if state is not None:
+            row = conn.execute(OUTBOX_STATES).fetchone()
+            states: list[str] = [] if row is None else list(row[0])
+            if state not in states:
+                raise StateUnknown(
+                    f"X_STATE_UNKNOWN: {_literal(state)} is not an outbox state",
+                    hint=f"Use one of: {', '.join(states)}.",
+                )
+        if limit not in OUTBOX_PAGE:
+            raise QtyInvalid(
+                f"X_QTY_INVALID: --limit {limit} is outside 1..1000",
+                hint="Ask for a page of 1 to 1000 rows and page on with --before.",
+            )
+        cur = conn.cursor(row_factory=class_row(OutboxRow))
+        messages = cur.execute(LIST_OUTBOX, params).fetchall()
+    next_before = messages[-1].id if len(messages) == limit else None
+    human: list[RenderableType | str] = [_outbox_table(messages) if messages else "no messages"]
+    if next_before is not None:
+        args = ["x-jobs", "outbox", "list"]
+        args += ["--state", state] if state is not None else []
+        args += ["--topic", topic] if topic is not None else []
+        args += ["--key", key] if key is not None else []
+        args += ["--limit", str(limit)] if limit != 50 else []
+        args += ["--before", str(next_before)]
+        human.append(f"next page: {shlex.join(args)}")
+    out.emit(
+        {"messages": [dataclasses.asdict(m) for m in messages], "next_before": next_before},
+        *human,
+    )
+
+
+@outbox_cli.command("show")
+def outbox_show(
+    message_id: Annotated[int, typer.Argument(metavar="ID", help="The message's id.")],
+    dsn: Dsn = None,
+    as_json: AsJson = False,
+) -> None:
+    """One outbox message: every column, its headers and payload as JSON."""
+    out = Output(as_json)
+    with database(dsn, out) as conn:
+        cur = conn.cursor(row_factory=class_row(OutboxRow))
+        row = cur.execute(SHOW_OUTBOX, {"id": message_id}).fetchone()
+        if row is None:
+            raise MessageNotFound(
+                f"X_MESSAGE_NOT_FOUND: no outbox message has id {message_id}",
+                hint="Check the id with `x-jobs outbox list`; delivered messages are removed "
+                "by purge_outbox after their retention.",
+            )
+    out.emit(
+        {"message": dataclasses.asdict(row)},
+        _fields(
+            [
+                ("id", str(row.id)),
+                ("topic", row.topic),
+                ("key", _or_dash(row.key)),
+                ("state", row.state),
+                ("attempt", f"{row.attempt}/{row.max_attempts}"),
+                ("available at", _when(row.available_at)),
+                ("relay", _or_dash(row.relay)),
+                ("created", _when(row.created_at)),
+                ("delivered", _when(row.delivered_at)),
+                ("last error", _or_dash(row.last_error)),
+                ("headers", JSON.from_data(row.headers)),
+                ("payload", JSON.from_data(row.payload)),
+            ]
+        ),
+    )
+
+
+@outbox_cli.command("redrive")
+def outbox_redrive(
+    message_ids: Annotated[
+        list[int] | None,
+        typer.Argument(metavar="ID", help="Dead messages to send again.", show_default=False),
+    ] = None,
+    topic: Annotated[
+        str | None,
+        typer.Option(help="Every dead message of this topic (with IDs: only those of it)."),
+    ] = None,
+    limit: Annotated[
+        int, typer.Option(help="At most this many, oldest first, 1 to 100000.")
+    ] = 1000,
+    dsn: Dsn = None,
+    as_json: AsJson = False,
+) -> None:
+    """Send dead messages again (x_jobs.outbox_redrive): pending, due now, attempts from 0.
+
+    Name them by ID, by --topic or both; a bare `redrive` is refused, never all by accident.
+
+    Prints how many were dead and went back.
+    """
+    out = Output(as_json)
+    ids = list(dict.fromkeys(message_ids or []))
+    if not ids and topic is None:
+        raise typer.BadParameter(
+            "name the dead messages to send again: give their IDs, --topic, or both",
+            param_hint="'ID' / '--topic'",
+        )
+    params = {"ids": ids or None, "topic": topic, "limit": limit}
+    with database(dsn, out) as conn:
+        row = conn.execute(REDRIVE, params).fetchone()
+    redriven = 0 if row is None else int(row[0])
+    if redriven == 0:
+        said = "no dead message matched; nothing changed"
+    else:
+        said = f"{redriven} dead message{'s' if redriven > 1 else ''} sent again"
+        if ids and redriven < len(ids):
+            said += f"; {len(ids) - redriven} of the ids named no dead message"
+        elif not ids and redriven == limit:
+            said += f"; there may be more: run it again to send the next {limit}"
+    out.emit({"redriven": redriven, "ids": ids, "topic": topic, "limit": limit}, said)
 
 
 @cli.command("install")

@@ -428,6 +428,377 @@ def test_queues_shows_counts_and_pause_resume_toggle_paused(dsn: str, conn: Conn
     assert not_paused.stdout.strip() == "queue mail was not paused"
 
 
+def put(
+    conn: Conn,
+    topic: str,
+    payload: Any,
+    key: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> int:
+    row = conn.execute(
+        "SELECT x_jobs.outbox_put(topic => %s, payload => %s::jsonb, key => %s,"
+        " headers => %s::jsonb)",
+        [topic, json.dumps(payload), key, None if headers is None else json.dumps(headers)],
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def relay_once(
+    conn: Conn, *, dead: Mapping[int, str] | None = None, delivered: list[int] | None = None
+) -> list[int]:
+    """Claim every due message as relay 'r1' (one per key, for an hour), then settle some: the
+    ``dead`` ones refused for good with their error, the ``delivered`` ones acked; the rest stay
+    in flight. Answers the claimed ids, in id order."""
+    claimed = sorted(
+        int(message_id)
+        for (message_id,) in conn.execute(
+            "SELECT id FROM x_jobs.relay_outbox(relay => 'r1', qty => 1000, lease => '1 hour')"
+        ).fetchall()
+    )
+    for message_id, error in (dead or {}).items():
+        assert message_id in claimed
+        state = conn.execute(
+            "SELECT x_jobs.outbox_nack(id => %s, relay => 'r1', error => %s,"
+            " retryable => false)::text",
+            [message_id, error],
+        ).fetchone()
+        assert state == ("dead",)
+    if delivered:
+        acked = conn.execute(
+            "SELECT x_jobs.outbox_ack(ids => %s::bigint[], relay => 'r1')", [delivered]
+        ).fetchall()
+        assert sorted(int(i) for (i,) in acked) == sorted(delivered)
+    return claimed
+
+
+BOOM = "HTTP 500: [red]boom[/red]\n<html>Internal Server Error</html>"
+
+
+def outbox_of_five(conn: Conn) -> list[int]:
+    """Five messages, one of each kind an operator meets: m1 dead (order.paid, key o-1, headers),
+    m2 delivered (key o-2), m3 dead (user.created, no key), m4 pending behind m1 (key o-1), m5
+    in flight on relay r1 (key o-3)."""
+    m1 = put(conn, "order.paid", {"order": 1}, key="o-1", headers={"trace": "t-1"})
+    m2 = put(conn, "order.paid", {"order": 2}, key="o-2")
+    m3 = put(conn, "user.created", {"user": "ada"})
+    m4 = put(conn, "order.paid", {"order": 1, "again": True}, key="o-1")
+    m5 = put(conn, "order.paid", {"order": 3}, key="o-3")
+    claimed = relay_once(conn, dead={m1: BOOM, m3: "HTTP 410: gone"}, delivered=[m2])
+    assert claimed == [m1, m2, m3, m5]  # m4 waits behind m1, the head of its key
+    return [m1, m2, m3, m4, m5]
+
+
+def outbox_row(conn: Conn, message_id: int) -> tuple[Any, ...]:
+    """state, attempt, relay, and whether it is due now, of an outbox message."""
+    row = conn.execute(
+        "SELECT state::text, attempt, relay, available_at <= x_jobs.now() FROM x_jobs.outbox"
+        " WHERE id = %s",
+        [message_id],
+    ).fetchone()
+    assert row is not None
+    return row
+
+
+def outbox_columns(conn: Conn) -> set[str]:
+    return {
+        str(name)
+        for (name,) in conn.execute(
+            "SELECT attname FROM pg_catalog.pg_attribute"
+            " WHERE attrelid = 'x_jobs.outbox'::regclass AND attnum > 0 AND NOT attisdropped"
+        ).fetchall()
+    }
+
+
+def test_outbox_list_filters_newest_first(dsn: str, conn: Conn) -> None:
+    assert succeeded(x_jobs("outbox", "list", "--dsn", dsn)).stdout.strip() == "no messages"
+    assert as_json(x_jobs("outbox", "list", "--json", "--dsn", dsn)) == {
+        "messages": [],
+        "next_before": None,
+    }
+    m1, m2, m3, m4, m5 = outbox_of_five(conn)
+
+    table = succeeded(x_jobs("outbox", "list", "--dsn", dsn)).stdout
+    assert listed_ids(table) == [m5, m4, m3, m2, m1]
+    assert re.split(r"\s{2,}", table.splitlines()[0].strip()) == [
+        "id",
+        "topic",
+        "key",
+        "state",
+        "attempt",
+        "available at (UTC)",
+        "last error",
+    ]
+    rows = {int(line.split()[0]): line for line in table.splitlines() if re.match(r"\s*\d", line)}
+    assert rows[m1].split()[1:5] == ["order.paid", "o-1", "dead", "1/10"]
+    # The first line of the error, its markup printed as it is.
+    assert rows[m1].rstrip().endswith("HTTP 500: [red]boom[/red]")
+    assert "<html>" not in table
+    assert rows[m2].split()[1:5] == ["order.paid", "o-2", "delivered", "1/10"]
+    assert rows[m3].split()[1:5] == ["user.created", "-", "dead", "1/10"]
+    assert rows[m4].split()[1:5] == ["order.paid", "o-1", "pending", "0/10"]
+    assert rows[m5].split()[1:5] == ["order.paid", "o-3", "inflight", "1/10"]
+    lease = conn.execute("SELECT available_at FROM x_jobs.outbox WHERE id = %s", [m5]).fetchone()
+    assert lease is not None
+    assert lease[0].astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") in rows[m5]
+    assert "next page" not in table
+
+    def ids(*options: str) -> list[int]:
+        doc = as_json(x_jobs("outbox", "list", *options, "--json", "--dsn", dsn))
+        return [message["id"] for message in doc["messages"]]
+
+    assert ids("--state", "dead") == [m3, m1]
+    assert ids("--state", "delivered") == [m2]
+    assert ids("--topic", "order.paid") == [m5, m4, m2, m1]
+    assert ids("--key", "o-1") == [m4, m1]
+    assert ids("--state", "dead", "--topic", "order.paid", "--key", "o-1") == [m1]
+    assert ids("--topic", "no.such.topic") == []
+    nothing = succeeded(
+        x_jobs("outbox", "list", "--state", "pending", "--key", "o-3", "--dsn", dsn)
+    )
+    assert nothing.stdout.strip() == "no messages"
+
+    # The whole rows in JSON: every column, headers and payload as JSON, the error whole.
+    doc = as_json(x_jobs("outbox", "list", "--state", "dead", "--json", "--dsn", dsn))
+    assert doc["next_before"] is None
+    dead_m3, dead_m1 = doc["messages"]
+    assert set(dead_m1) == outbox_columns(conn)
+    assert {k: dead_m1[k] for k in ("topic", "key", "state", "attempt", "max_attempts")} == {
+        "topic": "order.paid",
+        "key": "o-1",
+        "state": "dead",
+        "attempt": 1,
+        "max_attempts": 10,
+    }
+    assert (dead_m1["headers"], dead_m1["payload"]) == ({"trace": "t-1"}, {"order": 1})
+    assert (dead_m1["last_error"], dead_m1["relay"], dead_m1["delivered_at"]) == (BOOM, None, None)
+    assert (dead_m3["key"], dead_m3["headers"], dead_m3["last_error"]) == (
+        None,
+        {},
+        "HTTP 410: gone",
+    )
+
+    narrow = succeeded(x_jobs("outbox", "list", "--dsn", dsn, env={"COLUMNS": "80"})).stdout
+    assert all(len(line) <= 80 for line in narrow.splitlines()), narrow
+    assert listed_ids(narrow) == [m5, m4, m3, m2, m1]
+
+
+def test_outbox_list_pages_with_before(dsn: str, conn: Conn) -> None:
+    m1, m2, _, m4, m5 = outbox_of_five(conn)
+
+    first = succeeded(
+        x_jobs("outbox", "list", "--topic", "order.paid", "--limit", "2", "--dsn", dsn)
+    )
+    assert listed_ids(first.stdout) == [m5, m4]
+    follow = f"x-jobs outbox list --topic order.paid --limit 2 --before {m4}"
+    assert f"next page: {follow}" in first.stdout
+
+    second = succeeded(x_jobs(*follow.split()[1:], "--dsn", dsn))
+    assert listed_ids(second.stdout) == [m2, m1]
+    follow = f"x-jobs outbox list --topic order.paid --limit 2 --before {m1}"
+    assert f"next page: {follow}" in second.stdout  # a full page may have a next one
+    last = succeeded(x_jobs(*follow.split()[1:], "--dsn", dsn))
+    assert last.stdout.strip() == "no messages"
+
+    # Every filter given is in the next page's command; a partial page is the last one.
+    keyed = succeeded(
+        x_jobs("outbox", "list", "--state", "pending", "--key", "o-1", "--limit", "1", "--dsn", dsn)
+    )
+    assert listed_ids(keyed.stdout) == [m4]
+    assert f"next page: x-jobs outbox list --state pending --key o-1 --limit 1 --before {m4}" in (
+        keyed.stdout
+    )
+    rest = succeeded(x_jobs("outbox", "list", "--key", "o-1", "--before", str(m4), "--dsn", dsn))
+    assert listed_ids(rest.stdout) == [m1]
+    assert "next page" not in rest.stdout
+
+    paged = as_json(x_jobs("outbox", "list", "--limit", "3", "--json", "--dsn", dsn))
+    assert [message["id"] for message in paged["messages"]] == [m5, m4, m4 - 1]
+    assert paged["next_before"] == m4 - 1
+    tail = as_json(x_jobs("outbox", "list", "--before", str(m4 - 1), "--json", "--dsn", dsn))
+    assert [message["id"] for message in tail["messages"]] == [m2, m1]
+    assert tail["next_before"] is None
+
+
+def test_outbox_show_prints_every_column(dsn: str, conn: Conn) -> None:
+    m1, m2, _, _, m5 = outbox_of_five(conn)
+
+    def fields(output: str) -> dict[str, str]:
+        return dict(
+            re.split(r"\s{2,}", line.strip(), maxsplit=1)
+            for line in output.splitlines()
+            if re.match(r"^[a-z]", line) and re.search(r"\S\s{2,}\S", line)
+        )
+
+    shown = succeeded(x_jobs("outbox", "show", str(m1), "--dsn", dsn)).stdout
+    created = conn.execute("SELECT created_at FROM x_jobs.outbox WHERE id = %s", [m1]).fetchone()
+    assert created is not None
+    assert {
+        k: v for k, v in fields(shown).items() if k not in ("available at", "headers", "payload")
+    } == {
+        "id": str(m1),
+        "topic": "order.paid",
+        "key": "o-1",
+        "state": "dead",
+        "attempt": "1/10",
+        "relay": "-",
+        "created": created[0].astimezone(UTC).isoformat(sep=" ", timespec="seconds"),
+        "delivered": "-",
+        "last error": "HTTP 500: [red]boom[/red]",  # then its next lines, markup as it is
+    }
+    assert "<html>Internal Server Error</html>" in shown
+    assert re.search(r'^headers\s+\{\s*$\s+"trace": "t-1"', shown, re.MULTILINE), shown
+    assert re.search(r'^payload\s+\{\s*$\s+"order": 1', shown, re.MULTILINE), shown
+
+    delivered = fields(succeeded(x_jobs("outbox", "show", str(m2), "--dsn", dsn)).stdout)
+    assert (delivered["state"], delivered["last error"]) == ("delivered", "-")
+    assert delivered["delivered"] != "-"
+    inflight = fields(succeeded(x_jobs("outbox", "show", str(m5), "--dsn", dsn)).stdout)
+    assert (inflight["state"], inflight["relay"]) == ("inflight", "r1")
+
+    doc = as_json(x_jobs("outbox", "show", str(m1), "--json", "--dsn", dsn))
+    message = doc["message"]
+    assert set(message) == outbox_columns(conn)
+    assert (message["id"], message["state"], message["attempt"]) == (m1, "dead", 1)
+    assert (message["headers"], message["payload"], message["last_error"]) == (
+        {"trace": "t-1"},
+        {"order": 1},
+        BOOM,
+    )
+    assert datetime.fromisoformat(message["created_at"]) == created[0]
+    shipped = as_json(x_jobs("outbox", "show", str(m2), "--json", "--dsn", dsn))["message"]
+    assert datetime.fromisoformat(shipped["delivered_at"]) >= created[0]
+
+
+def test_an_unknown_message_id_exits_1_with_x_message_not_found(dsn: str) -> None:
+    result = failed(x_jobs("outbox", "show", "424242", "--dsn", dsn), 1)
+    line, hint = one_line_and_hint(result)
+    assert line == "x-jobs: X_MESSAGE_NOT_FOUND: no outbox message has id 424242"
+    assert "x-jobs outbox list" in hint
+
+    result = failed(x_jobs("outbox", "show", "424242", "--json", "--dsn", dsn), 1)
+    assert json.loads(result.stdout) == {
+        "error": {
+            "code": "X_MESSAGE_NOT_FOUND",
+            "sqlstate": None,  # the client's own check: no SQL raised it
+            "message": "X_MESSAGE_NOT_FOUND: no outbox message has id 424242",
+            "hint": hint.removeprefix("hint: "),
+        }
+    }
+
+
+def test_outbox_redrive_by_id_and_by_topic_sends_dead_messages_again(dsn: str, conn: Conn) -> None:
+    m1, m2, m3, m4, m5 = outbox_of_five(conn)
+
+    # By id: the dead message named goes back; m4, pending, is no dead message.
+    said = succeeded(x_jobs("outbox", "redrive", str(m1), str(m4), "--dsn", dsn)).stdout.strip()
+    assert said == "1 dead message sent again; 1 of the ids named no dead message"
+    assert outbox_row(conn, m1) == ("pending", 0, None, True)
+    assert outbox_row(conn, m4) == ("pending", 0, None, True)
+    assert outbox_row(conn, m3) == ("dead", 1, None, True)
+    assert outbox_row(conn, m2)[0] == "delivered"
+    assert outbox_row(conn, m5)[:3] == ("inflight", 1, "r1")
+
+    again = as_json(x_jobs("outbox", "redrive", str(m1), "--json", "--dsn", dsn))
+    assert again == {"redriven": 0, "ids": [m1], "topic": None, "limit": 1000}
+    nothing = succeeded(x_jobs("outbox", "redrive", str(m2), "--dsn", dsn)).stdout.strip()
+    assert nothing == "no dead message matched; nothing changed"
+
+    # By topic: every dead message of it.
+    doc = as_json(x_jobs("outbox", "redrive", "--topic", "user.created", "--json", "--dsn", dsn))
+    assert doc == {"redriven": 1, "ids": [], "topic": "user.created", "limit": 1000}
+    assert outbox_row(conn, m3) == ("pending", 0, None, True)
+
+    # A relay takes them again: m1 heads its key again, m4 waits behind it.
+    assert relay_once(conn) == [m1, m3]
+    assert outbox_row(conn, m1)[:3] == ("inflight", 1, "r1")
+
+
+def test_outbox_redrive_by_topic_goes_oldest_first_up_to_the_limit(dsn: str, conn: Conn) -> None:
+    a1, a2, a3 = (put(conn, "audit", {"n": n}) for n in range(3))
+    other = put(conn, "other", {})
+    relay_once(conn, dead={a1: "e1", a2: "e2", a3: "e3", other: "e4"})
+
+    said = succeeded(x_jobs("outbox", "redrive", "--topic", "audit", "--limit", "2", "--dsn", dsn))
+    assert said.stdout.strip() == (
+        "2 dead messages sent again; there may be more: run it again to send the next 2"
+    )
+    assert [outbox_row(conn, i)[:2] for i in (a1, a2, a3, other)] == [
+        ("pending", 0),
+        ("pending", 0),
+        ("dead", 1),
+        ("dead", 1),
+    ]
+
+    # Ids and a topic: only the ids of that topic.
+    both = succeeded(
+        x_jobs("outbox", "redrive", str(a3), str(other), "--topic", "audit", "--dsn", dsn)
+    )
+    assert both.stdout.strip() == "1 dead message sent again; 1 of the ids named no dead message"
+    assert (outbox_row(conn, a3)[0], outbox_row(conn, other)[0]) == ("pending", "dead")
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["outbox", "redrive"], "give their IDs, --topic, or both"),
+        (["outbox", "redrive", "--limit", "5"], "give their IDs, --topic, or both"),
+        (["outbox", "redrive", "one"], "'ID'"),
+        (["outbox", "show", "one"], "'ID'"),
+        (["outbox", "show"], "ID"),
+        (["outbox", "list", "--before", "x"], "'--before'"),
+        (["outbox", "list", "--limit", "many"], "'--limit'"),
+    ],
+)
+def test_outbox_usage_errors_exit_2_and_change_nothing(
+    dsn: str, conn: Conn, args: list[str], says: str
+) -> None:
+    dead = put(conn, "audit", {})
+    relay_once(conn, dead={dead: "gone"})
+    result = failed(x_jobs(*args, "--dsn", dsn), 2)
+    assert says in result.stderr
+    assert outbox_row(conn, dead)[:2] == ("dead", 1)  # a bare redrive sends nothing again
+
+
+@pytest.mark.parametrize(
+    ("args", "line", "hint"),
+    [
+        (
+            ["outbox", "list", "--state", "nope"],
+            "X_STATE_UNKNOWN: 'nope' is not an outbox state",
+            "Use one of: pending, inflight, delivered, dead.",
+        ),
+        (
+            ["outbox", "list", "--state", "ready"],  # a job state
+            "X_STATE_UNKNOWN: 'ready' is not an outbox state",
+            "Use one of: pending, inflight, delivered, dead.",
+        ),
+        (
+            ["outbox", "list", "--limit", "0"],
+            "X_QTY_INVALID: --limit 0 is outside 1..1000",
+            "Ask for a page of 1 to 1000 rows and page on with --before.",
+        ),
+        (
+            ["outbox", "list", "--limit", "1001"],
+            "X_QTY_INVALID: --limit 1001 is outside 1..1000",
+            "Ask for a page of 1 to 1000 rows and page on with --before.",
+        ),
+        (
+            ["outbox", "redrive", "--topic", "audit", "--limit", "0"],
+            "X_QTY_INVALID: max_rows 0 is outside 1..100000",
+            "Redrive in batches of up to 100000, and call again for more.",
+        ),
+    ],
+)
+def test_outbox_refusals_exit_1_with_their_code_and_hint(
+    dsn: str, args: list[str], line: str, hint: str
+) -> None:
+    said = one_line_and_hint(failed(x_jobs(*args, "--dsn", dsn), 1))
+    assert said == (f"x-jobs: {line}", f"hint: {hint}")
+    doc = json.loads(failed(x_jobs(*args, "--json", "--dsn", dsn), 1).stdout)["error"]
+    assert (doc["code"], doc["message"], doc["hint"]) == (line.split(":", 1)[0], line, hint)
+
+
 def claim(conn: Conn, job_id: int, worker: str) -> None:
     claimed = conn.execute(
         "SELECT id FROM x_jobs.claim(queues => ARRAY['default'], worker => %s, qty => 1)",
@@ -736,7 +1107,8 @@ def test_jobs_show_prints_progress_and_steps_in_reached_order(dsn: str, conn: Co
     ],
 )
 def test_a_bad_dsn_or_unreachable_server_exits_2_without_traceback(bad_dsn: str) -> None:
-    for command in (["jobs", "list"], ["queues"], ["install"], ["jobs", "show", "1"]):
+    commands = (["jobs", "list"], ["queues"], ["install"], ["jobs", "show", "1"])
+    for command in (*commands, ["outbox", "list"], ["outbox", "redrive", "--topic", "t"]):
         result = failed(x_jobs(*command, "--dsn", bad_dsn), 2)
         line, hint = one_line_and_hint(result)
         assert line.startswith("x-jobs: X_CONNECT_FAILED: cannot connect to the database: ")

@@ -296,3 +296,204 @@ def test_claim_statements_are_not_jit_compiled(big_connect: Connect) -> None:
                 f"JIT compiled {plan['Query Text'][:60]!r} (plan cost "
                 f"{plan['Plan']['Total Cost']}, JIT {plan['JIT']['Timing']['Total']} ms)"
             )
+
+
+# The publish -------------------------------------------------------------------------------
+
+#: The history a publish must not read: a million resolved waits of the very event it publishes,
+#: with 1,000 keys, so that each key of an open wait has 1,000 resolved steps beside it.
+DONE_STEPS = 1_000_000
+EVENT = "order.paid"
+#: The open waits of EVENT, of suspended runs, one key each.
+WAITING_STEPS = 100
+#: More suspended runs, waiting on another event: a publish reads neither their steps nor their
+#: jobs (a job table of only the 100 runs above is so small that a plan may read it whole).
+OTHER_WAITS = 20_000
+#: Rows a publish that matches one keyed wait may read in any node, on the step table (the
+#: event's keyless waits and the waits of its key, then the matched step again by its key) and
+#: on the job table (the woken run by its key).
+PUBLISH_BOUND = 10
+
+#: Through which indexes a publish may read each table.
+PUBLISH_INDEXES = {
+    "step": {"step_waiting_idx", "step_pkey"},
+    "job": {"job_pkey"},
+}
+
+STEP_FILL: list[LiteralString] = [
+    # The history: resolved waits of 250,000 finished runs, in no partial index. There is no
+    # foreign key to x_jobs.job, so the runs need no rows of their own.
+    """
+    INSERT INTO x_jobs.step (
+        job_id, name, kind, created_at, event, event_key, since, status, attempt, output,
+        event_id, resolved_by, resolved_at
+    )
+    SELECT 1000000000 + g / 4, 'wait-' || g % 4, 'wait', t, 'order.paid', 'order-' || g % 1000,
+           t, 'done', 1, '{"paid": true}', g, 'event', t
+    FROM generate_series(0, 999999) AS g,
+         LATERAL (SELECT now() - interval '30 days' + g * interval '1 second' AS t) AS x
+    """,
+    # Suspended runs waiting on another event (ids far from those the identity hands out).
+    """
+    INSERT INTO x_jobs.job (
+        id, run_at, created_at, updated_at, run_id, backoff_base, backoff_max, state,
+        max_attempts, claims, name, queue, tenant_id, input
+    )
+    OVERRIDING SYSTEM VALUE
+    SELECT 2000000000 + g, 'infinity', now(), now(), gen_random_uuid(), '1 second', '1 hour',
+           'suspended', 25, 1, 'flow', 'default', 'none', '{}'
+    FROM generate_series(1, 20000) AS g
+    """,
+    """
+    INSERT INTO x_jobs.step (
+        job_id, name, kind, created_at, event, event_key, since, status, attempt
+    )
+    SELECT 2000000000 + g, 'shipped', 'wait', now(), 'order.shipped', 'order-' || g, now(),
+           'waiting', 1
+    FROM generate_series(1, 20000) AS g
+    """,
+    "VACUUM ANALYZE x_jobs.step",
+    "VACUUM ANALYZE x_jobs.job",
+]
+
+
+@pytest.fixture(scope="module")
+def steps_dsn(admin: Conn, template_db: str) -> Iterator[str]:
+    """A database of its own with a million resolved steps and open waits (about 10 s to fill)."""
+    with fresh_database(admin, template_db, prefix="x_jobs_plan_steps") as dsn:
+        started = time.monotonic()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for statement in STEP_FILL:
+                conn.execute(statement)
+            # The open waits of EVENT, through the API: suspended runs, one key each.
+            conn.execute(
+                "SELECT x_jobs.enqueue_many(jsonb_agg(jsonb_build_object('name', 'flow')))"
+                " FROM generate_series(1, %s)",
+                [WAITING_STEPS],
+            )
+            claimed = conn.execute(
+                "SELECT id FROM x_jobs.claim(ARRAY['default'], 'plan-worker', '1 hour', %s)",
+                [WAITING_STEPS],
+            ).fetchall()
+            assert len(claimed) == WAITING_STEPS
+            for n, (job_id,) in enumerate(claimed):
+                row = conn.execute(
+                    "SELECT status::text FROM x_jobs.step_wait(id => %s, worker => 'plan-worker',"
+                    " step => 'paid', event => %s, event_key => %s)",
+                    [job_id, EVENT, f"order-{n}"],
+                ).fetchone()
+                assert row == ("waiting",)
+            conn.execute("ANALYZE x_jobs.step")
+            conn.execute("ANALYZE x_jobs.job")
+            counts = conn.execute(
+                "SELECT event, status::text, count(*) FROM x_jobs.step GROUP BY 1, 2"
+            ).fetchall()
+            assert sorted(counts) == [
+                (EVENT, "done", DONE_STEPS),
+                (EVENT, "waiting", WAITING_STEPS),
+                ("order.shipped", "waiting", OTHER_WAITS),
+            ]
+        logger.info("filled the big step table in %.1f s", time.monotonic() - started)
+        yield dsn
+
+
+@pytest.fixture
+def steps_connect(steps_dsn: str) -> Iterator[Connect]:
+    with connections(steps_dsn) as opener:
+        yield opener
+
+
+def read_problems(plan: dict[str, Any], indexes: dict[str, set[str]], bound: int) -> list[str]:
+    """How a statement's plan reads the tables of ``indexes`` other than by small index seeks.
+
+    A Bitmap Heap Scan reads through the Bitmap Index Scans below it (under a BitmapOr or
+    BitmapAnd): those must use allowed indexes too, and each is bounded like a scan.
+    """
+    problems = []
+    for node in _nodes(plan["Plan"]):
+        table = node.get("Relation Name")
+        if node.get("Schema", "x_jobs") != "x_jobs" or table not in indexes:
+            continue
+        kind = node["Node Type"]
+        if kind == "ModifyTable":
+            continue
+        if kind == "Bitmap Heap Scan":
+            seeks = [n for n in _nodes(node) if n["Node Type"] == "Bitmap Index Scan"]
+        elif kind in ("Index Scan", "Index Only Scan"):
+            seeks = [node]
+        else:
+            problems.append(f"{kind} on x_jobs.{table}")
+            seeks = []
+        for seek in seeks:
+            if seek.get("Index Name") not in indexes[table]:
+                problems.append(f"{seek['Node Type']} on x_jobs.{table} ({seek.get('Index Name')})")
+        for read in [node, *(seek for seek in seeks if seek is not node)]:
+            if _rows_read(read) > bound:
+                problems.append(
+                    f"{read['Node Type']} on x_jobs.{table} ({read.get('Index Name')}) handled"
+                    f" {_rows_read(read):.0f} rows (bound {bound})"
+                )
+    return problems
+
+
+def _reads(plan: dict[str, Any], table: str) -> bool:
+    return any(node.get("Relation Name") == table for node in _nodes(plan["Plan"]))
+
+
+@pytest.mark.parametrize("plan_cache_mode", ["auto", "force_custom_plan", "force_generic_plan"])
+def test_publish_reads_only_the_waits_it_matches(
+    steps_connect: Connect, plan_cache_mode: str
+) -> None:
+    conn = steps_connect(name="plan-publisher")
+    log = PlanLog(conn)
+    conn.execute("SET jit = off")
+    conn.execute("SELECT set_config('plan_cache_mode', %s, false)", [plan_cache_mode])
+
+    # Past the 5 calls after which PL/pgSQL may keep a generic plan; each call wakes one run
+    # (the module's three tests use 21 of the 100 waits).
+    keys = [
+        str(key)
+        for (key,) in conn.execute(
+            "SELECT event_key FROM x_jobs.step WHERE status = 'waiting' AND event = %s"
+            " ORDER BY event_key LIMIT 7",
+            [EVENT],
+        ).fetchall()
+    ]
+    assert len(keys) == 7
+    for call, key in enumerate(keys, 1):
+        log.take()
+        woken = conn.execute(
+            "SELECT woken FROM x_jobs.publish(%s, '{\"paid\": true}', %s)", [EVENT, key]
+        ).fetchone()
+        # A publish that matched nothing would pass every check below without reading a wait.
+        assert woken == (1,), key
+        nested = [p for p in log.take() if "x_jobs.publish(" not in str(p.get("Query Text", ""))]
+        for plan in nested:
+            where = f"call {call} ({key}): {str(plan['Query Text']).strip()[:40]!r}"
+            assert read_problems(plan, PUBLISH_INDEXES, PUBLISH_BOUND) == [], where
+        # The statement that resolves the waits found them through the partial index.
+        resolving = [p for p in nested if _reads(p, "step")]
+        assert len(resolving) == 1, [p.get("Query Text") for p in nested]
+        used = {n.get("Index Name") for n in _nodes(resolving[0]["Plan"])}
+        assert "step_waiting_idx" in used, f"call {call} ({key}): {sorted(map(str, used))}"
+
+
+def test_the_read_checker_rejects_a_lookup_of_the_history(steps_connect: Connect) -> None:
+    """A lookup of a key's waits that forgets the status reads the key's resolved steps too."""
+    conn = steps_connect(name="naive-publisher")
+    with conn.transaction():
+        row = conn.execute(
+            "EXPLAIN (ANALYZE, FORMAT JSON)"
+            " SELECT job_id, name FROM x_jobs.step WHERE event = %s AND event_key = 'order-50'"
+            " ORDER BY job_id, name FOR UPDATE",
+            [EVENT],
+        ).fetchone()
+        assert row is not None
+        plan: dict[str, Any] = row[0][0]
+        raise psycopg.Rollback()
+
+    problems = read_problems(plan, PUBLISH_INDEXES, PUBLISH_BOUND)
+    assert problems, "the checker passed a lookup that reads the history"
+    read = max(_rows_read(n) for n in _nodes(plan["Plan"]) if n.get("Relation Name") == "step")
+    assert read >= DONE_STEPS // 1000, problems
+    logger.info("the naive lookup: %s", problems)
