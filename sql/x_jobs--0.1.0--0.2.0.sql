@@ -12,8 +12,9 @@
 CREATE TYPE x_jobs.step_status AS ENUM (
     'waiting',  -- a sleep or a wait on an event: its run is suspended until this is resolved
     'done',     -- recorded: a replay answers the output without running the step again
-    'failed'    -- ended in an error: a wait that timed out (replayed as that error), a run
-                -- step that raised (run again by the next attempt), a failed compensation
+    -- ended in an error: a wait that timed out (replayed as that error), a run step that
+    -- raised (run again by the next attempt), a failed compensation
+    'failed'
 );
 
 -- What a run did so far, one row per step it reached, so that a retried or re-claimed run skips
@@ -26,9 +27,9 @@ CREATE TABLE x_jobs.step (
     compensation boolean NOT NULL DEFAULT FALSE,
     kind text NOT NULL,
     created_at timestamptz NOT NULL,
-    event text,
+    event text, -- noqa: RF04
     event_key text,
-    match jsonb,
+    match jsonb, -- noqa: RF04
     since timestamptz,
     timeout_at timestamptz,
     status x_jobs.step_status NOT NULL,
@@ -60,7 +61,7 @@ WHERE status = 'waiting';
 CREATE TABLE x_jobs.event (
     id bigint GENERATED ALWAYS AS IDENTITY,
     name text NOT NULL, -- noqa: RF04
-    key text,
+    key text, -- noqa: RF04
     published_at timestamptz NOT NULL,
     payload jsonb,
     CONSTRAINT event_pkey PRIMARY KEY (id)
@@ -98,7 +99,7 @@ CREATE TABLE x_jobs.outbox (
     created_at timestamptz NOT NULL,
     max_attempts integer NOT NULL,
     topic text NOT NULL,
-    key text,
+    key text, -- noqa: RF04
     headers jsonb NOT NULL,
     payload jsonb NOT NULL,
     state x_jobs.outbox_state NOT NULL,
@@ -132,7 +133,7 @@ WHERE key IS NOT NULL AND state IN ('pending', 'inflight');
 -- Webhooks received from other services, by their sender's message id: a redelivered webhook
 -- finds its row and enqueues nothing again.
 CREATE TABLE x_jobs.webhook_ledger (
-    source text NOT NULL,
+    source text NOT NULL, -- noqa: RF04
     webhook_id text NOT NULL,
     received_at timestamptz NOT NULL,
     job_id bigint NOT NULL,
@@ -176,27 +177,27 @@ AS $$
     VALUES
         ('XJ001', 'X_NAME_INVALID', 'A job name is missing, empty or longer than 200 characters.'),
         ('XJ002', 'X_QUEUE_INVALID', 'A queue name is empty or longer than 200 characters.'),
-        ('XJ003', 'X_PAYLOAD_TOO_LARGE', 'An input or output is larger than x_jobs.max_payload_bytes.'),
+        ('XJ003', 'X_PAYLOAD_TOO_LARGE', 'An input, output, event or message payload is larger than x_jobs.max_payload_bytes.'),
         ('XJ004', 'X_MAX_ATTEMPTS_INVALID', 'max_attempts is below 1.'),
         ('XJ005', 'X_PRIORITY_INVALID', 'priority is outside -32768..32767.'),
         ('XJ006', 'X_TENANT_INVALID', 'tenant_id is empty.'),
         ('XJ007', 'X_CONCURRENCY_INVALID', 'A concurrency limit is below 1 or given without a key.'),
         ('XJ008', 'X_BACKOFF_INVALID', 'backoff_base or backoff_max is negative, or base exceeds max.'),
-        ('XJ009', 'X_JOBS_INVALID', 'enqueue_many got something other than an array of request objects.'),
+        ('XJ009', 'X_JOBS_INVALID', 'enqueue_many got something other than an array of request objects (receive_webhook: a request that is not an object).'),
         ('XJ010', 'X_QUEUES_INVALID', 'The queue list is missing, empty or holds an empty name.'),
         ('XJ011', 'X_WORKER_INVALID', 'A worker id is missing or empty.'),
         ('XJ012', 'X_LEASE_INVALID', 'A lease is missing or not positive.'),
-        ('XJ013', 'X_QTY_INVALID', 'qty (or a page size) is outside 1..1000.'),
+        ('XJ013', 'X_QTY_INVALID', 'qty or a page size is outside 1..1000 (outbox_redrive max_rows: 1..100000).'),
         ('XJ014', 'X_JOB_NOT_FOUND', 'No job has this id.'),
         ('XJ015', 'X_JOB_NOT_RETRYABLE', 'retry was asked of a row that is live or done.'),
         ('XJ016', 'X_STATE_UNKNOWN', 'A state name is not one of the job states.'),
         ('XJ017', 'X_IDEMPOTENCY_CONFLICT', 'A live row already holds the idempotency key.'),
         ('XJ018', 'X_DELAY_INVALID', 'A retry delay is negative.'),
         ('XJ019', 'X_TTL_INVALID', 'A worker announce ttl is missing or not positive.'),
-        ('XJ020', 'X_RETENTION_INVALID', 'purge or rollup_counters got a missing or negative age, or a batch below 1.'),
+        ('XJ020', 'X_RETENTION_INVALID', 'A purge or rollup_counters got a missing or negative age, or a batch below 1.'),
         ('XJ021', 'X_OUTPUTS_INVALID', 'complete_many got a different number of outputs than ids.'),
-        ('XJ022', 'X_ISOLATION_UNSUPPORTED', 'claim was called in a REPEATABLE READ or SERIALIZABLE transaction.'),
-        ('XJ023', 'X_ERROR_MISSING', 'fail was called without an error message.'),
+        ('XJ022', 'X_ISOLATION_UNSUPPORTED', 'claim, publish, relay_outbox or receive_webhook ran in a REPEATABLE READ or SERIALIZABLE transaction.'),
+        ('XJ023', 'X_ERROR_MISSING', 'fail or outbox_nack was called without an error message.'),
         ('XJ024', 'X_STEP_INVALID', 'A step name is missing, empty or longer than 200 characters.'),
         ('XJ025', 'X_TIMEOUT_INVALID', 'A sleep is missing or negative, or a wait timeout is negative.'),
         ('XJ026', 'X_JOB_NOT_HELD', 'A step function was called by a worker that does not hold the job.'),

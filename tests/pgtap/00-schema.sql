@@ -2,7 +2,7 @@
 -- volatile it is, whose rights it runs with, which settings it pins, and who may use what.
 -- A change to any of these is a change to the API: it shows up here first, on purpose.
 BEGIN;
-SELECT plan(291);
+SELECT plan(544);
 
 -- The functions of the API, one row each, with what 00-schema pins about them. `args` is how
 -- pgTAP's catalog view spells the argument types (regtype output: 'timestamp with time zone',
@@ -12,41 +12,75 @@ CREATE TEMP TABLE api (
     args name[] NOT NULL,
     return_type text NOT NULL,
     volatility text NOT NULL,
-    runs_as_owner boolean NOT NULL
+    -- Why the function runs as its owner (SECURITY DEFINER); NULL: it runs as its caller.
+    runs_as_owner_because text
 );
 
-INSERT INTO api (fn, args, return_type, volatility, runs_as_owner) VALUES
-('now', '{}', 'timestamp with time zone', 'STABLE', FALSE),
-('error_codes', '{}', 'setof record', 'IMMUTABLE', FALSE),
-('version', '{}', 'text', 'IMMUTABLE', FALSE),
-('_minute', '{timestamp with time zone}', 'timestamp with time zone', 'IMMUTABLE', FALSE),
-('_shard', '{}', 'smallint', 'STABLE', FALSE),
-('_max_payload_bytes', '{}', 'integer', 'STABLE', FALSE),
-('_require_worker', '{text,text}', 'void', 'IMMUTABLE', FALSE),
-('_enqueue', '{x_jobs.enqueue_request[]}', 'setof x_jobs.enqueue_many_result', 'VOLATILE', FALSE),
+INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUES
+('now', '{}', 'timestamp with time zone', 'STABLE', NULL),
+('error_codes', '{}', 'setof record', 'IMMUTABLE', NULL),
+('version', '{}', 'text', 'IMMUTABLE', NULL),
+('_minute', '{timestamp with time zone}', 'timestamp with time zone', 'IMMUTABLE', NULL),
+('_shard', '{}', 'smallint', 'STABLE', NULL),
+('_max_payload_bytes', '{}', 'integer', 'STABLE', NULL),
+('_require_worker', '{text,text}', 'void', 'IMMUTABLE', NULL),
+('_enqueue', '{x_jobs.enqueue_request[]}', 'setof x_jobs.enqueue_many_result', 'VOLATILE', NULL),
 (
     'enqueue',
     '{text,jsonb,text,timestamp with time zone,text,integer,integer,text,text,text,text,integer,boolean,'
     'interval,interval}',
-    'x_jobs.enqueue_result', 'VOLATILE', FALSE
+    'x_jobs.enqueue_result', 'VOLATILE', NULL
 ),
-('enqueue_many', '{jsonb}', 'setof x_jobs.enqueue_many_result', 'VOLATILE', FALSE),
-('claim', '{text[],text,interval,integer}', 'setof x_jobs.job', 'VOLATILE', FALSE),
-('extend_lease', '{bigint[],text,interval}', 'setof bigint', 'VOLATILE', FALSE),
-('release', '{bigint[],text}', 'setof bigint', 'VOLATILE', FALSE),
-('complete_many', '{bigint[],text,jsonb[]}', 'setof bigint', 'VOLATILE', FALSE),
-('complete', '{bigint,text,jsonb}', 'boolean', 'VOLATILE', FALSE),
-('fail', '{bigint,text,text,text,interval,boolean}', 'x_jobs.job_state', 'VOLATILE', FALSE),
-('cancel', '{bigint}', 'boolean', 'VOLATILE', FALSE),
-('retry', '{bigint}', 'boolean', 'VOLATILE', FALSE),
-('list_jobs', '{text,text,bigint,integer}', 'setof x_jobs.job', 'STABLE', FALSE),
-('queue_stats', '{}', 'setof record', 'STABLE', FALSE),
-('pause_queue', '{text}', 'boolean', 'VOLATILE', FALSE),
-('resume_queue', '{text}', 'boolean', 'VOLATILE', FALSE),
-('announce_worker', '{text,text[],text,boolean,interval}', 'x_jobs.worker', 'VOLATILE', FALSE),
-('queue_demand', '{}', 'setof record', 'STABLE', TRUE),
-('rollup_counters', '{interval,interval,interval}', 'bigint', 'VOLATILE', FALSE),
-('purge', '{interval,integer}', 'bigint', 'VOLATILE', FALSE);
+('enqueue_many', '{jsonb}', 'setof x_jobs.enqueue_many_result', 'VOLATILE', NULL),
+('claim', '{text[],text,interval,integer}', 'setof x_jobs.job', 'VOLATILE', NULL),
+('extend_lease', '{bigint[],text,interval}', 'setof bigint', 'VOLATILE', NULL),
+('release', '{bigint[],text}', 'setof bigint', 'VOLATILE', NULL),
+('complete_many', '{bigint[],text,jsonb[]}', 'setof bigint', 'VOLATILE', NULL),
+('complete', '{bigint,text,jsonb}', 'boolean', 'VOLATILE', NULL),
+('fail', '{bigint,text,text,text,interval,boolean}', 'x_jobs.job_state', 'VOLATILE', NULL),
+('cancel', '{bigint}', 'boolean', 'VOLATILE', NULL),
+('retry', '{bigint}', 'boolean', 'VOLATILE', NULL),
+('list_jobs', '{text,text,bigint,integer}', 'setof x_jobs.job', 'STABLE', NULL),
+('queue_stats', '{}', 'setof record', 'STABLE', NULL),
+('pause_queue', '{text}', 'boolean', 'VOLATILE', NULL),
+('resume_queue', '{text}', 'boolean', 'VOLATILE', NULL),
+('announce_worker', '{text,text[],text,boolean,interval}', 'x_jobs.worker', 'VOLATILE', NULL),
+(
+    'queue_demand', '{}', 'setof record', 'STABLE',
+    'so monitoring roles get counts without reading jobs'
+),
+('rollup_counters', '{interval,interval,interval}', 'bigint', 'VOLATILE', NULL),
+('purge', '{interval,integer}', 'bigint', 'VOLATILE', NULL),
+-- Steps and events (0.2.0).
+('_clock', '{}', 'timestamp with time zone', 'VOLATILE', NULL),
+('_require_held', '{bigint,text,text}', 'x_jobs.job', 'VOLATILE', NULL),
+('_require_event', '{text}', 'void', 'IMMUTABLE', NULL),
+('_suspend', '{bigint,timestamp with time zone}', 'void', 'VOLATILE', NULL),
+('steps', '{bigint,text}', 'setof x_jobs.step', 'VOLATILE', NULL),
+('step_record', '{bigint,text,text,jsonb,text,boolean}', 'x_jobs.step_status', 'VOLATILE', NULL),
+('step_sleep', '{bigint,text,text,interval}', 'x_jobs.step', 'VOLATILE', NULL),
+(
+    'step_wait', '{bigint,text,text,text,text,jsonb,interval,timestamp with time zone}', 'x_jobs.step',
+    'VOLATILE', NULL
+),
+(
+    'publish', '{text,jsonb,text}', 'setof record', 'VOLATILE',
+    'so a producer resolves waits and wakes runs without any right to write steps or jobs'
+),
+('resolve_step', '{bigint,text,jsonb}', 'x_jobs.step', 'VOLATILE', NULL),
+('progress', '{bigint,text,double precision,double precision,text}', 'boolean', 'VOLATILE', NULL),
+('purge_events', '{interval,integer}', 'bigint', 'VOLATILE', NULL),
+-- The outbox and the webhook ledger (0.2.0).
+('_require_message', '{text,jsonb,jsonb,integer}', 'void', 'STABLE', NULL),
+('outbox_put', '{text,jsonb,text,jsonb,integer}', 'bigint', 'VOLATILE', NULL),
+('outbox_put_many', '{jsonb}', 'setof record', 'VOLATILE', NULL),
+('relay_outbox', '{text,integer,interval,text[]}', 'setof record', 'VOLATILE', NULL),
+('outbox_ack', '{bigint[],text}', 'setof bigint', 'VOLATILE', NULL),
+('outbox_nack', '{bigint,text,text,timestamp with time zone,boolean}', 'x_jobs.outbox_state', 'VOLATILE', NULL),
+('outbox_redrive', '{bigint[],text,integer}', 'bigint', 'VOLATILE', NULL),
+('purge_outbox', '{interval,integer}', 'bigint', 'VOLATILE', NULL),
+('receive_webhook', '{text,text,text,jsonb,text,jsonb}', 'setof record', 'VOLATILE', NULL),
+('purge_webhook_ledger', '{interval,integer}', 'bigint', 'VOLATILE', NULL);
 
 -- Who may execute what, as the Grants section states it: the lowest x_jobs role granted
 -- EXECUTE (a worker is a member of producer and an admin of worker, and has_function_privilege,
@@ -84,7 +118,34 @@ INSERT INTO api_grant (fn, lowest_role, to_pg_monitor) VALUES
 ('pause_queue', 'x_jobs_admin', FALSE),
 ('resume_queue', 'x_jobs_admin', FALSE),
 ('rollup_counters', 'x_jobs_admin', FALSE),
-('purge', 'x_jobs_admin', FALSE);
+('purge', 'x_jobs_admin', FALSE),
+-- Steps and events (0.2.0): a producer publishes (publish runs as its owner, so the helpers it
+-- calls are the worker's), a worker runs the steps of the jobs it holds, an admin resolves steps
+-- by hand and purges events.
+('publish', 'x_jobs_producer', FALSE),
+('_clock', 'x_jobs_worker', FALSE),
+('_require_event', 'x_jobs_worker', FALSE),
+('_require_held', 'x_jobs_worker', FALSE),
+('_suspend', 'x_jobs_worker', FALSE),
+('steps', 'x_jobs_worker', FALSE),
+('step_record', 'x_jobs_worker', FALSE),
+('step_sleep', 'x_jobs_worker', FALSE),
+('step_wait', 'x_jobs_worker', FALSE),
+('progress', 'x_jobs_worker', FALSE),
+('resolve_step', 'x_jobs_admin', FALSE),
+('purge_events', 'x_jobs_admin', FALSE),
+-- The outbox (0.2.0): a producer puts messages and receives webhooks, a worker relays (claims,
+-- acks, nacks), an admin redrives dead messages and runs the retention of both tables.
+('_require_message', 'x_jobs_producer', FALSE),
+('outbox_put', 'x_jobs_producer', FALSE),
+('outbox_put_many', 'x_jobs_producer', FALSE),
+('receive_webhook', 'x_jobs_producer', FALSE),
+('relay_outbox', 'x_jobs_worker', FALSE),
+('outbox_ack', 'x_jobs_worker', FALSE),
+('outbox_nack', 'x_jobs_worker', FALSE),
+('outbox_redrive', 'x_jobs_admin', FALSE),
+('purge_outbox', 'x_jobs_admin', FALSE),
+('purge_webhook_ledger', 'x_jobs_admin', FALSE);
 
 -- The roles a grant is checked for, in the order of their membership chain.
 CREATE TEMP TABLE grant_role (grantee name PRIMARY KEY, chain_rank integer);
@@ -111,8 +172,15 @@ SELECT ok(
 );
 
 SELECT tables_are(
-    'x_jobs', ARRAY['job', 'job_error', 'queue_pause', 'worker', 'counter'],
-    'The x_jobs schema should hold exactly the tables job, job_error, queue_pause, worker and counter'
+    'x_jobs',
+    ARRAY['job', 'job_error', 'queue_pause', 'worker', 'counter', 'step', 'event', 'outbox', 'webhook_ledger'],
+    'The x_jobs schema should hold exactly the tables job, job_error, queue_pause, worker, counter, step, event, '
+    'outbox and webhook_ledger'
+);
+
+SELECT sequences_are(
+    'x_jobs', ARRAY['job_id_seq', 'event_id_seq', 'outbox_id_seq'],
+    'The x_jobs schema should hold exactly the identity sequences of job, event and outbox'
 );
 
 SELECT functions_are(
@@ -121,15 +189,151 @@ SELECT functions_are(
 );
 
 SELECT types_are(
-    'x_jobs', ARRAY['job_state', 'enqueue_request', 'enqueue_result', 'enqueue_many_result'],
-    'The x_jobs schema should define exactly the types job_state, enqueue_request, enqueue_result '
-    'and enqueue_many_result'
+    'x_jobs',
+    ARRAY['job_state', 'enqueue_request', 'enqueue_result', 'enqueue_many_result', 'step_status', 'outbox_state'],
+    'The x_jobs schema should define exactly the types job_state, enqueue_request, enqueue_result, '
+    'enqueue_many_result, step_status and outbox_state'
 );
 
 SELECT enum_has_labels(
     'x_jobs', 'job_state',
     ARRAY['ready', 'delayed', 'suspended', 'running', 'done', 'failed', 'dead', 'cancelled'],
     'x_jobs.job_state should have the eight states, live ones first, in this order'
+);
+
+SELECT enum_has_labels(
+    'x_jobs', 'step_status', ARRAY['waiting', 'done', 'failed'],
+    'x_jobs.step_status should have the three statuses waiting, done and failed, in this order'
+);
+
+SELECT enum_has_labels(
+    'x_jobs', 'outbox_state', ARRAY['pending', 'inflight', 'delivered', 'dead'],
+    'x_jobs.outbox_state should have the four states pending, inflight, delivered and dead, in this order'
+);
+
+-- The step and event rows are what steps, step_sleep, step_wait and resolve_step answer, and
+-- what an operator reads: their columns, in order, are part of the contract.
+SELECT results_eq(
+    $$
+    SELECT
+        a.attrelid::regclass::text,
+        a.attname::text COLLATE "default",
+        pg_catalog.format_type(a.atttypid, a.atttypmod),
+        a.attnotnull
+    FROM pg_catalog.pg_attribute AS a
+    WHERE
+        a.attrelid IN ('x_jobs.event'::regclass, 'x_jobs.step'::regclass)
+        AND a.attnum > 0
+        AND NOT a.attisdropped
+    ORDER BY a.attrelid::regclass::text, a.attnum
+    $$,
+    $$
+    VALUES
+        ('x_jobs.event', 'id', 'bigint', TRUE),
+        ('x_jobs.event', 'name', 'text', TRUE),
+        ('x_jobs.event', 'key', 'text', FALSE),
+        ('x_jobs.event', 'published_at', 'timestamp with time zone', TRUE),
+        ('x_jobs.event', 'payload', 'jsonb', FALSE),
+        ('x_jobs.step', 'job_id', 'bigint', TRUE),
+        ('x_jobs.step', 'name', 'text', TRUE),
+        ('x_jobs.step', 'compensation', 'boolean', TRUE),
+        ('x_jobs.step', 'kind', 'text', TRUE),
+        ('x_jobs.step', 'created_at', 'timestamp with time zone', TRUE),
+        ('x_jobs.step', 'event', 'text', FALSE),
+        ('x_jobs.step', 'event_key', 'text', FALSE),
+        ('x_jobs.step', 'match', 'jsonb', FALSE),
+        ('x_jobs.step', 'since', 'timestamp with time zone', FALSE),
+        ('x_jobs.step', 'timeout_at', 'timestamp with time zone', FALSE),
+        ('x_jobs.step', 'status', 'x_jobs.step_status', TRUE),
+        ('x_jobs.step', 'attempt', 'integer', TRUE),
+        ('x_jobs.step', 'output', 'jsonb', FALSE),
+        ('x_jobs.step', 'error', 'text', FALSE),
+        ('x_jobs.step', 'event_id', 'bigint', FALSE),
+        ('x_jobs.step', 'resolved_by', 'text', FALSE),
+        ('x_jobs.step', 'resolved_at', 'timestamp with time zone', FALSE)
+    $$,
+    'The step and event tables should have the documented columns, types and NOT NULLs, in order'
+);
+
+-- A step is one per (job, name, compensation), of a known kind, and a wait names its event.
+SELECT results_eq(
+    $$
+    SELECT c.conrelid::regclass::text, c.conname::text COLLATE "default", pg_catalog.pg_get_constraintdef(c.oid)
+    FROM pg_catalog.pg_constraint AS c
+    WHERE c.conrelid IN ('x_jobs.event'::regclass, 'x_jobs.step'::regclass)
+    ORDER BY 1, 2
+    $$,
+    $$
+    VALUES
+        ('x_jobs.event', 'event_pkey', 'PRIMARY KEY (id)'),
+        ('x_jobs.step', 'step_kind_known',
+         'CHECK ((kind = ANY (ARRAY[''run''::text, ''sleep''::text, ''wait''::text])))'),
+        ('x_jobs.step', 'step_pkey', 'PRIMARY KEY (job_id, name, compensation)'),
+        ('x_jobs.step', 'step_wait_names_event', 'CHECK (((kind <> ''wait''::text) OR (event IS NOT NULL)))')
+    $$,
+    'The step and event tables should have exactly their documented keys and checks'
+);
+
+-- The outbox rows are what relay_outbox hands out and what an operator reads before a redrive;
+-- the ledger row is what receive_webhook looks a redelivery up by. Column order is put order:
+-- what a put sets first, what relays change last.
+SELECT results_eq(
+    $$
+    SELECT
+        a.attrelid::regclass::text,
+        a.attname::text COLLATE "default",
+        pg_catalog.format_type(a.atttypid, a.atttypmod),
+        a.attnotnull,
+        a.attidentity::text COLLATE "default"
+    FROM pg_catalog.pg_attribute AS a
+    WHERE
+        a.attrelid IN ('x_jobs.outbox'::regclass, 'x_jobs.webhook_ledger'::regclass)
+        AND a.attnum > 0
+        AND NOT a.attisdropped
+    ORDER BY a.attrelid::regclass::text, a.attnum
+    $$,
+    $$
+    VALUES
+        ('x_jobs.outbox', 'id', 'bigint', TRUE, 'a'),
+        ('x_jobs.outbox', 'created_at', 'timestamp with time zone', TRUE, ''),
+        ('x_jobs.outbox', 'max_attempts', 'integer', TRUE, ''),
+        ('x_jobs.outbox', 'topic', 'text', TRUE, ''),
+        ('x_jobs.outbox', 'key', 'text', FALSE, ''),
+        ('x_jobs.outbox', 'headers', 'jsonb', TRUE, ''),
+        ('x_jobs.outbox', 'payload', 'jsonb', TRUE, ''),
+        ('x_jobs.outbox', 'state', 'x_jobs.outbox_state', TRUE, ''),
+        ('x_jobs.outbox', 'attempt', 'integer', TRUE, ''),
+        ('x_jobs.outbox', 'available_at', 'timestamp with time zone', TRUE, ''),
+        ('x_jobs.outbox', 'relay', 'text', FALSE, ''),
+        ('x_jobs.outbox', 'delivered_at', 'timestamp with time zone', FALSE, ''),
+        ('x_jobs.outbox', 'last_error', 'text', FALSE, ''),
+        ('x_jobs.webhook_ledger', 'source', 'text', TRUE, ''),
+        ('x_jobs.webhook_ledger', 'webhook_id', 'text', TRUE, ''),
+        ('x_jobs.webhook_ledger', 'received_at', 'timestamp with time zone', TRUE, ''),
+        ('x_jobs.webhook_ledger', 'job_id', 'bigint', TRUE, '')
+    $$,
+    'The outbox and webhook_ledger tables should have the documented columns, types, NOT NULLs and '
+    'identity, in order'
+);
+
+-- A message in flight names the relay that holds it (outbox_ack and outbox_nack match on it),
+-- and a webhook is one per (source, id): that key is what makes a redelivery one job.
+SELECT results_eq(
+    $$
+    SELECT c.conrelid::regclass::text, c.conname::text COLLATE "default", pg_catalog.pg_get_constraintdef(c.oid)
+    FROM pg_catalog.pg_constraint AS c
+    WHERE c.conrelid IN ('x_jobs.outbox'::regclass, 'x_jobs.webhook_ledger'::regclass)
+    ORDER BY 1, 2
+    $$,
+    $$
+    VALUES
+        ('x_jobs.outbox', 'outbox_inflight_is_held',
+         'CHECK (((state <> ''inflight''::x_jobs.outbox_state) OR (relay IS NOT NULL)))'),
+        ('x_jobs.outbox', 'outbox_max_attempts_positive', 'CHECK ((max_attempts >= 1))'),
+        ('x_jobs.outbox', 'outbox_pkey', 'PRIMARY KEY (id)'),
+        ('x_jobs.webhook_ledger', 'webhook_ledger_pkey', 'PRIMARY KEY (source, webhook_id)')
+    $$,
+    'The outbox and webhook_ledger tables should have exactly their documented keys and checks'
 );
 
 -- The composite types are the shape of what enqueue takes and answers: callers read them by name.
@@ -217,6 +421,85 @@ SELECT results_eq(
     'Each index of x_jobs.job should have its documented columns, uniqueness and partial predicate'
 );
 
+-- A publish reads only the open waits (step_waiting_idx); a wait reaching its step looks up the
+-- first event of a name, or of a name and key, since an instant.
+SELECT indexes_are(
+    'x_jobs', 'step', ARRAY['step_pkey', 'step_waiting_idx'],
+    'x_jobs.step should have exactly its primary key and the index of the open waits'
+);
+
+SELECT indexes_are(
+    'x_jobs', 'event', ARRAY['event_pkey', 'event_name_idx', 'event_key_idx'],
+    'x_jobs.event should have exactly its primary key and the by-name and by-key lookup indexes'
+);
+
+SELECT results_eq(
+    $$
+    SELECT i.indexrelid::regclass::text, pg_catalog.pg_get_indexdef(i.indexrelid)
+    FROM pg_catalog.pg_index AS i
+    WHERE i.indrelid IN ('x_jobs.step'::regclass, 'x_jobs.event'::regclass)
+    ORDER BY 1
+    $$,
+    $$
+    VALUES
+        ('x_jobs.event_key_idx',
+         'CREATE INDEX event_key_idx ON x_jobs.event USING btree (name, key, published_at) '
+         'WHERE (key IS NOT NULL)'),
+        ('x_jobs.event_name_idx',
+         'CREATE INDEX event_name_idx ON x_jobs.event USING btree (name, published_at)'),
+        ('x_jobs.event_pkey',
+         'CREATE UNIQUE INDEX event_pkey ON x_jobs.event USING btree (id)'),
+        ('x_jobs.step_pkey',
+         'CREATE UNIQUE INDEX step_pkey ON x_jobs.step USING btree (job_id, name, compensation)'),
+        ('x_jobs.step_waiting_idx',
+         'CREATE INDEX step_waiting_idx ON x_jobs.step USING btree (event, event_key) '
+         'WHERE (status = ''waiting''::x_jobs.step_status)')
+    $$,
+    'Each index of x_jobs.step and x_jobs.event should have its documented columns, uniqueness and predicate'
+);
+
+-- relay_outbox repeats the predicates of the two arms and of the per-key lookup word for word,
+-- as the claim does; purge_webhook_ledger deletes along received_at.
+SELECT indexes_are(
+    'x_jobs', 'outbox', ARRAY['outbox_pkey', 'outbox_pending_idx', 'outbox_inflight_idx', 'outbox_key_idx'],
+    'x_jobs.outbox should have exactly its primary key, the two relay arms and the per-key index'
+);
+
+SELECT indexes_are(
+    'x_jobs', 'webhook_ledger', ARRAY['webhook_ledger_pkey', 'webhook_ledger_received_idx'],
+    'x_jobs.webhook_ledger should have exactly its primary key and the retention index'
+);
+
+SELECT results_eq(
+    $$
+    SELECT i.indexrelid::regclass::text, pg_catalog.pg_get_indexdef(i.indexrelid)
+    FROM pg_catalog.pg_index AS i
+    WHERE i.indrelid IN ('x_jobs.outbox'::regclass, 'x_jobs.webhook_ledger'::regclass)
+    ORDER BY 1
+    $$,
+    $$
+    VALUES
+        ('x_jobs.outbox_inflight_idx',
+         'CREATE INDEX outbox_inflight_idx ON x_jobs.outbox USING btree (available_at, id) '
+         'WHERE (state = ''inflight''::x_jobs.outbox_state)'),
+        ('x_jobs.outbox_key_idx',
+         'CREATE INDEX outbox_key_idx ON x_jobs.outbox USING btree (key, id) '
+         'WHERE ((key IS NOT NULL) AND (state = ANY (ARRAY[''pending''::x_jobs.outbox_state, '
+         '''inflight''::x_jobs.outbox_state])))'),
+        ('x_jobs.outbox_pending_idx',
+         'CREATE INDEX outbox_pending_idx ON x_jobs.outbox USING btree (available_at, id) '
+         'WHERE (state = ''pending''::x_jobs.outbox_state)'),
+        ('x_jobs.outbox_pkey',
+         'CREATE UNIQUE INDEX outbox_pkey ON x_jobs.outbox USING btree (id)'),
+        ('x_jobs.webhook_ledger_pkey',
+         'CREATE UNIQUE INDEX webhook_ledger_pkey ON x_jobs.webhook_ledger USING btree (source, webhook_id)'),
+        ('x_jobs.webhook_ledger_received_idx',
+         'CREATE INDEX webhook_ledger_received_idx ON x_jobs.webhook_ledger USING btree (received_at)')
+    $$,
+    'Each index of x_jobs.outbox and x_jobs.webhook_ledger should have its documented columns, uniqueness and '
+    'predicate'
+);
+
 -- pg_dump keeps the rows of an extension's tables only when they are registered.
 SELECT results_eq(
     $$
@@ -229,12 +512,19 @@ SELECT results_eq(
     $$
     VALUES
         ('x_jobs.counter', ''),
+        ('x_jobs.event', ''),
+        ('x_jobs.event_id_seq', ''),
         ('x_jobs.job', ''),
         ('x_jobs.job_error', ''),
         ('x_jobs.job_id_seq', ''),
-        ('x_jobs.queue_pause', '')
+        ('x_jobs.outbox', ''),
+        ('x_jobs.outbox_id_seq', ''),
+        ('x_jobs.queue_pause', ''),
+        ('x_jobs.step', ''),
+        ('x_jobs.webhook_ledger', '')
     $$,
-    'pg_dump should keep every row of job, job_error, queue_pause and counter, and the job id sequence'
+    'pg_dump should keep every row of job, job_error, queue_pause, counter, step, event, outbox and webhook_ledger, '
+    'and the three id sequences'
 );
 
 -- Every function: return type, volatility, security ------------------------------------------
@@ -259,11 +549,12 @@ ORDER BY a.fn;
 
 SELECT
     CASE
-        WHEN a.runs_as_owner
+        WHEN a.runs_as_owner_because IS NOT NULL
             THEN is_definer(
                 'x_jobs', a.fn, a.args,
                 pg_catalog.format(
-                    'x_jobs.%s() should run as its owner, so monitoring roles get counts without reading jobs', a.fn
+                    'x_jobs.%s(%s) should run as its owner, %s', a.fn, pg_catalog.array_to_string(a.args, ', '),
+                    a.runs_as_owner_because
                 )
             )
         ELSE isnt_definer(
@@ -276,7 +567,7 @@ SELECT
 FROM api AS a
 ORDER BY a.fn;
 
--- The two table functions: their output columns are what callers select by name.
+-- The table functions: their output columns are what callers select by name.
 SELECT is(
     pg_catalog.pg_get_function_result('x_jobs.error_codes()'::regprocedure),
     'TABLE(sqlstate text, code text, meaning text)',
@@ -286,6 +577,26 @@ SELECT is(
     pg_catalog.pg_get_function_result('x_jobs.queue_demand()'::regprocedure),
     'TABLE(queue text, demand bigint)',
     'x_jobs.queue_demand() should answer (queue, demand)'
+);
+SELECT is(
+    pg_catalog.pg_get_function_result('x_jobs.publish(text, jsonb, text)'::regprocedure),
+    'TABLE(event_id bigint, woken integer)',
+    'x_jobs.publish() should answer (event_id, woken)'
+);
+SELECT is(
+    pg_catalog.pg_get_function_result('x_jobs.outbox_put_many(jsonb)'::regprocedure),
+    'TABLE(ord integer, id bigint)',
+    'x_jobs.outbox_put_many() should answer (ord, id)'
+);
+SELECT is(
+    pg_catalog.pg_get_function_result('x_jobs.relay_outbox(text, integer, interval, text[])'::regprocedure),
+    'TABLE(id bigint, topic text, key text, payload jsonb, headers jsonb, attempt integer)',
+    'x_jobs.relay_outbox() should answer (id, topic, key, payload, headers, attempt)'
+);
+SELECT is(
+    pg_catalog.pg_get_function_result('x_jobs.receive_webhook(text, text, text, jsonb, text, jsonb)'::regprocedure),
+    'TABLE(job_id bigint, duplicate boolean)',
+    'x_jobs.receive_webhook() should answer (job_id, duplicate)'
 );
 
 -- search_path ---------------------------------------------------------------------------------
@@ -300,8 +611,9 @@ SELECT set_eq(
             SELECT FROM unnest(p.proconfig) AS s (setting) WHERE s.setting LIKE 'search\_path=%'
         )
     $$,
-    ARRAY['now', '_minute', '_shard', '_max_payload_bytes'],
-    'Every function should pin search_path except the tiny SQL helpers now, _minute, _shard and _max_payload_bytes'
+    ARRAY['now', '_minute', '_shard', '_max_payload_bytes', '_clock'],
+    'Every function should pin search_path except the tiny SQL helpers now, _minute, _shard, _max_payload_bytes '
+    'and _clock'
 );
 
 SELECT is_empty(
@@ -311,7 +623,7 @@ SELECT is_empty(
     INNER JOIN pg_catalog.pg_language AS l ON p.prolang = l.oid
     WHERE
         p.pronamespace = 'x_jobs'::regnamespace
-        AND p.proname IN ('now', '_minute', '_shard', '_max_payload_bytes')
+        AND p.proname IN ('now', '_minute', '_shard', '_max_payload_bytes', '_clock')
         AND (l.lanname <> 'sql' OR p.proconfig IS NOT NULL OR p.prosecdef)
     $$,
     'The helpers that skip search_path should be plain SQL functions with no SET clause, so they can inline'
@@ -330,64 +642,150 @@ SELECT is_empty(
     'A pinned search_path should be exactly pg_catalog, pg_temp'
 );
 
+-- The other settings a function pins: the two claim queries (claim, relay_outbox) keep their
+-- generic plan (the same seeks, without re-planning every call) and never compile it with JIT
+-- (the generic plan's LIMIT is costed above the JIT thresholds on a big table).
+SELECT set_eq(
+    $$
+    SELECT p.proname::text COLLATE "default", s.setting
+    FROM pg_catalog.pg_proc AS p
+    CROSS JOIN LATERAL unnest(p.proconfig) AS s (setting)
+    WHERE p.pronamespace = 'x_jobs'::regnamespace AND s.setting NOT LIKE 'search\_path=%'
+    $$,
+    $$
+    VALUES
+        ('claim', 'plan_cache_mode=force_generic_plan'),
+        ('claim', 'jit=off'),
+        ('relay_outbox', 'plan_cache_mode=force_generic_plan'),
+        ('relay_outbox', 'jit=off')
+    $$,
+    'Only claim and relay_outbox should pin settings besides search_path: a generic plan and no JIT'
+);
+
 -- Parameter names and defaults: callers use named notation, so both are API -----------------
+
+-- Every public function, as pg_get_function_arguments prints its parameters. The private
+-- helpers (_*) are called by position from our own bodies only.
+CREATE TEMP TABLE api_param (
+    fn name PRIMARY KEY REFERENCES api (fn),
+    arguments text NOT NULL
+);
+
+INSERT INTO api_param (fn, arguments) VALUES
+('now', ''),
+('error_codes', ''),
+('version', ''),
+(
+    'enqueue',
+    'name text, input jsonb DEFAULT ''{}''::jsonb, queue text DEFAULT ''default''::text, '
+    'run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, '
+    'idempotency_key text DEFAULT NULL::text, max_attempts integer DEFAULT 25, '
+    'priority integer DEFAULT 0, tenant_id text DEFAULT ''none''::text, '
+    'concurrency_key text DEFAULT NULL::text, traceparent text DEFAULT NULL::text, '
+    'enqueued_by text DEFAULT NULL::text, concurrency_limit integer DEFAULT NULL::integer, '
+    'dead_letter boolean DEFAULT true, backoff_base interval DEFAULT ''00:00:01''::interval, '
+    'backoff_max interval DEFAULT ''01:00:00''::interval'
+),
+('enqueue_many', 'jobs jsonb'),
+(
+    'claim',
+    'queues text[], worker text, lease interval DEFAULT ''00:00:30''::interval, qty integer DEFAULT 1'
+),
+('release', 'ids bigint[], worker text'),
+('extend_lease', 'ids bigint[], worker text, lease interval DEFAULT ''00:00:30''::interval'),
+('complete_many', 'ids bigint[], worker text, outputs jsonb[] DEFAULT NULL::jsonb[]'),
+('complete', 'id bigint, worker text, output jsonb DEFAULT NULL::jsonb'),
+(
+    'fail',
+    'id bigint, worker text, error text, error_stack text DEFAULT NULL::text, '
+    'retry_delay interval DEFAULT NULL::interval, retryable boolean DEFAULT true'
+),
+('cancel', 'id bigint'),
+('retry', 'id bigint'),
+(
+    'list_jobs',
+    'state text DEFAULT NULL::text, queue text DEFAULT NULL::text, before_id bigint DEFAULT NULL::bigint, '
+    'max_rows integer DEFAULT 50'
+),
+('pause_queue', 'queue text'),
+('resume_queue', 'queue text'),
+(
+    'announce_worker',
+    'worker text, queues text[], build text DEFAULT NULL::text, draining boolean DEFAULT false, '
+    'ttl interval DEFAULT ''00:01:00''::interval'
+),
+('queue_demand', ''),
+('queue_stats', ''),
+(
+    'rollup_counters',
+    'minutes_for interval DEFAULT ''02:00:00''::interval, hours_for interval DEFAULT ''2 days''::interval, '
+    'days_for interval DEFAULT ''400 days''::interval'
+),
+('purge', 'older_than interval, batch_size integer DEFAULT 10000'),
+('steps', 'id bigint, worker text'),
+(
+    'step_record',
+    'id bigint, worker text, step text, output jsonb DEFAULT NULL::jsonb, error text DEFAULT NULL::text, '
+    'compensation boolean DEFAULT false'
+),
+('step_sleep', 'id bigint, worker text, step text, duration interval'),
+(
+    'step_wait',
+    'id bigint, worker text, step text, event text, event_key text DEFAULT NULL::text, '
+    'match jsonb DEFAULT NULL::jsonb, timeout interval DEFAULT NULL::interval, '
+    'since timestamp with time zone DEFAULT NULL::timestamp with time zone'
+),
+('publish', 'event text, payload jsonb DEFAULT NULL::jsonb, key text DEFAULT NULL::text'),
+('resolve_step', 'job bigint, step text, output jsonb DEFAULT NULL::jsonb'),
+(
+    'progress',
+    'id bigint, worker text, done double precision DEFAULT NULL::double precision, '
+    'total double precision DEFAULT NULL::double precision, note text DEFAULT NULL::text'
+),
+('purge_events', 'older_than interval, batch_size integer DEFAULT 10000'),
+-- The outbox (0.2.0).
+(
+    'outbox_put',
+    'topic text, payload jsonb, key text DEFAULT NULL::text, headers jsonb DEFAULT NULL::jsonb, '
+    'max_attempts integer DEFAULT NULL::integer'
+),
+('outbox_put_many', 'messages jsonb'),
+(
+    'relay_outbox',
+    'relay text, qty integer DEFAULT 100, lease interval DEFAULT ''00:00:30''::interval, '
+    'topics text[] DEFAULT NULL::text[]'
+),
+('outbox_ack', 'ids bigint[], relay text'),
+(
+    'outbox_nack',
+    'id bigint, relay text, error text, '
+    'retry_at timestamp with time zone DEFAULT NULL::timestamp with time zone, retryable boolean DEFAULT true'
+),
+(
+    'outbox_redrive',
+    'ids bigint[] DEFAULT NULL::bigint[], topic text DEFAULT NULL::text, max_rows integer DEFAULT 1000'
+),
+('purge_outbox', 'older_than interval, batch_size integer DEFAULT 10000'),
+(
+    'receive_webhook',
+    'source text, webhook_id text, name text, input jsonb DEFAULT NULL::jsonb, queue text DEFAULT NULL::text, '
+    'request jsonb DEFAULT NULL::jsonb'
+),
+('purge_webhook_ledger', 'older_than interval, batch_size integer DEFAULT 10000');
+
+SELECT set_eq(
+    $$ SELECT e.fn FROM api_param AS e $$,
+    $$ SELECT a.fn FROM api AS a WHERE a.fn NOT LIKE '\_%' $$,
+    'The parameters of every public function, and only of those, should be pinned here'
+);
 
 SELECT
     is(
         pg_catalog.pg_get_function_arguments(p.oid),
         e.arguments,
-        pg_catalog.format('x_jobs.%s should take the parameters (%s)', p.proname, e.arguments)
+        pg_catalog.format('x_jobs.%s should take the parameters (%s)', e.fn, e.arguments)
     )
-FROM (
-    VALUES
-    ('now', ''),
-    ('error_codes', ''),
-    (
-        'enqueue',
-        'name text, input jsonb DEFAULT ''{}''::jsonb, queue text DEFAULT ''default''::text, '
-        'run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, '
-        'idempotency_key text DEFAULT NULL::text, max_attempts integer DEFAULT 25, '
-        'priority integer DEFAULT 0, tenant_id text DEFAULT ''none''::text, '
-        'concurrency_key text DEFAULT NULL::text, traceparent text DEFAULT NULL::text, '
-        'enqueued_by text DEFAULT NULL::text, concurrency_limit integer DEFAULT NULL::integer, '
-        'dead_letter boolean DEFAULT true, backoff_base interval DEFAULT ''00:00:01''::interval, '
-        'backoff_max interval DEFAULT ''01:00:00''::interval'
-    ),
-    ('enqueue_many', 'jobs jsonb'),
-    (
-        'claim',
-        'queues text[], worker text, lease interval DEFAULT ''00:00:30''::interval, qty integer DEFAULT 1'
-    ),
-    ('extend_lease', 'ids bigint[], worker text, lease interval DEFAULT ''00:00:30''::interval'),
-    ('complete_many', 'ids bigint[], worker text, outputs jsonb[] DEFAULT NULL::jsonb[]'),
-    ('complete', 'id bigint, worker text, output jsonb DEFAULT NULL::jsonb'),
-    (
-        'fail',
-        'id bigint, worker text, error text, error_stack text DEFAULT NULL::text, '
-        'retry_delay interval DEFAULT NULL::interval, retryable boolean DEFAULT true'
-    ),
-    ('cancel', 'id bigint'),
-    ('retry', 'id bigint'),
-    (
-        'list_jobs',
-        'state text DEFAULT NULL::text, queue text DEFAULT NULL::text, before_id bigint DEFAULT NULL::bigint, '
-        'max_rows integer DEFAULT 50'
-    ),
-    ('pause_queue', 'queue text'),
-    ('resume_queue', 'queue text'),
-    (
-        'announce_worker',
-        'worker text, queues text[], build text DEFAULT NULL::text, draining boolean DEFAULT false, '
-        'ttl interval DEFAULT ''00:01:00''::interval'
-    ),
-    ('queue_demand', ''),
-    (
-        'rollup_counters',
-        'minutes_for interval DEFAULT ''02:00:00''::interval, hours_for interval DEFAULT ''2 days''::interval, '
-        'days_for interval DEFAULT ''400 days''::interval'
-    ),
-    ('purge', 'older_than interval, batch_size integer DEFAULT 10000')
-) AS e (fn, arguments)
+FROM api_param AS e
 LEFT JOIN pg_catalog.pg_proc AS p ON p.pronamespace = 'x_jobs'::regnamespace AND e.fn = p.proname
 ORDER BY e.fn;
 
@@ -485,7 +883,23 @@ SELECT set_eq(
         ('counter', 'x_jobs_worker', 'UPDATE'),
         ('counter', 'x_jobs_admin', 'SELECT'),
         ('counter', 'x_jobs_admin', 'DELETE'),
-        ('job_id_seq', 'x_jobs_producer', 'USAGE')
+        ('job_id_seq', 'x_jobs_producer', 'USAGE'),
+        -- Steps and events: publish writes both as its owner, so a producer has neither.
+        ('step', 'x_jobs_worker', 'SELECT'),
+        ('step', 'x_jobs_worker', 'INSERT'),
+        ('step', 'x_jobs_worker', 'UPDATE'),
+        ('step', 'x_jobs_admin', 'DELETE'),
+        ('event', 'x_jobs_worker', 'SELECT'),
+        ('event', 'x_jobs_admin', 'DELETE'),
+        -- The outbox and the webhook ledger.
+        ('outbox', 'x_jobs_producer', 'SELECT'),
+        ('outbox', 'x_jobs_producer', 'INSERT'),
+        ('outbox', 'x_jobs_worker', 'UPDATE'),
+        ('outbox', 'x_jobs_admin', 'DELETE'),
+        ('outbox_id_seq', 'x_jobs_producer', 'USAGE'),
+        ('webhook_ledger', 'x_jobs_producer', 'SELECT'),
+        ('webhook_ledger', 'x_jobs_producer', 'INSERT'),
+        ('webhook_ledger', 'x_jobs_admin', 'DELETE')
     $$,
     'Table and sequence privileges should be granted directly only as the Grants section states, none to PUBLIC'
 );
@@ -537,23 +951,83 @@ FROM (
     ('counter', 'x_jobs_worker', '{INSERT,SELECT,UPDATE}'),
     ('counter', 'x_jobs_admin', '{DELETE,INSERT,SELECT,UPDATE}'),
     ('counter', 'pg_monitor', '{}'),
-    ('counter', 'public', '{}')
+    ('counter', 'public', '{}'),
+    -- A producer publishes through the SECURITY DEFINER publish: no right on steps or events.
+    ('step', 'x_jobs_producer', '{}'),
+    ('step', 'x_jobs_worker', '{INSERT,SELECT,UPDATE}'),
+    ('step', 'x_jobs_admin', '{DELETE,INSERT,SELECT,UPDATE}'),
+    ('step', 'pg_monitor', '{}'),
+    ('step', 'public', '{}'),
+    ('event', 'x_jobs_producer', '{}'),
+    ('event', 'x_jobs_worker', '{SELECT}'),
+    ('event', 'x_jobs_admin', '{DELETE,SELECT}'),
+    ('event', 'pg_monitor', '{}'),
+    ('event', 'public', '{}'),
+    ('outbox', 'x_jobs_producer', '{INSERT,SELECT}'),
+    ('outbox', 'x_jobs_worker', '{INSERT,SELECT,UPDATE}'),
+    ('outbox', 'x_jobs_admin', '{DELETE,INSERT,SELECT,UPDATE}'),
+    ('outbox', 'pg_monitor', '{}'),
+    ('outbox', 'public', '{}'),
+    ('webhook_ledger', 'x_jobs_producer', '{INSERT,SELECT}'),
+    ('webhook_ledger', 'x_jobs_worker', '{INSERT,SELECT}'),
+    ('webhook_ledger', 'x_jobs_admin', '{DELETE,INSERT,SELECT}'),
+    ('webhook_ledger', 'pg_monitor', '{}'),
+    ('webhook_ledger', 'public', '{}')
 ) AS t (tbl, grantee, privs)
 INNER JOIN grant_role AS r ON t.grantee = r.grantee
 ORDER BY t.tbl, r.grantee;
 
--- enqueue draws ids with nextval, so whoever may enqueue needs the sequence.
+-- Who may draw ids from each sequence: enqueue draws job ids with nextval, so whoever may
+-- enqueue needs job_id_seq; the outbox's grant follows the Grants section (an identity column's
+-- default draws without checking it); event ids are drawn by publish as its owner only.
 SELECT
     sequence_privs_are(
-        'x_jobs', 'job_id_seq', r.grantee,
-        CASE WHEN r.chain_rank IS NOT NULL THEN '{USAGE}' ELSE '{}' END::name[],
+        'x_jobs', q.seq, r.grantee,
+        CASE WHEN q.for_chain AND r.chain_rank IS NOT NULL THEN '{USAGE}' ELSE '{}' END::name[],
         pg_catalog.format(
-            'Role %s should %s ids from x_jobs.job_id_seq', r.grantee,
-            CASE WHEN r.chain_rank IS NOT NULL THEN 'be able to draw' ELSE 'not be able to draw' END
+            'Role %s should %s ids from x_jobs.%s', r.grantee,
+            CASE WHEN q.for_chain AND r.chain_rank IS NOT NULL THEN 'be able to draw' ELSE 'not be able to draw' END,
+            q.seq
         )
     )
-FROM grant_role AS r
-ORDER BY r.grantee;
+FROM (VALUES ('job_id_seq', TRUE), ('outbox_id_seq', TRUE), ('event_id_seq', FALSE)) AS q (seq, for_chain)
+CROSS JOIN grant_role AS r
+ORDER BY q.seq, r.grantee;
+
+-- Column grants: none. A publish resolves waits and wakes runs as the owner of publish, so a
+-- producer needs no UPDATE of any column of a step or a job (0.1.0's column grants are gone).
+SELECT is_empty(
+    $$
+    SELECT c.relname, a.attname, acl.grantee, acl.privilege_type
+    FROM pg_catalog.pg_attribute AS a
+    INNER JOIN pg_catalog.pg_class AS c ON a.attrelid = c.oid
+    CROSS JOIN LATERAL pg_catalog.aclexplode(a.attacl) AS acl
+    WHERE c.relnamespace = 'x_jobs'::regnamespace AND acl.grantee <> c.relowner
+    $$,
+    'No column privilege should be granted on an x_jobs table'
+);
+
+-- Effective column rights of a producer on the columns a publish writes: none beyond what the
+-- table grants (it inserts and reads jobs, it never updates one, and has no right on steps).
+SELECT
+    column_privs_are(
+        'x_jobs', c.tbl, c.col, 'x_jobs_producer', c.privs::name[],
+        pg_catalog.format(
+            'A producer should have %s on x_jobs.%s.%s',
+            coalesce(nullif(pg_catalog.array_to_string(c.privs::text[], ', '), ''), 'no privilege'), c.tbl, c.col
+        )
+    )
+FROM (
+    VALUES
+    ('job', 'state', '{INSERT,SELECT}'),
+    ('job', 'run_at', '{INSERT,SELECT}'),
+    ('job', 'updated_at', '{INSERT,SELECT}'),
+    ('step', 'status', '{}'),
+    ('step', 'output', '{}'),
+    ('step', 'resolved_by', '{}'),
+    ('event', 'payload', '{}')
+) AS c (tbl, col, privs)
+ORDER BY c.tbl, c.col;
 
 -- The grants suffice: each role can do its job through the functions --------------------------
 

@@ -1,9 +1,10 @@
 -- Retention. x_jobs.purge deletes, in bounded batches and lowest id first, the terminal rows that
--- finished longer ago than older_than, with their job_error history, and never a live row.
--- x_jobs.rollup_counters folds old minute buckets into hours, old hours into days, and drops old
--- days, keeping the sums. The clock is moved with SET LOCAL "x_jobs.fake_now".
+-- finished longer ago than older_than, with their job_error history and their steps, and never a
+-- live row. x_jobs.purge_events deletes, the same way, the events published longer ago than
+-- older_than. x_jobs.rollup_counters folds old minute buckets into hours, old hours into days,
+-- and drops old days, keeping the sums. The clock is moved with SET LOCAL "x_jobs.fake_now".
 BEGIN;
-SELECT plan(26);
+SELECT plan(42);
 
 CREATE TEMP TABLE j (tag text PRIMARY KEY, id bigint NOT NULL);
 
@@ -29,7 +30,7 @@ $$;
 
 -- Terminal rows finish on Jan 1 (done), 2 (failed), 3 (dead), 4 (cancelled) and 15 (done).
 -- Live rows: l_ready, l_delayed, l_running (its lease lapsed long ago), l_retried (ready again
--- after a failure, with a job_error row).
+-- after a failure, with a job_error row). d1, r1 and l_running recorded steps.
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 00:00:00+00';
 
 INSERT INTO j (tag, id)
@@ -58,6 +59,9 @@ FROM x_jobs.claim(ARRAY['t60-d1', 't60-f1', 't60-x1', 't60-l_running', 't60-l_re
 
 DO $$
 BEGIN
+    PERFORM x_jobs.step_record(pg_temp.jid('d1'), 'w1', 'fetch', '{"d1": 1}');
+    PERFORM x_jobs.step_record(pg_temp.jid('d1'), 'w1', 'fetch', '{"undo": 1}', compensation => TRUE);
+    PERFORM x_jobs.step_record(pg_temp.jid('l_running'), 'w1', 'fetch', '{"l_running": 1}');
     PERFORM x_jobs.complete(pg_temp.jid('d1'), 'w1');
     PERFORM x_jobs.fail(pg_temp.jid('l_retried'), 'w1', 'retried error', retry_delay => '0');
 END
@@ -100,9 +104,16 @@ SELECT c.id FROM x_jobs.claim(ARRAY['t60-r1'], 'w1') AS c;
 
 DO $$
 BEGIN
+    PERFORM x_jobs.step_record(pg_temp.jid('r1'), 'w1', 'fetch', '{"r1": 1}');
     PERFORM x_jobs.complete(pg_temp.jid('r1'), 'w1');
 END
 $$;
+
+SELECT results_eq(
+    $$SELECT j.tag, count(*)::integer FROM x_jobs.step AS s JOIN j ON j.id = s.job_id GROUP BY j.tag ORDER BY j.tag$$,
+    $$VALUES ('d1', 2), ('l_running', 1), ('r1', 1)$$,
+    'The purge fixture should hold the steps of a row purged first, of a row purged later and of a live row'
+);
 
 SELECT results_eq(
     $$SELECT j.tag, k.state::text, k.finished_at FROM j JOIN x_jobs.job AS k ON k.id = j.id ORDER BY j.tag$$,
@@ -156,12 +167,24 @@ SELECT results_eq(
     'purge should delete the job_error rows of the rows it deleted, and keep those of live rows'
 );
 
+SELECT results_eq(
+    $$SELECT j.tag, s.name, s.compensation FROM x_jobs.step AS s JOIN j ON j.id = s.job_id ORDER BY j.tag$$,
+    $$VALUES ('l_running', 'fetch', FALSE), ('r1', 'fetch', FALSE)$$,
+    'purge should delete the steps (compensations included) of the rows it deleted, and keep those of the rows it kept'
+);
+
 SELECT is(x_jobs.purge('0 seconds', 100), 1::bigint, 'purge with age 0 should delete every finished row');
 
 SELECT is(
     pg_temp.left_tags(),
     ARRAY['l_delayed', 'l_ready', 'l_retried', 'l_running'],
     'purge should never delete a live row, whatever its age'
+);
+
+SELECT results_eq(
+    $$SELECT j.tag, s.output FROM x_jobs.step AS s JOIN j ON j.id = s.job_id ORDER BY j.tag$$,
+    $$VALUES ('l_running', '{"l_running": 1}'::jsonb)$$,
+    'purge should delete the steps of a row purged in a later call, and never those of a live row'
 );
 
 -- Lowest id first, whatever the finish time: o1 has the lower id but finished after o2 (both are
@@ -224,6 +247,109 @@ SELECT throws_ok(
     'X_RETENTION_INVALID: purge older than NULL in batches of 10000',
     'purge should refuse a NULL age'
 );
+
+------------------------------------------------------------------------------------------------
+-- purge_events
+------------------------------------------------------------------------------------------------
+
+-- Events published out of id order: e2 has a lower id than e3 but was published later. Both are
+-- past the retention at 03-10 with '7 days'; e1 (03-05) and e4 (03-09) are not.
+CREATE TEMP TABLE ev (tag text PRIMARY KEY, id bigint NOT NULL);
+
+CREATE FUNCTION pg_temp.left_events()
+RETURNS text[]
+LANGUAGE sql
+STABLE
+AS $$
+    SELECT coalesce(pg_catalog.array_agg(ev.tag ORDER BY ev.tag), '{}')
+    FROM ev JOIN x_jobs.event AS e ON e.id = ev.id
+$$;
+
+-- Publishes an event named t60.<tag> and keeps its id under the tag.
+CREATE FUNCTION pg_temp.publish_as(p_tag text, p_payload jsonb DEFAULT NULL, p_key text DEFAULT NULL)
+RETURNS void
+LANGUAGE sql
+AS $$
+    INSERT INTO ev (tag, id)
+    SELECT p_tag, p.event_id FROM x_jobs.publish('t60.' || p_tag, p_payload, p_key) AS p
+$$;
+
+SET LOCAL "x_jobs.fake_now" = '2030-03-05 00:00:00+00';
+SELECT pg_temp.publish_as('e1');
+SET LOCAL "x_jobs.fake_now" = '2030-03-02 00:00:00+00';
+SELECT pg_temp.publish_as('e2');
+SET LOCAL "x_jobs.fake_now" = '2030-03-01 00:00:00+00';
+SELECT pg_temp.publish_as('e3', '{"k": 3}', 'k3');
+SET LOCAL "x_jobs.fake_now" = '2030-03-09 00:00:00+00';
+SELECT pg_temp.publish_as('e4');
+
+SET LOCAL "x_jobs.fake_now" = '2030-03-10 00:00:00+00';
+
+SELECT results_eq(
+    $$SELECT ev.tag, e.published_at FROM ev JOIN x_jobs.event AS e ON e.id = ev.id ORDER BY e.id$$,
+    $$VALUES ('e1', '2030-03-05 00:00:00+00'::timestamptz), ('e2', '2030-03-02 00:00:00+00'),
+             ('e3', '2030-03-01 00:00:00+00'), ('e4', '2030-03-09 00:00:00+00')$$,
+    'The purge_events fixture should hold four events, e2 and e3 published out of id order'
+);
+
+SELECT is(x_jobs.purge_events('7 days', 1), 1::bigint, 'purge_events with batch_size 1 should delete one event');
+
+SELECT is(
+    pg_temp.left_events(),
+    ARRAY['e1', 'e3', 'e4'],
+    'purge_events should delete the eligible event with the lowest id (e2) first, even if e3 was published earlier'
+);
+
+SELECT is(
+    x_jobs.purge_events('7 days', 10),
+    1::bigint,
+    'purge_events should then delete the last event older than the cutoff, and answer how many'
+);
+
+SELECT is(x_jobs.purge_events('7 days'), 0::bigint, 'purge_events should answer 0 when no event is old enough');
+
+SELECT is(
+    pg_temp.left_events(),
+    ARRAY['e1', 'e4'],
+    'purge_events should keep the events published less than older_than ago'
+);
+
+SELECT is(x_jobs.purge_events('3 days'), 1::bigint, 'A shorter age should purge the events older than it');
+
+SELECT is(pg_temp.left_events(), ARRAY['e4'], 'purge_events should keep an event newer than the cutoff');
+
+SELECT results_eq(
+    $$SELECT * FROM tap_helpers.caught($q$ SELECT x_jobs.purge_events('-1 day') $q$)$$,
+    $$VALUES ('XJ020',
+              pg_catalog.format(
+                  'X_RETENTION_INVALID: purge events older than %s in batches of 10000', interval '-1 day'
+              ),
+              '', 'Pass an age of zero or more, such as ''30 days'', and a batch size of 1 or more.')$$,
+    'purge_events should refuse a negative age, with a HINT'
+);
+
+SELECT throws_ok(
+    $$SELECT x_jobs.purge_events(NULL)$$,
+    'XJ020',
+    'X_RETENTION_INVALID: purge events older than NULL in batches of 10000',
+    'purge_events should refuse a missing age'
+);
+
+SELECT throws_ok(
+    $$SELECT x_jobs.purge_events('0 seconds', 0)$$,
+    'XJ020',
+    pg_catalog.format('X_RETENTION_INVALID: purge events older than %s in batches of 0', interval '0 seconds'),
+    'purge_events should refuse a batch size of 0'
+);
+
+SELECT throws_ok(
+    $$SELECT x_jobs.purge_events('0 seconds', NULL)$$,
+    'XJ020',
+    pg_catalog.format('X_RETENTION_INVALID: purge events older than %s in batches of NULL', interval '0 seconds'),
+    'purge_events should refuse a missing batch size'
+);
+
+SELECT is(pg_temp.left_events(), ARRAY['e4'], 'The refused purge_events calls should have deleted nothing');
 
 ------------------------------------------------------------------------------------------------
 -- rollup_counters

@@ -1,9 +1,12 @@
--- The grants: a producer enqueues and no more, a worker claims and settles but does not operate,
--- an admin operates, a role without a grant cannot reach the schema, and pg_monitor reads demand
--- counts but not the jobs. Each role is created here and rolled back with the test; each block
+-- The grants: a producer enqueues, publishes (through the SECURITY DEFINER publish, with no right
+-- of its own on jobs, steps or events), puts outbox messages and receives webhooks, and no more; a
+-- worker claims, settles and runs the steps of what it holds and relays the outbox, but does not
+-- operate; an admin operates (resolves steps, redrives messages, runs every retention); a role
+-- without a grant cannot reach the schema, and pg_monitor reads demand counts but not the jobs,
+-- steps, events, messages or webhooks. Each role is created here and rolled back with the test; each block
 -- runs under SET ROLE and ends with RESET ROLE. The clock is moved with SET LOCAL "x_jobs.fake_now".
 BEGIN;
-SELECT plan(25);
+SELECT plan(81);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
@@ -226,7 +229,471 @@ SELECT throws_ok(
     'A pg_monitor member should not be able to read the error history'
 );
 
+SELECT throws_ok(
+    'SELECT * FROM x_jobs.step',
+    '42501',
+    'permission denied for table step',
+    'A pg_monitor member should not be able to read the steps (their outputs)'
+);
+
+SELECT throws_ok(
+    'SELECT * FROM x_jobs.event',
+    '42501',
+    'permission denied for table event',
+    'A pg_monitor member should not be able to read the events (their payloads)'
+);
+
 RESET ROLE;
+
+------------------------------------------------------------------------------------------------
+-- Steps and events (0.2.0)
+------------------------------------------------------------------------------------------------
+
+SET LOCAL "x_jobs.fake_now" = '2030-01-01 11:00:00+00';
+
+-- Two jobs for the steps, enqueued by the test (the producer's enqueue is checked above); every
+-- role of the test reads their ids.
+CREATE TEMP TABLE t80_s AS
+SELECT
+    t.tag,
+    e.id
+FROM unnest(ARRAY['wait', 'sleep']) AS t (tag)
+CROSS JOIN LATERAL x_jobs.enqueue('t80_s_' || t.tag, queue => 't80-s') AS e;
+
+GRANT SELECT ON t80_s TO public;
+
+CREATE FUNCTION pg_temp.sid(p_tag text)
+RETURNS bigint
+LANGUAGE sql
+STABLE
+AS $$ SELECT t.id FROM t80_s AS t WHERE t.tag = p_tag $$;
+
+SET ROLE t80_worker;
+
+SELECT is(
+    (SELECT count(*)::integer FROM x_jobs.claim(ARRAY['t80-s'], 't80-ws', qty => 10)),
+    2,
+    'A worker should claim the two step jobs (setup)'
+);
+
+SELECT is(
+    x_jobs.step_record(pg_temp.sid('wait'), 't80-ws', 'fetch', '{"n": 1}'),
+    'done'::x_jobs.step_status,
+    'A worker should be able to record a step of the job it holds'
+);
+
+SELECT is(
+    x_jobs.progress(pg_temp.sid('wait'), 't80-ws', 1, 2, 'half'),
+    TRUE,
+    'A worker should be able to report the progress of the job it holds'
+);
+
+SELECT results_eq(
+    $$SELECT name, status::text FROM x_jobs.steps(pg_temp.sid('wait'), 't80-ws')$$,
+    $$VALUES ('fetch', 'done')$$,
+    'A worker should be able to read the steps of the job it holds'
+);
+
+SELECT results_eq(
+    $$SELECT status::text FROM x_jobs.step_wait(pg_temp.sid('wait'), 't80-ws', 'pay', 't80.paid')
+      UNION ALL
+      SELECT status::text FROM x_jobs.step_sleep(pg_temp.sid('sleep'), 't80-ws', 'nap', '1 hour')$$,
+    $$VALUES ('waiting'), ('waiting')$$,
+    'A worker should be able to suspend the jobs it holds on a wait and on a sleep'
+);
+
+SELECT throws_ok(
+    $$SELECT x_jobs.resolve_step(pg_temp.sid('sleep'), 'nap')$$,
+    '42501',
+    'permission denied for function resolve_step',
+    'A worker should not be able to resolve a step by hand'
+);
+
+SELECT throws_ok(
+    $$SELECT x_jobs.purge_events('0 seconds')$$,
+    '42501',
+    'permission denied for function purge_events',
+    'A worker should not be able to purge events'
+);
+
+RESET ROLE;
+
+SELECT results_eq(
+    $$SELECT k.state::text, k.claimed_by FROM x_jobs.job AS k JOIN t80_s AS t ON t.id = k.id ORDER BY t.tag$$,
+    $$VALUES ('suspended', NULL::text), ('suspended', NULL::text)$$,
+    'The worker''s wait and sleep should have suspended both jobs'
+);
+
+SET ROLE t80_producer;
+
+SELECT is(
+    (SELECT p.woken FROM x_jobs.publish('t80.paid', '{"paid": true}') AS p),
+    1,
+    'A producer should be able to publish an event and wake the run waiting for it'
+);
+
+SELECT throws_ok(
+    $$SELECT * FROM x_jobs.steps(pg_temp.sid('wait'), 't80-ws')$$,
+    '42501',
+    'permission denied for function steps',
+    'A producer should not be able to read steps through the worker functions'
+);
+
+SELECT throws_ok(
+    $$SELECT x_jobs.step_record(pg_temp.sid('wait'), 't80-ws', 'x')$$,
+    '42501',
+    'permission denied for function step_record',
+    'A producer should not be able to record a step'
+);
+
+SELECT throws_ok(
+    $$SELECT x_jobs.resolve_step(pg_temp.sid('sleep'), 'nap')$$,
+    '42501',
+    'permission denied for function resolve_step',
+    'A producer should not be able to resolve a step by hand'
+);
+
+-- publish runs as its owner: the producer itself has no right on jobs beyond enqueue, none on
+-- steps or events, and none on the helpers publish calls.
+SELECT throws_ok(
+    $$UPDATE x_jobs.job SET state = 'ready', run_at = x_jobs.now() WHERE id = pg_temp.sid('sleep')$$,
+    '42501',
+    'permission denied for table job',
+    'A producer should not be able to update a job directly, not even the columns a publish writes'
+);
+
+SELECT throws_ok(
+    $$UPDATE x_jobs.step SET status = 'done' WHERE job_id = pg_temp.sid('sleep')$$,
+    '42501',
+    'permission denied for table step',
+    'A producer should not be able to resolve a step by updating it directly'
+);
+
+SELECT throws_ok(
+    $$SELECT * FROM x_jobs.step$$,
+    '42501',
+    'permission denied for table step',
+    'A producer should not be able to read the steps (their outputs) directly'
+);
+
+SELECT throws_ok(
+    $$SELECT * FROM x_jobs.event$$,
+    '42501',
+    'permission denied for table event',
+    'A producer should not be able to read the events (other producers'' payloads) directly'
+);
+
+SELECT throws_ok(
+    $$INSERT INTO x_jobs.event (name, published_at) VALUES ('t80.forged', x_jobs.now())$$,
+    '42501',
+    'permission denied for table event',
+    'A producer should not be able to insert an event without publish'
+);
+
+SELECT throws_ok(
+    $$DELETE FROM x_jobs.event$$,
+    '42501',
+    'permission denied for table event',
+    'A producer should not be able to delete events'
+);
+
+SELECT throws_ok(
+    $$SELECT x_jobs._clock()$$,
+    '42501',
+    'permission denied for function _clock',
+    'A producer should not be able to call the step helpers that publish calls as its owner'
+);
+
+RESET ROLE;
+
+SELECT results_eq(
+    $$SELECT s.name, s.status::text, s.output, k.state::text
+      FROM x_jobs.step AS s JOIN x_jobs.job AS k ON k.id = s.job_id
+      WHERE s.job_id = pg_temp.sid('wait') AND s.name = 'pay'$$,
+    $$VALUES ('pay', 'done', '{"paid": true}'::jsonb, 'ready')$$,
+    'The producer''s publish should have resolved the wait and made its run ready'
+);
+
+SET LOCAL "x_jobs.fake_now" = '2030-01-01 11:01:00+00';
+
+SET ROLE t80_admin;
+
+SELECT results_eq(
+    $$SELECT status::text, resolved_by FROM x_jobs.resolve_step(pg_temp.sid('sleep'), 'nap')$$,
+    $$VALUES ('done', 'operator')$$,
+    'An admin should be able to resolve a waiting step by hand'
+);
+
+SELECT lives_ok(
+    $$SELECT x_jobs.purge_events('0 seconds')$$,
+    'An admin should be able to purge events'
+);
+
+RESET ROLE;
+
+SELECT is_empty(
+    $$SELECT * FROM x_jobs.event WHERE name = 't80.paid'$$,
+    'The admin''s purge_events should have deleted the event published before'
+);
+
+SET ROLE t80_nobody;
+
+SELECT throws_ok(
+    $$SELECT * FROM x_jobs.publish('t80.nobody')$$,
+    '42501',
+    'permission denied for schema x_jobs',
+    'A role without a grant should not be able to publish'
+);
+
+RESET ROLE;
+
+-- A worker reads the events its waits match: a wait on an event published before it, since an
+-- earlier instant, is resolved at once from the event table.
+SET LOCAL "x_jobs.fake_now" = '2030-01-01 11:02:00+00';
+
+SET ROLE t80_producer;
+
+SELECT is(
+    (SELECT p.woken FROM x_jobs.publish('t80.shipped', '{"ship": 1}') AS p),
+    0,
+    'A producer should be able to publish an event nobody waits for yet'
+);
+
+RESET ROLE;
+
+SET ROLE t80_worker;
+
+SELECT results_eq(
+    $$SELECT c.name FROM x_jobs.claim(ARRAY['t80-s'], 't80-ws2', qty => 10) AS c ORDER BY c.name$$,
+    $$VALUES ('t80_s_sleep'), ('t80_s_wait')$$,
+    'A worker should claim the two step jobs woken by the publish and the admin (setup)'
+);
+
+SELECT results_eq(
+    $$SELECT status::text, output, resolved_by
+      FROM x_jobs.step_wait(pg_temp.sid('wait'), 't80-ws2', 'ship', 't80.shipped',
+          since => '2030-01-01 11:00:00+00')$$,
+    $$VALUES ('done', '{"ship": 1}'::jsonb, 'event')$$,
+    'A worker should be able to match a wait against an event published before it (it reads x_jobs.event)'
+);
+
+SELECT throws_ok(
+    $$INSERT INTO x_jobs.event (name, published_at) VALUES ('t80.forged', x_jobs.now())$$,
+    '42501',
+    'permission denied for table event',
+    'A worker should not be able to insert an event without publish'
+);
+
+RESET ROLE;
+
+------------------------------------------------------------------------------------------------
+-- The outbox and the webhook ledger (0.2.0)
+------------------------------------------------------------------------------------------------
+
+SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:00:00+00';
+
+SET ROLE t80_producer;
+
+SELECT isnt(
+    x_jobs.outbox_put('t80.topic', '{"n": 1}', key => 't80-k'),
+    NULL,
+    'A producer should be able to put a message in the outbox'
+);
+
+SELECT is(
+    (
+        SELECT count(*)::integer
+        FROM x_jobs.outbox_put_many(
+            '[{"topic": "t80.topic", "payload": {"n": 2}}, {"topic": "t80.topic", "payload": {"n": 3}}]'
+        )
+    ),
+    2,
+    'A producer should be able to put a batch of messages with outbox_put_many'
+);
+
+SELECT results_eq(
+    $$SELECT w.duplicate FROM x_jobs.receive_webhook('t80-src', 't80-wh-1', 't80_hook', '{"a": 1}', 't80-h') AS w
+      UNION ALL
+      SELECT w.duplicate FROM x_jobs.receive_webhook('t80-src', 't80-wh-1', 't80_hook', '{"a": 1}', 't80-h') AS w$$,
+    ARRAY[FALSE, TRUE],
+    'A producer should be able to receive a webhook, and its redelivery should be a duplicate'
+);
+
+SELECT throws_ok(
+    $$SELECT * FROM x_jobs.relay_outbox('t80-r')$$,
+    '42501',
+    'permission denied for function relay_outbox',
+    'A producer should not be able to relay the outbox'
+);
+
+SELECT throws_ok(
+    $$SELECT * FROM x_jobs.outbox_ack(ARRAY[1::bigint], 't80-r')$$,
+    '42501',
+    'permission denied for function outbox_ack',
+    'A producer should not be able to acknowledge a message'
+);
+
+SELECT throws_ok(
+    $$UPDATE x_jobs.outbox SET state = 'delivered' WHERE topic = 't80.topic'$$,
+    '42501',
+    'permission denied for table outbox',
+    'A producer should not be able to settle messages by updating the outbox directly'
+);
+
+SELECT throws_ok(
+    $$SELECT x_jobs.outbox_redrive(topic => 't80.topic')$$,
+    '42501',
+    'permission denied for function outbox_redrive',
+    'A producer should not be able to redrive messages'
+);
+
+RESET ROLE;
+
+SET ROLE t80_worker;
+
+SELECT results_eq(
+    $$SELECT r.payload, r.attempt FROM x_jobs.relay_outbox('t80-r', 10, topics => ARRAY['t80.topic']) AS r
+      ORDER BY r.id$$,
+    $$VALUES ('{"n": 1}'::jsonb, 1), ('{"n": 2}'::jsonb, 1), ('{"n": 3}'::jsonb, 1)$$,
+    'A worker should be able to relay the outbox (claim the due messages)'
+);
+
+SELECT results_eq(
+    $$SELECT *
+      FROM x_jobs.outbox_ack(ARRAY(SELECT o.id FROM x_jobs.outbox AS o WHERE o.payload = '{"n": 1}'), 't80-r')$$,
+    $$SELECT o.id FROM x_jobs.outbox AS o WHERE o.payload = '{"n": 1}'$$,
+    'A worker should be able to acknowledge a message it holds'
+);
+
+SELECT results_eq(
+    $$SELECT x_jobs.outbox_nack(o.id, 't80-r', 'refused', retryable => o.payload = '{"n": 3}')::text
+      FROM x_jobs.outbox AS o WHERE o.payload IN ('{"n": 2}', '{"n": 3}') ORDER BY o.id$$,
+    $$VALUES ('dead'), ('pending')$$,
+    'A worker should be able to nack the messages it holds: for good (dead) or for a retry (pending)'
+);
+
+SELECT throws_ok(
+    $$SELECT x_jobs.outbox_redrive(topic => 't80.topic')$$,
+    '42501',
+    'permission denied for function outbox_redrive',
+    'A worker should not be able to redrive dead messages'
+);
+
+SELECT throws_ok(
+    $$SELECT x_jobs.purge_outbox('0 seconds')$$,
+    '42501',
+    'permission denied for function purge_outbox',
+    'A worker should not be able to purge the outbox'
+);
+
+SELECT throws_ok(
+    $$SELECT x_jobs.purge_webhook_ledger('0 seconds')$$,
+    '42501',
+    'permission denied for function purge_webhook_ledger',
+    'A worker should not be able to purge the webhook ledger'
+);
+
+SELECT throws_ok(
+    $$DELETE FROM x_jobs.outbox WHERE topic = 't80.topic'$$,
+    '42501',
+    'permission denied for table outbox',
+    'A worker should not be able to delete messages directly'
+);
+
+RESET ROLE;
+
+SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:01:00+00';
+
+SET ROLE t80_admin;
+
+SELECT is(
+    x_jobs.outbox_redrive(topic => 't80.topic'),
+    1::bigint,
+    'An admin should be able to redrive the dead message'
+);
+
+SELECT is(
+    x_jobs.purge_outbox('0 seconds'),
+    1::bigint,
+    'An admin should be able to purge the delivered message'
+);
+
+SELECT is(
+    x_jobs.purge_webhook_ledger('0 seconds'),
+    1::bigint,
+    'An admin should be able to purge the webhook ledger'
+);
+
+SELECT is(
+    x_jobs.purge_events('0 seconds'),
+    1::bigint,
+    'An admin should be able to purge events (the t80.shipped event)'
+);
+
+RESET ROLE;
+
+SELECT results_eq(
+    $$SELECT o.payload, o.state::text, o.attempt FROM x_jobs.outbox AS o WHERE o.topic = 't80.topic' ORDER BY o.id$$,
+    $$VALUES ('{"n": 2}'::jsonb, 'pending', 0), ('{"n": 3}'::jsonb, 'pending', 1)$$,
+    'The admin''s calls should have taken effect: n=1 purged, n=2 redriven with all its attempts'
+);
+
+SELECT is_empty(
+    $$SELECT * FROM x_jobs.webhook_ledger WHERE source = 't80-src'$$,
+    'The admin''s purge_webhook_ledger should have deleted the ledger row'
+);
+
+SET ROLE t80_monitor;
+
+SELECT throws_ok(
+    'SELECT * FROM x_jobs.outbox',
+    '42501',
+    'permission denied for table outbox',
+    'A pg_monitor member should not be able to read the outbox (its payloads)'
+);
+
+SELECT throws_ok(
+    'SELECT * FROM x_jobs.webhook_ledger',
+    '42501',
+    'permission denied for table webhook_ledger',
+    'A pg_monitor member should not be able to read the webhook ledger'
+);
+
+RESET ROLE;
+
+SET ROLE t80_nobody;
+
+SELECT throws_ok(
+    $$SELECT x_jobs.outbox_put('t80.nobody', '{}')$$,
+    '42501',
+    'permission denied for schema x_jobs',
+    'A role without a grant should not be able to put a message'
+);
+
+SELECT throws_ok(
+    $$SELECT * FROM x_jobs.receive_webhook('t80-src', 't80-wh-2', 't80_nobody')$$,
+    '42501',
+    'permission denied for schema x_jobs',
+    'A role without a grant should not be able to receive a webhook'
+);
+
+SELECT throws_ok(
+    $$SELECT * FROM x_jobs.relay_outbox('t80-nobody')$$,
+    '42501',
+    'permission denied for schema x_jobs',
+    'A role without a grant should not be able to relay the outbox'
+);
+
+RESET ROLE;
+
+SELECT is_empty(
+    $$SELECT o.topic FROM x_jobs.outbox AS o WHERE o.topic = 't80.nobody'
+      UNION ALL
+      SELECT l.webhook_id FROM x_jobs.webhook_ledger AS l WHERE l.webhook_id = 't80-wh-2'
+      UNION ALL
+      SELECT k.name FROM x_jobs.job AS k WHERE k.name = 't80_nobody'$$,
+    'The refused put and webhook should have written no message, ledger row or job'
+);
 
 SELECT * FROM finish();
 ROLLBACK;
