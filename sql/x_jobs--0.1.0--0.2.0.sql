@@ -1031,11 +1031,15 @@ END
 $$;
 
 -- Hand `relay` up to `qty` messages to deliver, for `lease`: the oldest due pending messages
--- that head their key (nothing earlier of the key is pending or in flight), and the messages
--- whose lease lapsed (a relay that died). Locked rows are skipped, so relays never wait for
--- each other, and a statement's snapshot sees a key's earlier message as pending or in flight
--- until it is delivered: a key never has two messages in flight. `topics` restricts the claim
--- to the topics this relay has sinks for (NULL: all).
+-- that head their key (nothing earlier of the key is pending, and nothing of the key is in
+-- flight: a redriven or late-committed message with a lower id waits for the one out), and the
+-- messages whose lease lapsed (a relay that died). Locked rows are skipped, so relays never
+-- wait for each other. `topics` restricts the claim to the topics this relay has sinks for
+-- (NULL: all).
+--
+-- One gap is left: two producers putting to one key at once, the lower id committing last,
+-- while two relays claim at that moment: each relay's snapshot may see only one of the two in
+-- flight. Put a key's messages from one transaction at a time where the order matters.
 --
 -- Each arm walks its partial index in order and reads about `qty` entries plus the messages of
 -- keys that are busy: delivered messages are in neither index. Answers the messages in the
@@ -1052,6 +1056,10 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
+-- Before the outbox has statistics (a new table, a burst after a quiet spell) the planner chose
+-- a bitmap scan of every pending message and a sort: 80 ms a call at 10,000 pending against
+-- 3 ms for the ordered index walk (measured 2026-11-29). The walk is right at any size.
+SET enable_bitmapscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1095,7 +1103,9 @@ BEGIN
             AND (relay_outbox.topics IS NULL OR o.topic = ANY (relay_outbox.topics))
             AND (o.key IS NULL OR NOT EXISTS (
                 SELECT FROM x_jobs.outbox AS e
-                WHERE e.key = o.key AND e.id < o.id AND e.state IN ('pending', 'inflight')
+                WHERE e.key = o.key
+                    AND e.state IN ('pending', 'inflight')
+                    AND (e.id < o.id OR e.state = 'inflight')
             ))
         ORDER BY o.available_at, o.id
         LIMIT relay_outbox.qty

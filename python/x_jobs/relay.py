@@ -171,6 +171,8 @@ class Relay:
                     )
                 if self._in_flight == 0 or now >= drain_deadline:
                     return
+                # Only the deliveries in flight matter now: each one that ends sets _wake.
+                wait = min(drain_deadline - now, 1.0)
             else:
                 if self._notified.is_set():
                     self._notified.clear()
@@ -184,7 +186,10 @@ class Relay:
                         continue
                     claim_now = got == room
                     next_poll = time.monotonic() + self.poll_interval
-            wait = max(0.0, min(next_poll - time.monotonic(), 1.0))
+                # Due to claim but without room: wait for a delivery to end (it sets _wake), not
+                # for the poll time, which has passed (waiting for it would spin). Else until
+                # the next poll, or sooner on a notification or an ended delivery.
+                wait = 1.0 if claim_now else max(0.0, min(next_poll - time.monotonic(), 1.0))
             if self._wake.wait(timeout=wait):
                 self._wake.clear()
 

@@ -644,7 +644,8 @@ SELECT is_empty(
 
 -- The other settings a function pins: the two claim queries (claim, relay_outbox) keep their
 -- generic plan (the same seeks, without re-planning every call) and never compile it with JIT
--- (the generic plan's LIMIT is costed above the JIT thresholds on a big table).
+-- (the generic plan's LIMIT is costed above the JIT thresholds on a big table); relay_outbox
+-- walks its index in order even before the outbox has statistics (no bitmap scan and sort).
 SELECT set_eq(
     $$
     SELECT p.proname::text COLLATE "default", s.setting
@@ -657,9 +658,10 @@ SELECT set_eq(
         ('claim', 'plan_cache_mode=force_generic_plan'),
         ('claim', 'jit=off'),
         ('relay_outbox', 'plan_cache_mode=force_generic_plan'),
-        ('relay_outbox', 'jit=off')
+        ('relay_outbox', 'jit=off'),
+        ('relay_outbox', 'enable_bitmapscan=off')
     $$,
-    'Only claim and relay_outbox should pin settings besides search_path: a generic plan and no JIT'
+    'Only claim and relay_outbox should pin settings besides search_path: a generic plan, no JIT, an ordered walk'
 );
 
 -- Parameter names and defaults: callers use named notation, so both are API -----------------

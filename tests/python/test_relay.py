@@ -1,0 +1,569 @@
+"""The outbox relay as a real process: ``python -m x_jobs relay apps.relays:app``, against a real
+database and, for webhooks, a real HTTP server on 127.0.0.1 (a :class:`Receiver` behind
+wsgiref), with nothing mocked.
+
+What the relays delivered is read from what their sinks recorded (``apps.relays``: the
+``delivery`` table, the jobs they enqueued) and from what the endpoint saw; what they settled,
+from ``x_jobs.outbox``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import signal
+import socketserver
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from http import HTTPStatus
+from pathlib import Path
+from types import TracebackType
+from typing import Any, LiteralString
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.types import StartResponse, WSGIEnvironment
+
+import psycopg
+import pytest
+from apps import relays as relay_app
+from conftest import DEADLINE_SECONDS, Conn, Connect, wait_for
+from psycopg.conninfo import conninfo_to_dict
+
+import x_jobs
+from x_jobs.webhooks import Receiver, new_secret
+
+logger = logging.getLogger(__name__)
+
+#: tests/python: the relays' working directory and PYTHONPATH, so that ``apps.*`` imports.
+TESTS_DIR = Path(__file__).resolve().parent
+
+SECRET = new_secret()
+SOURCE = "relay-tests"
+HOOKED = "hooked"
+
+OUTBOX: LiteralString = """
+    SELECT id, state::text, attempt, last_error FROM x_jobs.outbox WHERE id = ANY (%s) ORDER BY id
+"""
+STATES: LiteralString = """
+    SELECT state::text, count(*) FROM x_jobs.outbox WHERE id = ANY (%s) GROUP BY state
+"""
+
+
+# --- relay processes ---------------------------------------------------------------------------
+
+
+class RelayProcess:
+    """One ``x-jobs relay`` process, its output in a log file."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], log: Path) -> None:
+        self.proc = proc
+        self.log_path = log
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def signal(self, signum: signal.Signals) -> None:
+        os.kill(self.pid, signum)
+
+    def cpu_share(self, seconds: float) -> float:
+        """The CPU time the process (all its threads) used over the next ``seconds`` of wall
+        time, per second: about 1 for a thread that spins."""
+
+        def cpu() -> float:
+            # /proc/<pid>/stat: utime and stime are the 14th and 15th fields, in clock ticks.
+            fields = Path(f"/proc/{self.pid}/stat").read_text().rpartition(")")[2].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+        used, start = cpu(), time.monotonic()
+        time.sleep(seconds)
+        return (cpu() - used) / (time.monotonic() - start)
+
+    def kill(self) -> None:
+        """kill -9, and wait until the process is gone."""
+        self.signal(signal.SIGKILL)
+        self.wait()
+
+    def wait(self, timeout: float = DEADLINE_SECONDS) -> int:
+        """Wait for the process to exit; answer its exit status (negative: killed by a signal)."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(
+                f"relay {self.pid} still runs after {timeout:.0f} s; its log:\n{self.log()}"
+            )
+
+
+class Relays:
+    """The relay processes of one test, on the test's database; kills what still runs at the
+    end."""
+
+    def __init__(self, dsn: str, logs: Path) -> None:
+        self.dsn = dsn
+        self.dbname = str(conninfo_to_dict(dsn)["dbname"])
+        self.logs = logs
+        self.processes: list[RelayProcess] = []
+
+    def __enter__(self) -> Relays:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(relay_app.SCHEMA)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        for relay in self.processes:
+            if relay.alive():
+                relay.kill()
+
+    def start(
+        self,
+        *,
+        concurrency: int = 8,
+        lease: float = 2.0,
+        poll: float = 0.1,
+        grace: float = 10.0,
+        hook_url: str | None = None,
+    ) -> RelayProcess:
+        """Start ``python -m x_jobs relay apps.relays:app`` on this test's database; with
+        ``hook_url``, its ``hooks`` topic posts there, signed with SECRET."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("X_JOBS_TEST_HOOK_")}
+        env.pop("DATABASE_URL", None)
+        env["PGDATABASE"] = self.dbname
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))
+        env["PYTHONUNBUFFERED"] = "1"
+        if hook_url is not None:
+            env["X_JOBS_TEST_HOOK_URL"] = hook_url
+            env["X_JOBS_TEST_HOOK_SECRET"] = SECRET
+        log = self.logs / f"relay-{len(self.processes) + 1}.log"
+        command = [
+            sys.executable,
+            "-m",
+            "x_jobs",
+            "relay",
+            "apps.relays:app",
+            "--concurrency",
+            str(concurrency),
+            "--lease",
+            str(lease),
+            "--poll",
+            str(poll),
+            "--grace",
+            str(grace),
+        ]
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                command, cwd=TESTS_DIR, env=env, stdout=out, stderr=subprocess.STDOUT
+            )
+        relay = RelayProcess(proc, log)
+        self.processes.append(relay)
+        return relay
+
+    def wait_for(
+        self, condition: Callable[[], bool], what: str, timeout: float = DEADLINE_SECONDS
+    ) -> None:
+        """conftest's wait_for, failing with the relays' logs."""
+        try:
+            wait_for(condition, what, timeout)
+        except pytest.fail.Exception as err:
+            pytest.fail(f"{err}\n{self.report()}")
+
+    def stop(self, relay: RelayProcess) -> None:
+        """SIGTERM, and the exit status a drained relay has: 0."""
+        relay.signal(signal.SIGTERM)
+        code = relay.wait()
+        assert code == 0, f"relay {relay.pid} exited {code}:\n{relay.log()}"
+
+    def report(self) -> str:
+        parts = []
+        for relay in self.processes:
+            status = "running" if relay.alive() else f"exited {relay.proc.returncode}"
+            parts.append(f"--- relay {relay.pid} ({status}):\n{relay.log()[-4000:]}")
+        return "\n".join(parts)
+
+
+@pytest.fixture
+def relays(dsn: str, tmp_path: Path) -> Iterator[Relays]:
+    with Relays(dsn, tmp_path) as relays:
+        yield relays
+
+
+# --- the webhook endpoint ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request the endpoint answered."""
+
+    webhook_id: str
+    status: int
+    answer: Mapping[str, Any]
+    at: float
+
+
+class Endpoint:
+    """A :class:`Receiver` served over HTTP on 127.0.0.1 (its WSGI app on wsgiref, a thread per
+    request), steered by the test: ``refuse`` answers that status without receiving (None: the
+    receiver answers); ``hold_first`` keeps the answer to the first received request, after
+    the receiver has committed its ledger row and job, until ``release`` is set."""
+
+    def __init__(self, receiver: Receiver) -> None:
+        self.receiver = receiver
+        self.refuse: int | None = None
+        self.hold_first = False
+        self.received = threading.Event()
+        self.release = threading.Event()
+        self.requests: list[Request] = []
+        self._lock = threading.Lock()
+        self._server = make_server(
+            "127.0.0.1", 0, self.wsgi, server_class=_ThreadingWSGIServer, handler_class=_Quiet
+        )
+        self.url = f"http://127.0.0.1:{self._server.server_port}/hooks"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> Endpoint:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release.set()
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(DEADLINE_SECONDS)
+
+    def wsgi(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        webhook_id = str(environ.get("HTTP_WEBHOOK_ID", ""))
+        refuse = self.refuse
+        if refuse is not None:
+            environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+            self._seen(webhook_id, refuse, {})
+            body = f"endpoint says {refuse}".encode()
+            start_response(
+                f"{refuse} {HTTPStatus(refuse).phrase}",
+                [("content-type", "text/plain"), ("content-length", str(len(body)))],
+            )
+            return [body]
+
+        answered: list[tuple[str, list[tuple[str, str]]]] = []
+
+        def capture(
+            status: str, headers: list[tuple[str, str]], exc_info: Any = None
+        ) -> Callable[[bytes], object]:
+            answered.append((status, headers))
+            return lambda data: None
+
+        body = b"".join(self.receiver.wsgi(environ, capture))
+        status, headers = answered[0]
+        with self._lock:
+            first = not any(r.status == 200 for r in self.requests)
+        self._seen(webhook_id, int(status.split()[0]), json.loads(body))
+        if self.hold_first and first:
+            self.received.set()
+            self.release.wait(DEADLINE_SECONDS)
+        start_response(status, headers)
+        return [body]
+
+    def _seen(self, webhook_id: str, status: int, answer: Mapping[str, Any]) -> None:
+        with self._lock:
+            self.requests.append(Request(webhook_id, status, answer, time.monotonic()))
+
+    def seen(self) -> list[Request]:
+        with self._lock:
+            return list(self.requests)
+
+
+class _ThreadingWSGIServer(socketserver.ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        logger.debug("endpoint: %s", format % args)
+
+
+@pytest.fixture
+def receiving(dsn: str) -> Iterator[x_jobs.App]:
+    """The receiving service's app: the test's database, where its jobs and ledger land."""
+    app = x_jobs.App(dsn, pool_size=4)
+    yield app
+    app.close()
+
+
+@pytest.fixture
+def endpoint(receiving: x_jobs.App) -> Iterator[Endpoint]:
+    receiver = Receiver(receiving, secret=SECRET, job=HOOKED, source=SOURCE)
+    with Endpoint(receiver) as endpoint:
+        yield endpoint
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def put(conn: Conn, topic: str, payloads: Sequence[Any], key: str | None = None) -> list[int]:
+    """Put messages of ``topic`` in one transaction; answers their ids."""
+    with conn.transaction():
+        return [relay_app.app.outbox.put(topic, p, key=key, conn=conn) for p in payloads]
+
+
+def states(conn: Conn, ids: Sequence[int]) -> dict[str, int]:
+    return {str(state): int(n) for state, n in conn.execute(STATES, [list(ids)])}
+
+
+def all_delivered(conn: Conn, ids: Sequence[int]) -> Callable[[], bool]:
+    return lambda: states(conn, ids) == {"delivered": len(ids)}
+
+
+def outbox(conn: Conn, ids: Sequence[int]) -> list[tuple[int, str, int, str | None]]:
+    """(id, state, attempt, last_error) of each message, by id."""
+    return [(int(i), str(s), int(a), e) for i, s, a, e in conn.execute(OUTBOX, [list(ids)])]
+
+
+def deliveries(conn: Conn, topic: str) -> list[tuple[int, int]]:
+    """(message id, attempt) of every recorded delivery of ``topic``, in the order they ran."""
+    rows = conn.execute(
+        "SELECT message_id, attempt FROM public.delivery WHERE topic = %s ORDER BY seq", [topic]
+    )
+    return [(int(m), int(a)) for m, a in rows]
+
+
+def received(conn: Conn) -> tuple[int, int]:
+    """(ledger rows, jobs) the receiver wrote."""
+    row = conn.execute(
+        "SELECT (SELECT count(*) FROM x_jobs.webhook_ledger), (SELECT count(*) FROM x_jobs.job)"
+    ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+# --- the tests ---------------------------------------------------------------------------------
+
+
+def test_only_committed_messages_go_out_once_each(
+    relays: Relays, conn: Conn, connect: Connect
+) -> None:
+    relay = relays.start()
+    app_conn = connect(autocommit=False, name="application")
+
+    relay_app.app.outbox.put("record", {"n": 1}, conn=app_conn)
+    app_conn.rollback()
+
+    # Open: the relay claims around it, and delivers a message committed meanwhile.
+    pending = relay_app.app.outbox.put("record", {"n": 2}, conn=app_conn)
+    [committed] = put(conn, "record", [{"n": 3}])
+    relays.wait_for(all_delivered(conn, [committed]), "the committed message to be delivered")
+    assert deliveries(conn, "record") == [(committed, 1)]
+
+    app_conn.commit()
+    relays.wait_for(all_delivered(conn, [pending]), "the message committed late to be delivered")
+    relays.stop(relay)
+
+    assert deliveries(conn, "record") == [(committed, 1), (pending, 1)]
+    # The rolled-back message left no row at all.
+    assert conn.execute("SELECT payload FROM x_jobs.outbox ORDER BY id").fetchall() == [
+        ({"n": 2},),
+        ({"n": 3},),
+    ]
+
+
+def test_a_relay_killed_before_its_ack_is_covered_by_the_receivers_ledger(
+    relays: Relays, endpoint: Endpoint, conn: Conn
+) -> None:
+    endpoint.hold_first = True
+    first = relays.start(lease=2.0, hook_url=endpoint.url)
+    [message] = put(conn, "hooks", [{"order": 7}], key="order-7")
+
+    # The receiver has committed the ledger row and the job; the answer waits: kill the relay.
+    if not endpoint.received.wait(DEADLINE_SECONDS):
+        pytest.fail(f"the endpoint never received the webhook\n{relays.report()}")
+    first.kill()
+    endpoint.release.set()
+    assert received(conn) == (1, 1)
+    assert outbox(conn, [message]) == [(message, "inflight", 1, None)]
+
+    # A second relay takes the message once the dead one's lease lapses, and sends it again.
+    relays.start(lease=2.0, hook_url=endpoint.url)
+    relays.wait_for(all_delivered(conn, [message]), "the second relay to deliver the message")
+
+    seen = endpoint.seen()
+    assert [(r.webhook_id, r.status, r.answer["duplicate"]) for r in seen] == [
+        (f"msg_{message}", 200, False),
+        (f"msg_{message}", 200, True),
+    ]
+    assert seen[0].answer["job_id"] == seen[1].answer["job_id"]
+    # Not before the lease (claimed just before the first request) lapsed.
+    assert seen[1].at - seen[0].at > 1.5
+    assert outbox(conn, [message]) == [(message, "delivered", 2, None)]
+    assert received(conn) == (1, 1)
+    assert conn.execute(
+        "SELECT l.source, l.webhook_id, j.name, j.input"
+        " FROM x_jobs.webhook_ledger AS l JOIN x_jobs.job AS j ON j.id = l.job_id"
+    ).fetchall() == [(SOURCE, f"msg_{message}", HOOKED, {"order": 7})]
+
+
+def test_four_relays_deliver_each_key_in_put_order_and_every_message_once(
+    relays: Relays, conn: Conn
+) -> None:
+    rng = random.Random(20261130)
+    # A generous lease: no delivery outlives it, so none may be sent twice.
+    fleet = [relays.start(concurrency=8, lease=30.0) for _ in range(4)]
+    messages: list[dict[str, Any]] = [
+        {"topic": "record", "key": f"key-{rng.randrange(100)}", "payload": {"n": n}}
+        for n in range(10_000)
+    ]
+    with conn.transaction():
+        ids = relay_app.app.outbox.put_many(messages, conn=conn)
+    # No ANALYZE: relay_outbox must walk its index in order without statistics too (it sorted
+    # every pending message on each claim before it pinned enable_bitmapscan off).
+    assert ids == sorted(ids)
+    put_order: dict[str, list[int]] = {}
+    for message, message_id in zip(messages, ids, strict=True):
+        put_order.setdefault(message["key"], []).append(message_id)
+
+    relays.wait_for(all_delivered(conn, ids), "the 10,000 messages to be delivered", timeout=60.0)
+    for relay in fleet:
+        relays.stop(relay)
+
+    delivered = conn.execute(
+        "SELECT key, array_agg(message_id ORDER BY seq), array_agg(DISTINCT attempt),"
+        " array_agg(DISTINCT pid) FROM public.delivery GROUP BY key"
+    ).fetchall()
+    assert {key: order for key, order, _, _ in delivered} == put_order
+    assert {a for _, _, attempts, _ in delivered for a in attempts} == {1}
+    # Every relay took part.
+    assert {p for _, _, _, pids in delivered for p in pids} == {r.pid for r in fleet}
+
+
+def test_an_endpoint_that_is_down_gets_every_message_once_it_is_back(
+    relays: Relays, endpoint: Endpoint, conn: Conn
+) -> None:
+    endpoint.refuse = 503
+    keys = ["a", "b", "c"]
+    by_key = {
+        key: put(conn, "hooks", [{"key": key, "n": n} for n in (1, 2)], key=key) for key in keys
+    }
+    heads = [ids[0] for ids in by_key.values()]
+    tails = [ids[1] for ids in by_key.values()]
+    ids = heads + tails
+    relays.start(hook_url=endpoint.url)
+
+    def retried() -> bool:
+        rows = outbox(conn, heads)
+        return all(state == "pending" and attempt >= 2 for _, state, attempt, _ in rows)
+
+    relays.wait_for(retried, "each key's first message to be refused twice")
+    # Each key's second message waits behind its first: never sent while the first fails.
+    assert [(state, attempt) for _, state, attempt, _ in outbox(conn, tails)] == [
+        ("pending", 0)
+    ] * 3
+    endpoint.refuse = None
+    relays.wait_for(all_delivered(conn, ids), "every message to arrive once the endpoint is back")
+
+    for _, _, attempt, error in outbox(conn, heads):
+        assert attempt >= 3
+        assert error is not None and "503" in error
+    assert [a for _, _, a, _ in outbox(conn, tails)] == [1, 1, 1]
+    seen = endpoint.seen()
+    accepted = [r.webhook_id for r in seen if r.status == 200]
+    assert sorted(accepted) == sorted(f"msg_{i}" for i in ids)
+    for key_ids in by_key.values():
+        wanted = [f"msg_{i}" for i in key_ids]
+        assert [w for w in accepted if w in wanted] == wanted
+    assert {r.webhook_id for r in seen if r.status == 503} == {f"msg_{i}" for i in heads}
+    assert received(conn) == (6, 6)
+
+
+def test_a_refusing_endpoint_sends_messages_to_dead_and_redrive_sends_them_again(
+    relays: Relays, endpoint: Endpoint, conn: Conn
+) -> None:
+    endpoint.refuse = 422
+    ids = put(conn, "hooks", [{"n": n} for n in range(3)])
+    relays.start(hook_url=endpoint.url)
+    relays.wait_for(lambda: states(conn, ids) == {"dead": 3}, "the refused messages to be dead")
+
+    for _, _, attempt, error in outbox(conn, ids):
+        assert attempt == 1
+        assert error is not None and "422" in error
+    # No retry: one request per message.
+    assert sorted(r.webhook_id for r in endpoint.seen()) == sorted(f"msg_{i}" for i in ids)
+
+    endpoint.refuse = None
+    assert conn.execute("SELECT x_jobs.outbox_redrive(topic => 'hooks')").fetchone() == (3,)
+    relays.wait_for(all_delivered(conn, ids), "the redriven messages to be delivered")
+
+    assert [(state, attempt) for _, state, attempt, _ in outbox(conn, ids)] == [
+        ("delivered", 1)
+    ] * 3
+    assert sorted((r.webhook_id, r.status) for r in endpoint.seen()) == sorted(
+        [(f"msg_{i}", 422) for i in ids] + [(f"msg_{i}", 200) for i in ids]
+    )
+    assert received(conn) == (3, 3)
+
+
+def test_the_job_sink_enqueues_one_job_per_message_even_when_sent_twice(
+    relays: Relays, conn: Conn
+) -> None:
+    ids = put(conn, "jobs", [{"n": n} for n in range(3)])
+    [lost] = put(conn, "jobs.lost", [{"n": 3}])
+    relays.start()
+    relays.wait_for(all_delivered(conn, [*ids, lost]), "the messages to be delivered")
+
+    # The answer of the first attempt was lost: the relay sent the message again.
+    assert deliveries(conn, "jobs.lost") == [(lost, 1), (lost, 2)]
+    assert outbox(conn, [lost])[0][1:3] == ("delivered", 2)
+    jobs = conn.execute(
+        "SELECT name, queue, idempotency_key, input, state::text FROM x_jobs.job"
+        " ORDER BY (input ->> 'n')::integer"
+    ).fetchall()
+    assert jobs == [
+        ("relayed", "relayed", f"outbox:{i}", {"n": n}, "ready") for n, i in enumerate([*ids, lost])
+    ]
+
+
+def test_sigterm_lets_the_deliveries_in_flight_finish_and_ack(relays: Relays, conn: Conn) -> None:
+    ids = put(conn, "gated", [{"gate": "drain", "n": n} for n in range(4)])
+    relay = relays.start(concurrency=2)
+
+    def begun() -> list[int]:
+        return [int(r[0]) for r in conn.execute("SELECT message_id FROM public.begun ORDER BY 1")]
+
+    relays.wait_for(lambda: len(begun()) == 2, "two deliveries to begin")
+    in_flight = begun()
+    # Full, its poll time past: it waits for a delivery to end, it does not spin (the gated
+    # deliveries' own polling of their gate costs a few percent).
+    assert relay.cpu_share(1.0) < 0.1
+    relay.signal(signal.SIGTERM)
+    relays.wait_for(lambda: "draining" in relay.log(), "the relay to start draining")
+    # Draining: the same.
+    assert relay.cpu_share(0.5) < 0.1
+    assert relay.alive()
+
+    conn.execute("INSERT INTO public.gate (name, open) VALUES ('drain', true)")
+    code = relay.wait()
+    assert code == 0, relay.log()
+
+    # The two in flight were delivered and acked; nothing more was claimed.
+    assert sorted(deliveries(conn, "gated")) == [(i, 1) for i in in_flight]
+    assert {i: (s, a) for i, s, a, _ in outbox(conn, ids)} == {
+        i: ("delivered", 1) if i in in_flight else ("pending", 0) for i in ids
+    }
+    assert begun() == in_flight
+    assert "relay stopped" in relay.log()
