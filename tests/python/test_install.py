@@ -173,7 +173,17 @@ def test_install_gives_the_schema_create_extension_gives(plain_dsn: str, dsn: st
         assert installed[name] == extension[name], f"{name} differs from CREATE EXTENSION's"
     # The comparison is of something: the objects x_jobs is made of are there.
     tables = {row[0] for row in extension["relations"] if row[1] == "r"}
-    assert tables == {"counter", "job", "job_error", "queue_pause", "worker"}
+    assert tables == {
+        "counter",
+        "event",
+        "job",
+        "job_error",
+        "outbox",
+        "queue_pause",
+        "step",
+        "webhook_ledger",
+        "worker",
+    }
     assert len(extension["functions"]) >= 25
     assert len(extension["indexes"]) >= 10
     assert len(extension["constraints"]) >= 5
@@ -328,16 +338,18 @@ def test_an_older_version_is_upgraded_along_the_chain(
     succeeded(x_jobs("install", "--dsn", plain_dsn))
     scripts = write_scripts(
         tmp_path / "sql",
-        "0.3.0",
+        "90.2.0",
         {
-            f"x_jobs--{NEWEST}--0.2.0.sql": step(
-                NEWEST, "0.2.0", "ALTER TABLE x_jobs.job_error ADD COLUMN note text;"
+            f"x_jobs--{NEWEST}--90.1.0.sql": step(
+                NEWEST, "90.1.0", "ALTER TABLE x_jobs.job_error ADD COLUMN note text;"
             ),
-            "x_jobs--0.2.0--0.3.0.sql": step(
-                "0.2.0", "0.3.0", "CREATE INDEX job_error_note_idx ON x_jobs.job_error (note);"
+            "x_jobs--90.1.0--90.2.0.sql": step(
+                "90.1.0", "90.2.0", "CREATE INDEX job_error_note_idx ON x_jobs.job_error (note);"
             ),
             # A branch that leads elsewhere, and a step from before the installed version.
-            "x_jobs--0.2.0--0.2.1.sql": step("0.2.0", "0.2.1", "CREATE TABLE x_jobs.dead_end ();"),
+            "x_jobs--90.1.0--90.1.1.sql": step(
+                "90.1.0", "90.1.1", "CREATE TABLE x_jobs.dead_end ();"
+            ),
             f"x_jobs--0.0.9--{NEWEST}.sql": step("0.0.9", NEWEST, "CREATE TABLE x_jobs.old ();"),
         },
     )
@@ -345,10 +357,10 @@ def test_an_older_version_is_upgraded_along_the_chain(
     done = install.install(conn, scripts)
     assert done == install.Installed(
         before=NEWEST,
-        after="0.3.0",
-        scripts=(f"x_jobs--{NEWEST}--0.2.0.sql", "x_jobs--0.2.0--0.3.0.sql"),
+        after="90.2.0",
+        scripts=(f"x_jobs--{NEWEST}--90.1.0.sql", "x_jobs--90.1.0--90.2.0.sql"),
     )
-    assert version(conn) == "0.3.0"
+    assert version(conn) == "90.2.0"
     objects = catalog(plain_dsn)
     assert ("job_error", "note") in [row[:2] for row in objects["columns"]]
     assert "x_jobs.job_error_note_idx" in [row[0] for row in objects["indexes"]]
@@ -356,14 +368,14 @@ def test_an_older_version_is_upgraded_along_the_chain(
     assert "dead_end" not in names
     assert "old" not in names
 
-    assert install.install(conn, scripts) == install.Installed("0.3.0", "0.3.0", ())
-    # This package's own scripts do not reach back from 0.3.0: refused, nothing changed.
+    assert install.install(conn, scripts) == install.Installed("90.2.0", "90.2.0", ())
+    # This package's own scripts do not reach back from 90.2.0: refused, nothing changed.
     refused = failed(x_jobs("install", "--dsn", plain_dsn), 1)
     line, hint = one_line_and_hint(refused)
     assert line.startswith("x-jobs: X_UPGRADE_PATH_MISSING: ")
-    assert "0.3.0" in line
+    assert "90.2.0" in line
     assert "newer x_jobs package" in hint
-    assert version(conn) == "0.3.0"
+    assert version(conn) == "90.2.0"
 
 
 def test_a_failing_upgrade_changes_nothing(plain_dsn: str, plain: Connect, tmp_path: Path) -> None:
@@ -373,31 +385,36 @@ def test_a_failing_upgrade_changes_nothing(plain_dsn: str, plain: Connect, tmp_p
 
     broken = write_scripts(
         tmp_path / "broken",
-        "0.3.0",
+        "90.2.0",
         {
-            f"x_jobs--{NEWEST}--0.2.0.sql": step(
-                NEWEST, "0.2.0", "ALTER TABLE x_jobs.job_error ADD COLUMN note text;"
+            f"x_jobs--{NEWEST}--90.1.0.sql": step(
+                NEWEST, "90.1.0", "ALTER TABLE x_jobs.job_error ADD COLUMN note text;"
             ),
-            "x_jobs--0.2.0--0.3.0.sql": step("0.2.0", "0.3.0", "SELECT x_jobs.no_such_thing();"),
+            "x_jobs--90.1.0--90.2.0.sql": step(
+                "90.1.0", "90.2.0", "SELECT x_jobs.no_such_thing();"
+            ),
         },
     )
     with pytest.raises(install.InstallFailed) as caught:
         install.install(conn, broken)
-    assert caught.value.message.startswith("X_INSTALL_FAILED: x_jobs--0.2.0--0.3.0.sql line 4")
+    assert caught.value.message.startswith("X_INSTALL_FAILED: x_jobs--90.1.0--90.2.0.sql line 4")
     assert "x_jobs.no_such_thing() does not exist" in caught.value.message
     assert isinstance(caught.value.__cause__, psycopg.errors.UndefinedFunction)
 
     # A script that does not record its version is refused as well.
     silent = write_scripts(
         tmp_path / "silent",
-        "0.2.0",
+        "90.1.0",
         {
-            f"x_jobs--{NEWEST}--0.2.0.sql": step(
-                NEWEST, "0.2.0", "ALTER TABLE x_jobs.job_error ADD COLUMN note text;", record=NEWEST
+            f"x_jobs--{NEWEST}--90.1.0.sql": step(
+                NEWEST,
+                "90.1.0",
+                "ALTER TABLE x_jobs.job_error ADD COLUMN note text;",
+                record=NEWEST,
             ),
         },
     )
-    with pytest.raises(install.InstallFailed, match=f"answers {NEWEST}, not 0.2.0"):
+    with pytest.raises(install.InstallFailed, match=f"answers {NEWEST}, not 90.1.0"):
         install.install(conn, silent)
 
     # Nothing of either: one transaction each, rolled back whole.
