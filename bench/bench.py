@@ -13,7 +13,8 @@ from the issues as a ratio measured in the same run, because the machines are sh
   drain          jobs/s of x-jobs worker processes draining no-op jobs, beside the peers
   outbox         outbox_put throughput inside application transactions (1 and 4 connections,
                  and put_many of 100), and relay throughput to a local no-op HTTP endpoint
-                 and to the job sink with 1 and 4 relay processes
+                 and to the job sink with 1 and 4 relay processes (and to a no-op function
+                 sink: the relay's own cost)
   events         publishes/s (each waking one of 10,000 waiting runs) from 1 and 4
                  connections, and the latency from a publish's commit to the resumed run
 
@@ -605,14 +606,24 @@ def put_rate(dsn: str, transactions: int, threads: int, per_transaction: int) ->
 
 
 class _NoContent(BaseHTTPRequestHandler):
-    """The no-op webhook endpoint: reads the request, answers 204."""
+    """The no-op webhook endpoint: reads the request, answers 204, keeps the connection."""
+
+    protocol_version = "HTTP/1.1"
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("content-length") or 0))
         self.send_response(204)
+        self.send_header("Content-Length", "0")
         self.end_headers()
 
     def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """Relays stopped at the end of a round drop their kept-alive connections: not an error."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
         pass
 
 
@@ -685,7 +696,7 @@ def bench_outbox(dsn: str, sizes: Sizes) -> list[tuple[str, float]]:
             put_rate(dsn, sizes.put_transactions // 20, 4, 100),
         ),
     ]
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _NoContent)
+    server = _QuietServer(("127.0.0.1", 0), _NoContent)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/hook"
@@ -696,6 +707,9 @@ def bench_outbox(dsn: str, sizes: Sizes) -> list[tuple[str, float]]:
         for relays in (1, 4):
             rate = relay_rate(dsn, sizes.relay_messages, relays, "bench.job", url)
             figures.append((f"relay to the job sink, {relays} relay(s)", rate))
+        for relays in (1, 4):
+            rate = relay_rate(dsn, sizes.relay_messages, relays, "bench.noop", url)
+            figures.append((f"relay to a no-op function sink, {relays} relay(s)", rate))
     finally:
         server.shutdown()
     return figures

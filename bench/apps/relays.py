@@ -1,5 +1,5 @@
 """The outbox benchmark's app: topic bench.hook goes to a webhook (X_JOBS_BENCH_URL), topic
-bench.job becomes a job."""
+bench.job becomes a job, bench.noop goes nowhere (the relay's own cost)."""
 
 from __future__ import annotations
 
@@ -23,3 +23,8 @@ app.outbox.webhook(
     max_concurrent=32,
 )
 app.outbox.to_job("bench.job", from_outbox)
+
+
+@app.outbox.sink("bench.noop")
+def noop(message: x_jobs.OutboxMessage) -> None:
+    """Delivers nowhere: the relay's own cost (claim, hand-off, ack)."""
