@@ -2262,9 +2262,10 @@ $$;
 -- wait for each other. `topics` restricts the claim to the topics this relay has sinks for
 -- (NULL: all).
 --
--- One gap is left: two producers putting to one key at once, the lower id committing last,
--- while two relays claim at that moment: each relay's snapshot may see only one of the two in
--- flight. Put a key's messages from one transaction at a time where the order matters.
+-- The keys of the picked messages are then locked and checked again under a fresh snapshot:
+-- two relays claiming at once cannot both take a message of one key, whatever order the
+-- producers committed in. A message of a key whose check fails stays locked, unclaimed, until
+-- the call ends.
 --
 -- Each arm walks its partial index in order and reads about `qty` entries plus the messages of
 -- keys that are busy: delivered messages are in neither index. Answers the messages in the
@@ -2289,6 +2290,8 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := x_jobs.now();
+    v_picked bigint[];
+    v_keys text[];
 BEGIN
     IF relay_outbox.relay IS NULL OR relay_outbox.relay = '' THEN
         RAISE EXCEPTION USING
@@ -2319,49 +2322,75 @@ BEGIN
             HINT = 'Call relay_outbox in its own READ COMMITTED transaction (autocommit).';
     END IF;
 
-    RETURN QUERY
-    WITH due AS (
-        SELECT o.id, o.available_at
-        FROM x_jobs.outbox AS o
-        WHERE o.state = 'pending'
-            AND o.available_at <= v_now
-            AND (relay_outbox.topics IS NULL OR o.topic = ANY (relay_outbox.topics))
-            AND (o.key IS NULL OR NOT EXISTS (
-                SELECT FROM x_jobs.outbox AS e
-                WHERE e.key = o.key
-                    AND e.state IN ('pending', 'inflight')
-                    AND (e.id < o.id OR e.state = 'inflight')
-            ))
-        ORDER BY o.available_at, o.id
-        LIMIT relay_outbox.qty
-        FOR UPDATE SKIP LOCKED
-    ),
-    lapsed AS (
-        SELECT o.id, o.available_at
-        FROM x_jobs.outbox AS o
-        WHERE o.state = 'inflight'
-            AND o.available_at <= v_now
-            AND (relay_outbox.topics IS NULL OR o.topic = ANY (relay_outbox.topics))
-        ORDER BY o.available_at, o.id
-        LIMIT relay_outbox.qty
-        FOR UPDATE SKIP LOCKED
-    ),
-    -- Rows an arm locked and this LIMIT drops stay locked until the call's transaction ends.
-    picked AS (
-        SELECT d.id, d.available_at FROM due AS d
+    SELECT coalesce(pg_catalog.array_agg(p.id), '{}'),
+           coalesce(pg_catalog.array_agg(DISTINCT p.key) FILTER (WHERE p.key IS NOT NULL), '{}')
+    INTO v_picked, v_keys
+    FROM (
+        WITH due AS (
+            SELECT o.id, o.key, o.available_at
+            FROM x_jobs.outbox AS o
+            WHERE o.state = 'pending'
+                AND o.available_at <= v_now
+                AND (relay_outbox.topics IS NULL OR o.topic = ANY (relay_outbox.topics))
+                AND (o.key IS NULL OR NOT EXISTS (
+                    SELECT FROM x_jobs.outbox AS e
+                    WHERE e.key = o.key
+                        AND e.state IN ('pending', 'inflight')
+                        AND (e.id < o.id OR e.state = 'inflight')
+                ))
+            ORDER BY o.available_at, o.id
+            LIMIT relay_outbox.qty
+            FOR UPDATE SKIP LOCKED
+        ),
+        lapsed AS (
+            SELECT o.id, o.key, o.available_at
+            FROM x_jobs.outbox AS o
+            WHERE o.state = 'inflight'
+                AND o.available_at <= v_now
+                AND (relay_outbox.topics IS NULL OR o.topic = ANY (relay_outbox.topics))
+            ORDER BY o.available_at, o.id
+            LIMIT relay_outbox.qty
+            FOR UPDATE SKIP LOCKED
+        )
+        -- Rows an arm locked and this LIMIT drops stay locked until the call's transaction ends.
+        SELECT d.id, d.key, d.available_at FROM due AS d
         UNION ALL
-        SELECT l.id, l.available_at FROM lapsed AS l
-        ORDER BY 2, 1
+        SELECT l.id, l.key, l.available_at FROM lapsed AS l
+        ORDER BY 3, 1
         LIMIT relay_outbox.qty
-    ),
-    taken AS (
+    ) AS p;
+
+    IF pg_catalog.cardinality(v_keys) > 0 THEN
+        -- A relay whose snapshot predates another relay's claim of the same key could see that
+        -- key free (two producers on one key, the lower id committing last). So: lock the keys,
+        -- in key order (no deadlock), and check them again in a statement whose snapshot comes
+        -- after the locks, which sees every claim of these keys that held them before.
+        PERFORM pg_catalog.pg_advisory_xact_lock(2024061705, pg_catalog.hashtext(k.key))
+        FROM unnest(v_keys) AS k (key)
+        ORDER BY k.key;
+
+        v_picked := ARRAY(
+            SELECT o.id
+            FROM x_jobs.outbox AS o
+            WHERE o.id = ANY (v_picked)
+                AND (o.key IS NULL OR o.state = 'inflight' OR NOT EXISTS (
+                    SELECT FROM x_jobs.outbox AS e
+                    WHERE e.key = o.key
+                        AND e.id <> o.id
+                        AND e.state IN ('pending', 'inflight')
+                        AND (e.id < o.id OR e.state = 'inflight')
+                ))
+        );
+    END IF;
+
+    RETURN QUERY
+    WITH taken AS (
         UPDATE x_jobs.outbox AS o
         SET state = 'inflight',
             attempt = o.attempt + 1,
             relay = relay_outbox.relay,
             available_at = v_now + relay_outbox.lease
-        FROM picked AS p
-        WHERE o.id = p.id
+        WHERE o.id = ANY (v_picked)
         RETURNING o.id, o.topic, o.key, o.payload, o.headers, o.attempt
     )
     SELECT t.id, t.topic, t.key, t.payload, t.headers, t.attempt FROM taken AS t ORDER BY t.id;

@@ -254,9 +254,8 @@ def test_a_lower_id_committed_late_waits_for_the_message_of_its_key_in_flight(
 
     relay_outbox hands out the later message first (the earlier one is not committed yet),
     which is all a relay can do. But once the earlier message commits, it must wait for the
-    one in flight: relay_outbox promises that a key never has two messages in flight. Its due
-    arm only looks for earlier messages of the key (e.id < o.id), so it does not see the later
-    message in flight, and hands out the second message of the key at once.
+    one in flight: relay_outbox promises that a key never has two messages in flight (a draft
+    looked only for earlier messages of the key, and handed it out at once).
     """
     early = connect(name="producer-early")
     with early.transaction():
@@ -274,6 +273,37 @@ def test_a_lower_id_committed_late_waits_for_the_message_of_its_key_in_flight(
     assert _relay_ids(conn, "relay-2") == []
     assert [r[0] for r in conn.execute(ACK, [[late_id], "relay-1"])] == [late_id]
     assert _relay_ids(conn, "relay-2") == [early_id]
+
+
+def test_two_relays_claiming_at_once_never_hold_two_messages_of_one_key(
+    conn: Conn, connect: Connect
+) -> None:
+    """The same late commit, with the second relay's snapshot taken before the first relay's
+    claim commits: that snapshot shows the later message still pending, so the earlier one
+    looks free. relay_outbox locks the keys it picked and checks them again under a fresh
+    snapshot, which shows the later message in flight: the second relay answers nothing."""
+    early, first, second = (connect(name=n) for n in ("producer-early", "relay-a", "relay-b"))
+    early.execute("BEGIN")
+    row = early.execute("SELECT x_jobs.outbox_put('orders', '{}', 'k')").fetchone()
+    assert row is not None
+    early_id = int(row[0])
+    row = conn.execute("SELECT x_jobs.outbox_put('orders', '{}', 'k')").fetchone()
+    assert row is not None
+    late_id = int(row[0])
+
+    first.execute("BEGIN")  # relay A's claim, not committed yet: it holds the key's lock
+    assert [r[0] for r in first.execute(RELAY, ["relay-a", 10, None])] == [late_id]
+    early.execute("COMMIT")
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        claiming = pool.submit(lambda: [r[0] for r in second.execute(RELAY, ["relay-b", 10, None])])
+        wait_for_lock_waiters(conn, [second.info.backend_pid])
+        first.execute("COMMIT")
+        assert claiming.result(timeout=DEADLINE_SECONDS) == [], (
+            f"relay-b took message {early_id} of key k while {late_id} was in flight"
+        )
+    assert _relay_ids(conn, "relay-c") == []
+    assert [r[0] for r in conn.execute(ACK, [[late_id], "relay-a"])] == [late_id]
+    assert _relay_ids(conn, "relay-c") == [early_id]
 
 
 # --- transactions and NOTIFY ----------------------------------------------------------------
