@@ -255,3 +255,17 @@ def test_result_times_out_on_a_live_job_and_refuses_an_unknown_one(
         client.result(job_id, timeout=0.1)
     with pytest.raises(x_jobs.errors.JobNotFound):
         client.result(job_id + 1000, timeout=0.1)
+
+
+def test_a_step_output_that_is_not_json_fails_the_run_clearly(
+    fleet: Fleet, conn: Conn, client: x_jobs.App
+) -> None:
+    job_id = flows.app.enqueue(flows.bad_step, {}, conn=conn).id
+    fleet.start(target=TARGET)
+    with pytest.raises(x_jobs.JobFailed) as failed:
+        client.result(job_id, timeout=60)
+    assert "X_OUTPUT_INVALID: step 'ids' returned a set, which is not JSON" in (
+        failed.value.error or ""
+    )
+    # Nothing was recorded as done: a replay would run the step again.
+    assert [s for s in _steps(fleet, job_id) if s[3] == "done"] == []

@@ -151,3 +151,9 @@ async def async_flow(input: Keyed, ctx: x_jobs.AsyncJobContext) -> dict[str, Any
     payload = await ctx.step.wait_for_event("go", "go", key=input.key)
     effect(ctx, "after")
     return {"a": a, "payload": payload}
+
+
+@app.job(name="bad_step", max_attempts=1)
+def bad_step(input: dict[str, Any], ctx: x_jobs.JobContext) -> None:
+    """A step whose output is not JSON: refused before anything is recorded."""
+    ctx.step.run("ids", lambda: {1, 2, 3})
