@@ -506,6 +506,24 @@ AS $$
     )
 $$;
 
+-- Every NOTIFY of a producer's call (enqueue, publish, outbox puts) goes through here, so that
+-- a producer that wants throughput more than a wake-up can turn them off: SET x_jobs.notify =
+-- off (per session, role or database). PostgreSQL serializes the commits of transactions that
+-- notified, which costs concurrent producers about a third of their commits (docs/benchmarks.md);
+-- workers and relays poll as well, so without notifications work waits at most a poll interval.
+CREATE FUNCTION x_jobs._notify(p_channel text, p_payload text)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF coalesce(pg_catalog.current_setting('x_jobs.notify', true), '') <> 'off' THEN
+        PERFORM pg_catalog.pg_notify(p_channel, p_payload);
+    END IF;
+END
+$$;
+
 -- The refusal of a missing or empty worker id, shared by every function a worker calls. `p_hint`
 -- is the fix for the caller at hand: a new id to claim with, or the id it claimed with.
 CREATE FUNCTION x_jobs._require_worker(p_worker text, p_hint text)
@@ -757,7 +775,7 @@ BEGIN
             SELECT * FROM ins_keyed
         ),
         woken AS (
-            SELECT pg_catalog.pg_notify('x_jobs', q.queue)
+            SELECT x_jobs._notify('x_jobs', q.queue)
             FROM (SELECT DISTINCT ins.queue FROM ins WHERE ins.state = 'ready') AS q
         )
         SELECT coalesce(pg_catalog.array_agg(ROW(req.ord, req.id, req.run_id, FALSE)::x_jobs.enqueue_many_result)
@@ -1958,7 +1976,7 @@ BEGIN
     INTO v_jobs, v_queues
     FROM woke AS w;
 
-    PERFORM pg_catalog.pg_notify('x_jobs', q.queue) FROM unnest(v_queues) AS q (queue);
+    PERFORM x_jobs._notify('x_jobs', q.queue) FROM unnest(v_queues) AS q (queue);
     RETURN QUERY SELECT v_id, pg_catalog.cardinality(v_jobs);
 END
 $$;
@@ -2198,7 +2216,7 @@ BEGIN
     VALUES (v_now, coalesce(outbox_put.max_attempts, 10), outbox_put.topic, outbox_put.key,
         coalesce(outbox_put.headers, '{}'), outbox_put.payload, 'pending', v_now)
     RETURNING id INTO v_id;
-    PERFORM pg_catalog.pg_notify('x_jobs_outbox', outbox_put.topic);
+    PERFORM x_jobs._notify('x_jobs_outbox', outbox_put.topic);
     RETURN v_id;
 END
 $$;
@@ -2247,7 +2265,7 @@ BEGIN
     -- Identity values are drawn in insert order, which is input order: rank them back.
     SELECT (pg_catalog.row_number() OVER (ORDER BY p.id))::integer, p.id FROM put AS p ORDER BY p.id;
 
-    PERFORM pg_catalog.pg_notify('x_jobs_outbox', t.topic)
+    PERFORM x_jobs._notify('x_jobs_outbox', t.topic)
     FROM (
         SELECT DISTINCT m.value ->> 'topic' AS topic
         FROM pg_catalog.jsonb_array_elements(outbox_put_many.messages) AS m (value)
@@ -3180,6 +3198,7 @@ GRANT EXECUTE ON FUNCTION x_jobs.error_codes() TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs.version() TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs._max_payload_bytes() TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs._enqueue(x_jobs.enqueue_request[]) TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs._notify(text, text) TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs.enqueue(
     text, jsonb, text, timestamptz, text, integer, integer, text, text, text, text, integer, boolean, interval, interval
 ) TO x_jobs_producer;

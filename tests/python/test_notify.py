@@ -140,3 +140,38 @@ def test_resume_queue_wakes_it(conn: Conn, listener: Listener) -> None:
 
     # Resuming a queue that is not paused changes nothing and wakes nobody.
     assert listener.after(conn, resume_again) == []
+
+
+def test_a_producer_with_x_jobs_notify_off_sends_nothing(
+    conn: Conn, connect: Connect, listener: Listener
+) -> None:
+    """SET x_jobs.notify = off: enqueue, enqueue_many, publish and outbox puts stay silent (the
+    workers and relays find the work at their next poll); the default still notifies."""
+    quiet = connect(name="quiet-producer")
+    quiet.execute("SET x_jobs.notify = off")
+    # A run waiting on 'go', set up by the default session (its notification drained here).
+    listener.after(
+        conn, lambda: conn.execute("SELECT x_jobs.enqueue(name => 'f', queue => 'flows')")
+    )
+    flow = _claim_one(conn, "flows")
+    conn.execute(
+        "SELECT x_jobs.step_wait(id => %s, worker => 'w1', step => 'go', event => 'go')", [flow]
+    )
+
+    def quietly() -> None:
+        quiet.execute("SELECT x_jobs.enqueue(name => 'a', queue => 'default')")
+        quiet.execute("""SELECT x_jobs.enqueue_many('[{"name": "b", "queue": "other"}]')""")
+        quiet.execute("SELECT x_jobs.outbox_put('orders', '{}', 'k')")
+        quiet.execute("""SELECT x_jobs.outbox_put_many('[{"topic": "t", "payload": 1}]')""")
+        woken = quiet.execute("SELECT woken FROM x_jobs.publish('go')").fetchone()
+        assert woken == (1,)
+
+    assert listener.after(quiet, quietly) == []
+    # The work is there all the same: a claim finds it.
+    assert {_claim_one(conn, q) > 0 for q in ("default", "other", "flows")} == {True}
+    # And a session with the default notifies.
+    pid = conn.info.backend_pid
+    got = listener.after(
+        conn, lambda: conn.execute("SELECT x_jobs.enqueue(name => 'c', queue => 'default')")
+    )
+    assert got == [("default", pid)]
