@@ -567,10 +567,12 @@ def bench_resume_latency(dsn: str, sizes: Sizes) -> list[float]:
 # --- the outbox: put and relay -----------------------------------------------------------------
 
 
-def put_rate(dsn: str, transactions: int, threads: int, per_transaction: int) -> float:
+def put_rate(
+    dsn: str, transactions: int, threads: int, per_transaction: int, *, notify: bool = True
+) -> float:
     """messages/s of `threads` connections committing transactions that each put
     `per_transaction` messages (one outbox_put, or one outbox_put_many), each beside an
-    application row, as an application would."""
+    application row, as an application would; `notify=False` sets x_jobs.notify = off."""
     share = transactions // threads
     batch = json.dumps(
         [
@@ -580,7 +582,7 @@ def put_rate(dsn: str, transactions: int, threads: int, per_transaction: int) ->
     )
 
     def put(n: int) -> None:
-        with psycopg.connect(dsn) as conn:
+        with psycopg.connect(dsn, options="" if notify else "-c x_jobs.notify=off") as conn:
             for i in range(share):
                 with conn.transaction():
                     conn.execute("INSERT INTO public.app_order (note) VALUES ('order')")
@@ -691,6 +693,10 @@ def bench_outbox(dsn: str, sizes: Sizes) -> list[tuple[str, float]]:
     figures = [
         ("put, 1 message per transaction, 1 conn", put_rate(dsn, sizes.put_transactions, 1, 1)),
         ("put, 1 message per transaction, 4 conns", put_rate(dsn, sizes.put_transactions, 4, 1)),
+        (
+            "put, 1 message per transaction, 4 conns, x_jobs.notify off",
+            put_rate(dsn, sizes.put_transactions, 4, 1, notify=False),
+        ),
         (
             "put_many, 100 messages per transaction, 4 conns",
             put_rate(dsn, sizes.put_transactions // 20, 4, 100),
