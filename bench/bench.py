@@ -623,7 +623,10 @@ class _NoContent(BaseHTTPRequestHandler):
 
 
 class _QuietServer(ThreadingHTTPServer):
-    """Relays stopped at the end of a round drop their kept-alive connections: not an error."""
+    """Relays stopped at the end of a round drop their kept-alive connections: not an error.
+    The accept queue holds every relay's connections at once (the default, 5, reset some)."""
+
+    request_queue_size = 256
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         pass
@@ -664,6 +667,8 @@ def relay_rate(dsn: str, messages: int, relays: int, topic: str, url: str) -> fl
                     "0.1",
                     "--log-level",
                     "warning",
+                    "--log-format",
+                    "json",
                 ],
                 env=env,
             )

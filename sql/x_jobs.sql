@@ -2093,6 +2093,27 @@ BEGIN
 END
 $$;
 
+-- The refusal of bad retention arguments, shared by purge_events, purge_outbox and
+-- purge_webhook_ledger: `p_what` names what is purged, `p_age` is an age that suits it.
+CREATE FUNCTION x_jobs._require_retention(
+    p_what text, p_older_than interval, p_batch_size integer, p_age text
+)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF p_older_than IS NULL OR p_older_than < interval '0' OR p_batch_size IS NULL OR p_batch_size < 1 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ020',
+            MESSAGE = pg_catalog.format('X_RETENTION_INVALID: purge %s older than %s in batches of %s',
+                p_what, coalesce(p_older_than::text, 'NULL'), coalesce(p_batch_size::text, 'NULL')),
+            HINT = pg_catalog.format('Pass an age of zero or more, %s, and a batch size of 1 or more.', p_age);
+    END IF;
+END
+$$;
+
 -- Retention for events: delete up to `batch_size` events published before now - older_than,
 -- lowest id first (nearly oldest first, along the primary key). Answers how many; call it again
 -- until it answers less than batch_size. A wait that asks for events since an instant older
@@ -2108,14 +2129,8 @@ AS $$
 DECLARE
     v_count bigint;
 BEGIN
-    IF purge_events.older_than IS NULL OR purge_events.older_than < interval '0'
-        OR purge_events.batch_size IS NULL OR purge_events.batch_size < 1 THEN
-        RAISE EXCEPTION USING
-            ERRCODE = 'XJ020',
-            MESSAGE = pg_catalog.format('X_RETENTION_INVALID: purge events older than %s in batches of %s',
-                coalesce(purge_events.older_than::text, 'NULL'), coalesce(purge_events.batch_size::text, 'NULL')),
-            HINT = 'Pass an age of zero or more, such as ''30 days'', and a batch size of 1 or more.';
-    END IF;
+    PERFORM x_jobs._require_retention('events', purge_events.older_than, purge_events.batch_size,
+        'such as ''30 days''');
 
     DELETE FROM x_jobs.event AS e
     WHERE e.id IN (
@@ -2560,14 +2575,8 @@ AS $$
 DECLARE
     v_count bigint;
 BEGIN
-    IF purge_outbox.older_than IS NULL OR purge_outbox.older_than < interval '0'
-        OR purge_outbox.batch_size IS NULL OR purge_outbox.batch_size < 1 THEN
-        RAISE EXCEPTION USING
-            ERRCODE = 'XJ020',
-            MESSAGE = pg_catalog.format('X_RETENTION_INVALID: purge outbox older than %s in batches of %s',
-                coalesce(purge_outbox.older_than::text, 'NULL'), coalesce(purge_outbox.batch_size::text, 'NULL')),
-            HINT = 'Pass an age of zero or more, such as ''7 days'', and a batch size of 1 or more.';
-    END IF;
+    PERFORM x_jobs._require_retention('outbox', purge_outbox.older_than, purge_outbox.batch_size,
+        'such as ''7 days''');
 
     DELETE FROM x_jobs.outbox AS o
     WHERE o.id IN (
@@ -2672,15 +2681,8 @@ AS $$
 DECLARE
     v_count bigint;
 BEGIN
-    IF purge_webhook_ledger.older_than IS NULL OR purge_webhook_ledger.older_than < interval '0'
-        OR purge_webhook_ledger.batch_size IS NULL OR purge_webhook_ledger.batch_size < 1 THEN
-        RAISE EXCEPTION USING
-            ERRCODE = 'XJ020',
-            MESSAGE = pg_catalog.format('X_RETENTION_INVALID: purge webhooks older than %s in batches of %s',
-                coalesce(purge_webhook_ledger.older_than::text, 'NULL'),
-                coalesce(purge_webhook_ledger.batch_size::text, 'NULL')),
-            HINT = 'Pass an age of zero or more, longer than senders retry, such as ''30 days''.';
-    END IF;
+    PERFORM x_jobs._require_retention('webhooks', purge_webhook_ledger.older_than, purge_webhook_ledger.batch_size,
+        'longer than senders retry, such as ''30 days''');
 
     DELETE FROM x_jobs.webhook_ledger AS l
     WHERE (l.source, l.webhook_id) IN (
@@ -3261,6 +3263,7 @@ GRANT SELECT, INSERT, UPDATE ON x_jobs.step TO x_jobs_worker;
 GRANT SELECT ON x_jobs.event TO x_jobs_worker;
 -- Admins resolve steps by hand and purge old events (and the steps of purged jobs).
 GRANT EXECUTE ON FUNCTION x_jobs.resolve_step(bigint, text, jsonb) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs._require_retention(text, interval, integer, text) TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs.purge_events(interval, integer) TO x_jobs_admin;
 GRANT DELETE ON x_jobs.step, x_jobs.event TO x_jobs_admin;
 

@@ -467,7 +467,7 @@ SELECT results_eq(
         (15, 'XJ003', TRUE, 'Put a reference to large data in the message, or raise x_jobs.max_payload_bytes.'),
         (16, 'XJ009', TRUE,
          'Pass the job''s options as an object with enqueue_many''s fields, such as {"max_attempts": 5}.'),
-        (17, 'XJ020', TRUE, 'Pass an age of zero or more, longer than senders retry, such as ''30 days''.')
+        (17, 'XJ020', TRUE, 'Pass an age of zero or more, longer than senders retry, such as ''30 days'', and a batch size of 1 or more.')
     $$,
     'Every refusal should raise its SQLSTATE, with a message that starts with its X_ code and a HINT'
 );

@@ -9,7 +9,6 @@ receipts of one webhook at once make one job.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import threading
@@ -30,6 +29,7 @@ from conftest import (
     fresh_database,
     wait_for_lock_waiters,
 )
+from plans import PlanLog, nodes, rows_read
 from psycopg.types.json import Jsonb
 
 logger = logging.getLogger(__name__)
@@ -457,16 +457,6 @@ OUTBOX_FILL: list[LiteralString] = [
     "VACUUM ANALYZE x_jobs.outbox",
 ]
 
-AUTO_EXPLAIN: list[LiteralString] = [
-    "LOAD 'auto_explain'",
-    "SET auto_explain.log_min_duration = 0",
-    "SET auto_explain.log_nested_statements = on",
-    "SET auto_explain.log_analyze = on",
-    "SET auto_explain.log_format = 'json'",
-    "SET auto_explain.log_level = 'notice'",
-    "SET client_min_messages = 'notice'",
-]
-
 
 @pytest.fixture(scope="module")
 def outbox_dsn(admin: Conn, template_db: str) -> Iterator[str]:
@@ -494,41 +484,6 @@ def outbox_connect(outbox_dsn: str) -> Iterator[Connect]:
         yield opener
 
 
-class PlanLog:
-    """Collects the JSON plans auto_explain sends as NOTICEs on one connection."""
-
-    def __init__(self, conn: Conn) -> None:
-        self.plans: list[dict[str, Any]] = []
-        for statement in AUTO_EXPLAIN:
-            conn.execute(statement)
-        conn.add_notice_handler(self._on_notice)
-
-    def _on_notice(self, diag: psycopg.errors.Diagnostic) -> None:
-        message = diag.message_primary or ""
-        if message.startswith("duration:") and "{" in message:
-            self.plans.append(json.loads(message[message.index("{") :]))
-
-    def take(self) -> list[dict[str, Any]]:
-        plans, self.plans = self.plans, []
-        return plans
-
-
-def _nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    yield node
-    for child in node.get("Plans", []):
-        yield from _nodes(child)
-
-
-def _rows_read(node: dict[str, Any]) -> float:
-    """Rows a node handled over all its loops, counting those its filters threw away."""
-    per_loop = (
-        node.get("Actual Rows", 0)
-        + node.get("Rows Removed by Filter", 0)
-        + node.get("Rows Removed by Index Recheck", 0)
-    )
-    return float(per_loop) * float(node.get("Actual Loops", 0))
-
-
 def _on_outbox(node: dict[str, Any]) -> bool:
     if node.get("Relation Name") == "outbox" and node.get("Schema", "x_jobs") == "x_jobs":
         return True
@@ -541,7 +496,7 @@ def outbox_problems(plan: dict[str, Any], bound: int) -> list[str]:
     """How a statement's plan reads x_jobs.outbox other than by seeking the undelivered
     messages through the partial indexes: any other access path, or too many rows anywhere."""
     problems = []
-    for node in _nodes(plan["Plan"]):
+    for node in nodes(plan["Plan"]):
         if _on_outbox(node):
             kind, index = node["Node Type"], node.get("Index Name")
             if kind in ("ModifyTable", "Tid Scan", "Bitmap Heap Scan"):
@@ -552,16 +507,16 @@ def outbox_problems(plan: dict[str, Any], bound: int) -> list[str]:
                 problems.append(f"{kind} on x_jobs.outbox")
             elif index not in OUTBOX_INDEXES:
                 problems.append(f"{kind} on x_jobs.outbox through {index}")
-        if _rows_read(node) > bound:
+        if rows_read(node) > bound:
             where = node.get("Index Name") or node.get("Relation Name") or ""
             problems.append(
-                f"{node['Node Type']} {where} handled {_rows_read(node):.0f} rows (bound {bound})"
+                f"{node['Node Type']} {where} handled {rows_read(node):.0f} rows (bound {bound})"
             )
     return problems
 
 
 def _reads_outbox(plan: dict[str, Any]) -> bool:
-    return any(_on_outbox(node) for node in _nodes(plan["Plan"]))
+    return any(_on_outbox(node) for node in nodes(plan["Plan"]))
 
 
 def test_relay_outbox_reads_only_the_undelivered_messages(outbox_connect: Connect) -> None:
@@ -585,7 +540,7 @@ def test_relay_outbox_reads_only_the_undelivered_messages(outbox_connect: Connec
         for plan in reading:
             where = f"call {call}: {plan['Query Text'].strip()[:60]!r}"
             assert outbox_problems(plan, bound) == [], where
-            indexes |= {str(n.get("Index Name")) for n in _nodes(plan["Plan"]) if _on_outbox(n)}
+            indexes |= {str(n.get("Index Name")) for n in nodes(plan["Plan"]) if _on_outbox(n)}
         # Both arms seek their own partial index; the key check seeks the key index.
         assert {"outbox_pending_idx", "outbox_inflight_idx", "outbox_key_idx"} <= indexes, indexes
         acked = conn.execute(ACK, [ids, "plan-relay"]).fetchall()

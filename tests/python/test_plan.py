@@ -8,7 +8,6 @@ the real (ANALYZE) plan of every statement the claim runs, as JSON, through NOTI
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ from typing import Any, LiteralString
 import psycopg
 import pytest
 from conftest import Conn, Connect, connections, fresh_database
+from plans import PlanLog, nodes, rows_read
 
 logger = logging.getLogger(__name__)
 
@@ -95,15 +95,6 @@ FILL: list[LiteralString] = [
     "VACUUM ANALYZE x_jobs.job",
 ]
 
-AUTO_EXPLAIN: list[LiteralString] = [
-    "LOAD 'auto_explain'",
-    "SET auto_explain.log_min_duration = 0",
-    "SET auto_explain.log_nested_statements = on",
-    "SET auto_explain.log_analyze = on",
-    "SET auto_explain.log_format = 'json'",
-    "SET auto_explain.log_level = 'notice'",
-    "SET client_min_messages = 'notice'",
-]
 
 NAIVE = """
     SELECT id FROM x_jobs.job
@@ -136,46 +127,11 @@ def big_connect(big_dsn: str) -> Iterator[Connect]:
         yield opener
 
 
-class PlanLog:
-    """Collects the JSON plans auto_explain sends as NOTICEs on one connection."""
-
-    def __init__(self, conn: Conn) -> None:
-        self.plans: list[dict[str, Any]] = []
-        for statement in AUTO_EXPLAIN:
-            conn.execute(statement)
-        conn.add_notice_handler(self._on_notice)
-
-    def _on_notice(self, diag: psycopg.errors.Diagnostic) -> None:
-        message = diag.message_primary or ""
-        if message.startswith("duration:") and "{" in message:
-            self.plans.append(json.loads(message[message.index("{") :]))
-
-    def take(self) -> list[dict[str, Any]]:
-        plans, self.plans = self.plans, []
-        return plans
-
-
-def _nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    yield node
-    for child in node.get("Plans", []):
-        yield from _nodes(child)
-
-
-def _rows_read(node: dict[str, Any]) -> float:
-    """Rows a node handled over all its loops, counting those its filters threw away."""
-    per_loop = (
-        node.get("Actual Rows", 0)
-        + node.get("Rows Removed by Filter", 0)
-        + node.get("Rows Removed by Index Recheck", 0)
-    )
-    return float(per_loop) * float(node.get("Actual Loops", 0))
-
-
 def _arm_scans(plan: dict[str, Any]) -> list[dict[str, Any]]:
     """The scans under the LockRows nodes: the rows each arm of the pick locked."""
     return [
         child
-        for node in _nodes(plan["Plan"])
+        for node in nodes(plan["Plan"])
         if node["Node Type"] == "LockRows"
         for child in node.get("Plans", [])
         if child.get("Parent Relationship") == "Outer"
@@ -189,7 +145,7 @@ def _is_job(node: dict[str, Any]) -> bool:
 def access_problems(plan: dict[str, Any]) -> list[str]:
     """How a statement's plan reads x_jobs.job other than by the allowed index scans."""
     problems = []
-    for node in _nodes(plan["Plan"]):
+    for node in nodes(plan["Plan"]):
         if not _is_job(node) or node["Node Type"] == "ModifyTable":
             continue
         kind, index = node["Node Type"], node.get("Index Name")
@@ -205,16 +161,16 @@ def seek_problems(plan: dict[str, Any], qty: int, queues: int) -> list[str]:
     """Why a picking statement's plan is no seek: bad access paths or too many rows anywhere."""
     bound = 3 * qty * queues + SLACK
     problems = access_problems(plan)
-    for node in _nodes(plan["Plan"]):
+    for node in nodes(plan["Plan"]):
         if node["Node Type"] == "Sort" and node.get("Plans"):
             fed = node["Plans"][0]
             sorted_rows = float(fed.get("Actual Rows", 0)) * float(fed.get("Actual Loops", 0))
             if sorted_rows > bound:
                 problems.append(f"Sort of {sorted_rows:.0f} rows (bound {bound})")
-        if _rows_read(node) > bound:
+        if rows_read(node) > bound:
             where = node.get("Index Name") or node.get("Relation Name") or ""
             problems.append(
-                f"{node['Node Type']} {where} handled {_rows_read(node):.0f} rows (bound {bound})"
+                f"{node['Node Type']} {where} handled {rows_read(node):.0f} rows (bound {bound})"
             )
     return problems
 
@@ -277,7 +233,7 @@ def test_the_checker_rejects_a_naive_claim(big_connect: Connect) -> None:
     problems = seek_problems(plan, QTY, 1)
     assert problems, "the checker passed a query that reads the whole backlog"
     # It is caught for what it does: a scan or sort of (at least) the due backlog of 'default'.
-    read = max(_rows_read(n) for n in _nodes(plan["Plan"]) if _is_job(n))
+    read = max(rows_read(n) for n in nodes(plan["Plan"]) if _is_job(n))
     assert read >= 0.8 * READY_ROWS, problems
     logger.info("the naive claim: %s", problems)
 
@@ -410,7 +366,7 @@ def read_problems(plan: dict[str, Any], indexes: dict[str, set[str]], bound: int
     BitmapAnd): those must use allowed indexes too, and each is bounded like a scan.
     """
     problems = []
-    for node in _nodes(plan["Plan"]):
+    for node in nodes(plan["Plan"]):
         table = node.get("Relation Name")
         if node.get("Schema", "x_jobs") != "x_jobs" or table not in indexes:
             continue
@@ -418,7 +374,7 @@ def read_problems(plan: dict[str, Any], indexes: dict[str, set[str]], bound: int
         if kind == "ModifyTable":
             continue
         if kind == "Bitmap Heap Scan":
-            seeks = [n for n in _nodes(node) if n["Node Type"] == "Bitmap Index Scan"]
+            seeks = [n for n in nodes(node) if n["Node Type"] == "Bitmap Index Scan"]
         elif kind in ("Index Scan", "Index Only Scan"):
             seeks = [node]
         else:
@@ -428,16 +384,16 @@ def read_problems(plan: dict[str, Any], indexes: dict[str, set[str]], bound: int
             if seek.get("Index Name") not in indexes[table]:
                 problems.append(f"{seek['Node Type']} on x_jobs.{table} ({seek.get('Index Name')})")
         for read in [node, *(seek for seek in seeks if seek is not node)]:
-            if _rows_read(read) > bound:
+            if rows_read(read) > bound:
                 problems.append(
                     f"{read['Node Type']} on x_jobs.{table} ({read.get('Index Name')}) handled"
-                    f" {_rows_read(read):.0f} rows (bound {bound})"
+                    f" {rows_read(read):.0f} rows (bound {bound})"
                 )
     return problems
 
 
 def _reads(plan: dict[str, Any], table: str) -> bool:
-    return any(node.get("Relation Name") == table for node in _nodes(plan["Plan"]))
+    return any(node.get("Relation Name") == table for node in nodes(plan["Plan"]))
 
 
 @pytest.mark.parametrize("plan_cache_mode", ["auto", "force_custom_plan", "force_generic_plan"])
@@ -474,7 +430,7 @@ def test_publish_reads_only_the_waits_it_matches(
         # The statement that resolves the waits found them through the partial index.
         resolving = [p for p in nested if _reads(p, "step")]
         assert len(resolving) == 1, [p.get("Query Text") for p in nested]
-        used = {n.get("Index Name") for n in _nodes(resolving[0]["Plan"])}
+        used = {n.get("Index Name") for n in nodes(resolving[0]["Plan"])}
         assert "step_waiting_idx" in used, f"call {call} ({key}): {sorted(map(str, used))}"
 
 
@@ -494,6 +450,6 @@ def test_the_read_checker_rejects_a_lookup_of_the_history(steps_connect: Connect
 
     problems = read_problems(plan, PUBLISH_INDEXES, PUBLISH_BOUND)
     assert problems, "the checker passed a lookup that reads the history"
-    read = max(_rows_read(n) for n in _nodes(plan["Plan"]) if n.get("Relation Name") == "step")
+    read = max(rows_read(n) for n in nodes(plan["Plan"]) if n.get("Relation Name") == "step")
     assert read >= DONE_STEPS // 1000, problems
     logger.info("the naive lookup: %s", problems)
