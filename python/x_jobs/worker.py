@@ -346,8 +346,13 @@ class Worker:
     # --- the dispatcher -----------------------------------------------------------------------
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        # A handler runs in the main thread between two bytecodes, maybe while that thread holds
+        # the lock inside self._wake (in its wait or clear): setting the event from here could
+        # wait for itself forever (two quick signals did). Count the request here and set the
+        # event from a thread of its own, which waits for the lock like any other thread.
+        self._stop_requests += 1
+        threading.Thread(target=self._wake.set, name="x_jobs-signal", daemon=True).start()
         logger.info("signal received", extra={"signal": signal.Signals(signum).name})
-        self.stop()
 
     def _loop_forever(self) -> None:
         next_heartbeat = time.monotonic() + self.heartbeat_interval

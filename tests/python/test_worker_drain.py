@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,10 @@ from typing import Any
 import pytest
 from apps import basic
 from apps.workers import Fleet, WorkerProcess
-from conftest import Conn
+from conftest import DEADLINE_SECONDS, Conn
+
+import x_jobs
+from x_jobs.relay import Relay
 
 logger = logging.getLogger(__name__)
 
@@ -162,3 +166,30 @@ def test_a_second_sigterm_stops_at_once(fleet: Fleet, conn: Conn) -> None:
     assert a.wait() == 0, a.log()
     # What ran is handed back, as when the grace runs out.
     assert _rows(conn, ids) == [(job_id, "ready", 0, None, None) for job_id in ids]
+
+
+@pytest.mark.parametrize("kind", ["worker", "relay"])
+def test_a_signal_that_lands_while_the_loop_holds_its_wake_lock_does_not_hang(
+    dsn: str, kind: str
+) -> None:
+    """A signal handler runs in the main thread, maybe while that thread is inside the wake
+    event's wait or clear, holding the event's lock. The handler must not take that lock itself
+    (a worker hung for good on two SIGTERMs 2 ms apart). Here the lock is held by the thread
+    that calls the handler, as the main thread would hold it."""
+    app = x_jobs.App(dsn)
+    app.outbox.sink("t")(lambda message: None)
+    loop: x_jobs.Worker | Relay = (
+        x_jobs.Worker(basic.app, queues=["default"]) if kind == "worker" else Relay(app)
+    )
+    wake = loop._wake
+    handled = threading.Event()
+
+    def signalled_mid_wait() -> None:
+        with wake._cond:  # type: ignore[attr-defined]  # what Event.wait/clear hold
+            loop._on_signal(signal.SIGTERM, None)
+        handled.set()
+
+    threading.Thread(target=signalled_mid_wait, daemon=True).start()
+    assert handled.wait(DEADLINE_SECONDS), "the signal handler waited for a lock its thread holds"
+    assert wake.wait(DEADLINE_SECONDS)
+    assert loop._stop_requests == 1
