@@ -2,7 +2,8 @@
 
 It declares two jobs, enqueues 10,000 of them in batches (one in fifty fails its first attempt,
 to show a retry), runs a worker in this process with a progress bar, then prints the throughput
-and where every job ended.
+and where every job ended. Then a durable workflow: a run that waits for an approval without
+holding a worker, woken by a publish made in the same transaction as an outbox message.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Any
 
 import psycopg
 from pydantic import BaseModel
@@ -39,6 +41,40 @@ def resize_image(input: Resize, ctx: x_jobs.JobContext) -> dict[str, int]:
 @app.job(name="send_receipt", queue="mail")
 def send_receipt(input: dict[str, str]) -> None:
     """A no-op standing in for a mail API call."""
+
+
+@app.job(name="refund_order", queue="flows")
+def refund_order(input: dict[str, int], ctx: x_jobs.JobContext) -> dict[str, Any]:
+    """Look the order up, wait for a person to approve, refund: each step runs once per run."""
+    order = input["order"]
+    found = ctx.step.run("look up", lambda: {"order": order, "amount": 25})
+    approval = ctx.step.wait_for_event("approval", "refund.approved", key=str(order))
+    ctx.step.run("refund", lambda: {"refunded": found["amount"], "by": approval["by"]})
+    return {"order": order, "refunded": found["amount"], "approved_by": approval["by"]}
+
+
+def workflow(conn: psycopg.Connection[Any]) -> None:
+    console.print("\n[bold]a durable workflow[/]: a refund waits for its approval")
+    job = refund_order.enqueue({"order": 7})
+    state = None
+    while state != "suspended":
+        time.sleep(0.05)
+        row = conn.execute("SELECT state::text FROM x_jobs.job WHERE id = %s", [job.id]).fetchone()
+        state = row[0] if row else None
+    console.print(f"job {job.id} is [cyan]suspended[/] on its wait: no worker holds it")
+    with conn.transaction():  # the approving application's own transaction
+        conn.execute("""SELECT x_jobs.publish('refund.approved', '{"by": "ada"}', '7')""")
+        conn.execute("""SELECT x_jobs.outbox_put('refunds', '{"order": 7}', key => '7')""")
+    console.print("published refund.approved (and put an outbox message) in one transaction")
+    console.print(f"result: {app.result(job.id, timeout=30)}")
+    table = Table("step", "kind", "status", "attempt", title=f"The steps of job {job.id}")
+    for name, kind, status, attempt in conn.execute(
+        "SELECT name, kind, status::text, attempt FROM x_jobs.step WHERE job_id = %s"
+        " ORDER BY created_at",
+        [job.id],
+    ):
+        table.add_row(name, kind, status, str(attempt))
+    console.print(table)
 
 
 def main() -> None:
@@ -75,6 +111,7 @@ def main() -> None:
         while True:
             row = conn.execute(
                 "SELECT count(*) FROM x_jobs.job WHERE state IN ('done', 'dead', 'failed')"
+                " AND queue <> 'flows'"
             ).fetchone()
             settled = int(row[0]) if row else 0
             progress.update(bar, completed=settled)
@@ -82,8 +119,6 @@ def main() -> None:
                 break
             time.sleep(0.1)
         elapsed = time.perf_counter() - started
-        worker.stop()
-        thread.join()
 
         console.print(f"drained {TOTAL:,} jobs in {elapsed:.2f} s: {TOTAL / elapsed:,.0f} jobs/s")
         table = Table("job", "state", "jobs", "attempts", title="Where every job ended")
@@ -96,6 +131,11 @@ def main() -> None:
         row = conn.execute("SELECT sum(completed), sum(retried) FROM x_jobs.counter").fetchone()
         assert row is not None
         console.print(f"counters: {row[0]:,} completed, {row[1]:,} retried (x_jobs.counter)")
+
+    with psycopg.connect(autocommit=True) as conn:
+        workflow(conn)
+    worker.stop()
+    thread.join()
 
 
 if __name__ == "__main__":
