@@ -14,7 +14,7 @@ Sinks, per topic (``"*"`` matches every topic without a sink of its own):
 - ``app.outbox.webhook(topic, url, secret=...)``: an HTTP POST signed with the Standard Webhooks
   headers (:class:`x_jobs.webhooks.WebhookSink`);
 - ``app.outbox.to_job(topic, job)``: enqueues a job with the message's payload as input, once
-  per message (its idempotency key is the message id);
+  per message (its idempotency key is the message id), a relay's batch in one ``enqueue_many``;
 - ``@app.outbox.sink(topic)`` over ``def deliver(message: OutboxMessage) -> None``: anything
   else. Raise :class:`DeliveryError` to say whether and when to retry; any other exception is
   retried with backoff.
@@ -22,13 +22,15 @@ Sinks, per topic (``"*"`` matches every topic without a sink of its own):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, LiteralString, Protocol
+from typing import TYPE_CHECKING, Any, LiteralString, Protocol, runtime_checkable
 
 import psycopg
 from psycopg.types.json import Jsonb
+
+from x_jobs.errors import InputInvalid
 
 if TYPE_CHECKING:
     from x_jobs.app import App, Job
@@ -74,6 +76,18 @@ class Sink(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class BatchSink(Protocol):
+    """A sink that delivers many messages in one call (one round trip, one commit): answers,
+    per message and in order, None when it was delivered or the exception it failed with."""
+
+    def deliver_batch(self, messages: Sequence[OutboxMessage]) -> list[Exception | None]: ...
+
+    def deliver(self, message: OutboxMessage) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class FunctionSink:
     """A plain function as a sink."""
 
@@ -97,10 +111,27 @@ class JobSink:
         self.queue = queue
 
     def deliver(self, message: OutboxMessage) -> None:
-        options: dict[str, Any] = {"idempotency_key": f"outbox:{message.id}"}
-        if self.queue is not None:
-            options["queue"] = self.queue
-        self.app.enqueue(self.job, message.payload, **options)
+        error = self.deliver_batch([message])[0]
+        if error is not None:
+            raise error
+
+    def deliver_batch(self, messages: Sequence[OutboxMessage]) -> list[Exception | None]:
+        """All the messages in one ``enqueue_many`` (one commit); a payload that is not a valid
+        input fails its own message, for good."""
+        job = self.app.lookup(self.job) if isinstance(self.job, str) else self.job
+        errors: list[Exception | None] = []
+        requests: list[dict[str, Any]] = []
+        for message in messages:
+            options: dict[str, Any] = {"idempotency_key": f"outbox:{message.id}"}
+            if self.queue is not None:
+                options["queue"] = self.queue
+            try:
+                requests.append(job.request(message.payload, **options))
+                errors.append(None)
+            except InputInvalid as err:
+                errors.append(DeliveryError(str(err), retryable=False))
+        self.app.enqueue_requests(requests)
+        return errors
 
     def close(self) -> None:
         pass

@@ -33,7 +33,7 @@ from typing import Any, LiteralString
 import psycopg
 
 from x_jobs.app import App, Seconds, interval, seconds
-from x_jobs.outbox import DeliveryError, OutboxMessage
+from x_jobs.outbox import BatchSink, DeliveryError, OutboxMessage
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +57,15 @@ class _Result:
     error: str = ""
     retryable: bool = True
     retry_at: datetime | None = None
+
+
+def _failed(message: OutboxMessage, err: BaseException) -> _Result:
+    if isinstance(err, DeliveryError):
+        return _Result(
+            message, ok=False, error=str(err), retryable=err.retryable, retry_at=err.retry_at
+        )
+    # Any other failure of a sink is worth another try, with the outbox's backoff.
+    return _Result(message, ok=False, error=f"{type(err).__name__}: {err}")
 
 
 def default_relay_id() -> str:
@@ -209,6 +218,9 @@ class Relay:
         except DB_GONE as err:
             self._lost_connection(err)
             return None
+        # A sink that takes batches (the job sink) gets this claim's messages of its topics in
+        # one call; the others one message per call, each on a thread of the pool.
+        batches: dict[int, tuple[BatchSink, list[OutboxMessage]]] = {}
         for msg_id, topic, key, payload, headers, attempt in rows:
             message = OutboxMessage(
                 id=msg_id,
@@ -219,7 +231,13 @@ class Relay:
                 attempt=attempt,
             )
             self._in_flight += 1
-            pool.submit(self._deliver, message)
+            sink = self.app.outbox.sink_for(topic)
+            if isinstance(sink, BatchSink):
+                batches.setdefault(id(sink), (sink, []))[1].append(message)
+            else:
+                pool.submit(self._deliver, message)
+        for sink, messages in batches.values():
+            pool.submit(self._deliver_batch, sink, messages)
         return len(rows)
 
     def _deliver(self, message: OutboxMessage) -> None:
@@ -229,14 +247,22 @@ class Relay:
                 raise DeliveryError(f"no sink for topic {message.topic!r}", retryable=False)
             sink.deliver(message)
             result = _Result(message, ok=True)
-        except DeliveryError as err:
-            result = _Result(
-                message, ok=False, error=str(err), retryable=err.retryable, retry_at=err.retry_at
-            )
         except Exception as err:
-            # Any other failure of a sink is worth another try, with the outbox's backoff.
-            result = _Result(message, ok=False, error=f"{type(err).__name__}: {err}")
+            result = _failed(message, err)
         self._results.put(result)
+        self._wake.set()
+
+    def _deliver_batch(self, sink: BatchSink, messages: list[OutboxMessage]) -> None:
+        try:
+            errors = sink.deliver_batch(messages)
+            results = [
+                _Result(m, ok=True) if e is None else _failed(m, e)
+                for m, e in zip(messages, errors, strict=True)
+            ]
+        except Exception as err:
+            results = [_failed(m, err) for m in messages]
+        for result in results:
+            self._results.put(result)
         self._wake.set()
 
     def _collect(self) -> list[_Result]:

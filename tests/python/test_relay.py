@@ -29,6 +29,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from wsgiref.types import StartResponse, WSGIEnvironment
 
 import psycopg
+import pydantic
 import pytest
 from apps import relays as relay_app
 from conftest import DEADLINE_SECONDS, Conn, Connect, wait_for
@@ -567,3 +568,34 @@ def test_sigterm_lets_the_deliveries_in_flight_finish_and_ack(relays: Relays, co
     }
     assert begun() == in_flight
     assert "relay stopped" in relay.log()
+
+
+class Order(pydantic.BaseModel):
+    order: int
+
+
+def test_the_job_sink_enqueues_a_batch_in_one_call_and_refuses_a_bad_input_alone(
+    dsn: str, conn: Conn
+) -> None:
+    app = x_jobs.App(dsn)
+
+    @app.job(name="typed", queue="typed")
+    def typed(input: Order) -> None: ...
+
+    sink = app.outbox.to_job("orders", typed)
+    messages = [
+        x_jobs.OutboxMessage(id=n, topic="orders", key=None, payload=payload)
+        for n, payload in ((1, {"order": 1}), (2, {"order": "not a number"}), (3, {"order": 3}))
+    ]
+    try:
+        errors = sink.deliver_batch(messages)
+        assert errors[0] is None and errors[2] is None
+        assert isinstance(errors[1], x_jobs.DeliveryError) and not errors[1].retryable
+        # Delivered again (a relay that died before its ack): the live jobs answer, no new ones.
+        assert sink.deliver_batch([messages[0], messages[2]]) == [None, None]
+    finally:
+        app.close()
+    rows = conn.execute(
+        "SELECT idempotency_key, input FROM x_jobs.job WHERE name = 'typed' ORDER BY id"
+    ).fetchall()
+    assert rows == [("outbox:1", {"order": 1}), ("outbox:3", {"order": 3})]
