@@ -675,7 +675,13 @@ def relay_rate(dsn: str, messages: int, relays: int, topic: str, url: str) -> fl
             for _ in range(relays)
         ]
         try:
-            time.sleep(1.5)  # the relays connect and find nothing of their topics yet
+            # Start-up stays outside the clock: wait until every relay listens (it polls too).
+            while conn.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND application_name = %s",
+                ["x_jobs relay listener"],
+            ).fetchone() != (relays,):
+                time.sleep(0.02)
             started = time.perf_counter()
             conn.execute("UPDATE x_jobs.outbox SET topic = %s", [topic])
             conn.execute("SELECT pg_notify('x_jobs_outbox', %s)", [topic])
