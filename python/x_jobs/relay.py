@@ -32,6 +32,7 @@ from typing import Any, LiteralString
 
 import psycopg
 
+from x_jobs._listen import DB_GONE, listen
 from x_jobs.app import App, Seconds, interval, seconds
 from x_jobs.outbox import BatchSink, DeliveryError, OutboxMessage
 
@@ -46,8 +47,6 @@ NACK: LiteralString = """
     SELECT x_jobs.outbox_nack(id => %s, relay => %s, error => %s, retry_at => %s,
                               retryable => %s)::text
 """
-
-DB_GONE = (psycopg.OperationalError, psycopg.InterfaceError)
 
 
 @dataclass
@@ -362,20 +361,12 @@ class Relay:
     def _listen(self) -> None:
         """LISTEN x_jobs_outbox: a put of one of our topics claims at once (a hint: the relay
         polls as well)."""
-        wanted = None if self.topics is None else set(self.topics)
-        delay = 0.1
-        while not self._stopped.is_set() and self._stop_requests == 0:
-            try:
-                with psycopg.connect(
-                    self.app.dsn, autocommit=True, application_name="x_jobs relay listener"
-                ) as conn:
-                    conn.execute("LISTEN x_jobs_outbox")
-                    delay = 0.1
-                    while not self._stopped.is_set() and self._stop_requests == 0:
-                        for note in conn.notifies(timeout=1.0):
-                            if wanted is None or note.payload in wanted:
-                                self._notified.set()
-                                self._wake.set()
-            except DB_GONE:
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
+        listen(
+            self.app.dsn,
+            "x_jobs_outbox",
+            application_name="x_jobs relay listener",
+            wanted=None if self.topics is None else set(self.topics),
+            notified=self._notified,
+            wake=self._wake,
+            running=lambda: not self._stopped.is_set() and self._stop_requests == 0,
+        )

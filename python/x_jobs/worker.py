@@ -42,6 +42,7 @@ from typing import Any, LiteralString
 import psycopg
 from psycopg.types.json import Jsonb
 
+from x_jobs._listen import DB_GONE, listen
 from x_jobs.app import App, Job, Seconds, interval, seconds
 from x_jobs.errors import JobNotHeld, OutputInvalid
 from x_jobs.metrics import WorkerMetrics
@@ -70,10 +71,6 @@ ANNOUNCE: LiteralString = """
     SELECT draining_at FROM x_jobs.announce_worker(
         worker => %s, queues => %s, build => %s, draining => %s, ttl => %s)
 """
-
-
-#: What a lost connection raises: a dropped socket, a server restart, a closed connection.
-DB_GONE = (psycopg.OperationalError, psycopg.InterfaceError)
 
 
 class JobCancelled(Exception):
@@ -955,23 +952,15 @@ class Worker:
     def _listen(self) -> None:
         """LISTEN x_jobs and wake the dispatcher when one of our queues gets work. A hint only:
         the dispatcher polls as well, so a dropped connection here loses nothing."""
-        wanted = set(self.queues)
-        delay = 0.1
-        while not self._stopped.is_set() and self._stop_requests == 0:
-            try:
-                with psycopg.connect(
-                    self.app.dsn, autocommit=True, application_name="x_jobs listener"
-                ) as conn:
-                    conn.execute("LISTEN x_jobs")
-                    delay = 0.1
-                    while not self._stopped.is_set() and self._stop_requests == 0:
-                        for note in conn.notifies(timeout=1.0):
-                            if note.payload in wanted:
-                                self._notified.set()
-                                self._wake.set()
-            except DB_GONE:
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
+        listen(
+            self.app.dsn,
+            "x_jobs",
+            application_name="x_jobs listener",
+            wanted=set(self.queues),
+            notified=self._notified,
+            wake=self._wake,
+            running=lambda: not self._stopped.is_set() and self._stop_requests == 0,
+        )
 
 
 def _unknown_job(app: App, name: str) -> Job[Any]:
