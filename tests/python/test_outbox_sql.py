@@ -213,7 +213,7 @@ def test_relays_racing_deliver_each_key_in_put_order_one_at_a_time(
             pool.submit(_relay_loop, c, f"relay-{n}", n, state, barrier)
             for n, c in enumerate(relays)
         ]
-        errors = [f.exception(timeout=2 * DEADLINE_SECONDS) for f in futures]
+        errors = [f.exception(timeout=RACE_DEADLINE_SECONDS + DEADLINE_SECONDS) for f in futures]
     # The first failure, not the "stopped" of the relays it stopped.
     failures = [e for e in errors if e is not None and "another relay failed" not in str(e)]
     if failures:
