@@ -297,6 +297,7 @@ class Worker:
         self._to_settle: queue.SimpleQueue[list[_Outcome] | None] = queue.SimpleQueue()
         self._settled: queue.SimpleQueue[_Settlement] = queue.SimpleQueue()
         self._settling = False
+        self._settling_size = 0
         self._last_nudge = 0.0
         # Serializes a handler's start with a hand-back of the same job: a job is either
         # started here or released to the queue, never both.
@@ -399,7 +400,7 @@ class Worker:
                     claim_now = True
                 if now >= next_poll:
                     claim_now = True
-                room = self.capacity - len(self._held)
+                room = self._room()
                 if claim_now and (room * 2 >= self.capacity or not self._held):
                     got = self._claim(room)
                     if got is None:
@@ -414,6 +415,16 @@ class Worker:
                 wake_at = min(wake_at, self._pending_since + self.settle_delay)
             if self._wake.wait(timeout=min(max(0.0, wake_at - time.monotonic()), 1.0)):
                 self._wake.clear()
+
+    def _room(self) -> int:
+        """How many jobs a claim may take now. A finished job waiting for its settlement holds
+        no slot: counting it would keep the next claim waiting for the settle's round trip, so
+        that claims and settlements would take turns instead of overlapping. What waits to be
+        settled is bounded all the same: the worker never holds more than twice its capacity."""
+        unsettled = len(self._pending) + self._settling_size
+        return min(
+            self.capacity - (len(self._held) - unsettled), 2 * self.capacity - len(self._held)
+        )
 
     def _claim(self, room: int) -> int | None:
         assert self._conn is not None
@@ -516,6 +527,7 @@ class Worker:
     def _submit_settlement(self) -> None:
         batch, self._pending = self._pending, []
         self._settling = True
+        self._settling_size = len(batch)
         self._to_settle.put(batch)
 
     def _take_settled(self) -> None:
@@ -527,6 +539,7 @@ class Worker:
             except queue.Empty:
                 return
             self._settling = False
+            self._settling_size = 0
             # Counted per job name and state, once per batch: a metric increment takes a lock.
             tally: dict[tuple[str, str], int] = {}
             for outcome in done.batch:
