@@ -40,7 +40,7 @@ from x_jobs.outbox import Outbox
 logger = logging.getLogger(__name__)
 
 #: The SQL API versions this client speaks to (``x_jobs.version()``).
-SUPPORTED_VERSIONS = frozenset({"0.2.0"})
+SUPPORTED_VERSIONS = frozenset({"0.3.0"})
 
 I = TypeVar("I")  # noqa: E741 - the input type, as in Job[I]
 
