@@ -30,7 +30,7 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
 (
     'enqueue',
     '{text,jsonb,text,timestamp with time zone,text,integer,integer,text,text,text,text,integer,boolean,'
-    'interval,interval}',
+    'interval,interval,boolean}',
     'x_jobs.enqueue_result', 'VOLATILE', NULL
 ),
 ('enqueue_many', '{jsonb}', 'setof x_jobs.enqueue_many_result', 'VOLATILE', NULL),
@@ -375,6 +375,7 @@ SELECT results_eq(
         ('x_jobs.enqueue_request', 'dead_letter', 'boolean'),
         ('x_jobs.enqueue_request', 'backoff_base', 'interval'),
         ('x_jobs.enqueue_request', 'backoff_max', 'interval'),
+        ('x_jobs.enqueue_request', 'keep_done', 'boolean'),
         ('x_jobs.enqueue_result', 'id', 'bigint'),
         ('x_jobs.enqueue_result', 'run_id', 'uuid'),
         ('x_jobs.enqueue_result', 'deduped', 'boolean')
@@ -690,7 +691,7 @@ INSERT INTO api_param (fn, arguments) VALUES
     'concurrency_key text DEFAULT NULL::text, traceparent text DEFAULT NULL::text, '
     'enqueued_by text DEFAULT NULL::text, concurrency_limit integer DEFAULT NULL::integer, '
     'dead_letter boolean DEFAULT true, backoff_base interval DEFAULT ''00:00:01''::interval, '
-    'backoff_max interval DEFAULT ''01:00:00''::interval'
+    'backoff_max interval DEFAULT ''01:00:00''::interval, keep_done boolean DEFAULT true'
 ),
 ('enqueue_many', 'jobs jsonb'),
 (
@@ -871,9 +872,11 @@ SELECT set_eq(
         ('job', 'x_jobs_producer', 'SELECT'),
         ('job', 'x_jobs_producer', 'INSERT'),
         ('job', 'x_jobs_worker', 'UPDATE'),
+        ('job', 'x_jobs_worker', 'DELETE'),
         ('job', 'x_jobs_admin', 'DELETE'),
         ('job_error', 'x_jobs_worker', 'SELECT'),
         ('job_error', 'x_jobs_worker', 'INSERT'),
+        ('job_error', 'x_jobs_worker', 'DELETE'),
         ('job_error', 'x_jobs_admin', 'SELECT'),
         ('job_error', 'x_jobs_admin', 'DELETE'),
         ('queue_pause', 'x_jobs_worker', 'SELECT'),
@@ -894,6 +897,7 @@ SELECT set_eq(
         ('step', 'x_jobs_worker', 'SELECT'),
         ('step', 'x_jobs_worker', 'INSERT'),
         ('step', 'x_jobs_worker', 'UPDATE'),
+        ('step', 'x_jobs_worker', 'DELETE'),
         ('step', 'x_jobs_admin', 'DELETE'),
         ('event', 'x_jobs_worker', 'SELECT'),
         ('event', 'x_jobs_admin', 'DELETE'),
@@ -934,12 +938,12 @@ SELECT
 FROM (
     VALUES
     ('job', 'x_jobs_producer', '{INSERT,SELECT}'),
-    ('job', 'x_jobs_worker', '{INSERT,SELECT,UPDATE}'),
+    ('job', 'x_jobs_worker', '{DELETE,INSERT,SELECT,UPDATE}'),
     ('job', 'x_jobs_admin', '{DELETE,INSERT,SELECT,UPDATE}'),
     ('job', 'pg_monitor', '{}'),
     ('job', 'public', '{}'),
     ('job_error', 'x_jobs_producer', '{}'),
-    ('job_error', 'x_jobs_worker', '{INSERT,SELECT}'),
+    ('job_error', 'x_jobs_worker', '{DELETE,INSERT,SELECT}'),
     ('job_error', 'x_jobs_admin', '{DELETE,INSERT,SELECT}'),
     ('job_error', 'pg_monitor', '{}'),
     ('job_error', 'public', '{}'),
@@ -960,7 +964,7 @@ FROM (
     ('counter', 'public', '{}'),
     -- A producer publishes through the SECURITY DEFINER publish: no right on steps or events.
     ('step', 'x_jobs_producer', '{}'),
-    ('step', 'x_jobs_worker', '{INSERT,SELECT,UPDATE}'),
+    ('step', 'x_jobs_worker', '{DELETE,INSERT,SELECT,UPDATE}'),
     ('step', 'x_jobs_admin', '{DELETE,INSERT,SELECT,UPDATE}'),
     ('step', 'pg_monitor', '{}'),
     ('step', 'public', '{}'),

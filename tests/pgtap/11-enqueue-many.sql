@@ -232,7 +232,7 @@ SELECT results_eq(
     VALUES ('XJ009',
             'Use the argument names of x_jobs.enqueue: name, input, queue, run_at, idempotency_key, '
             'max_attempts, priority, tenant_id, concurrency_key, concurrency_limit, traceparent, '
-            'enqueued_by, dead_letter, backoff_base, backoff_max.')
+            'enqueued_by, dead_letter, backoff_base, backoff_max, keep_done.')
     $$,
     'The refusal of an unknown field should hint at every accepted field name'
 );
