@@ -138,19 +138,27 @@ def percentile(samples: list[float], fraction: float) -> float:
     return ordered[index]
 
 
-def batch_json(start: int, count: int, queue: str = "bench", name: str = "bench") -> str:
+def batch_json(
+    start: int, count: int, queue: str = "bench", name: str = "bench", keep_done: bool = True
+) -> str:
+    extra = {} if keep_done else {"keep_done": False}
     return json.dumps(
-        [{"name": name, "queue": queue, "input": {"n": n}} for n in range(start, start + count)]
+        [
+            {"name": name, "queue": queue, "input": {"n": n}, **extra}
+            for n in range(start, start + count)
+        ]
     )
 
 
-def enqueue_backlog(dsn: str, rows: int, queue: str, name: str = "bench") -> None:
+def enqueue_backlog(
+    dsn: str, rows: int, queue: str, name: str = "bench", keep_done: bool = True
+) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         for start in range(0, rows, 1000):
             count = min(1000, rows - start)
             conn.execute(
                 "SELECT count(*) FROM x_jobs.enqueue_many(%s::jsonb)",
-                [batch_json(start, count, queue, name)],
+                [batch_json(start, count, queue, name, keep_done)],
             )
 
 
@@ -348,7 +356,7 @@ def measure(dsn: str, sizes: Sizes, make_step: Callable[[str], Step]) -> float:
 
 def bench_throughput(dsn: str, sizes: Sizes, rounds: int = 2) -> dict[str, list[float]]:
     """rows/s of the ceiling and of x_jobs both ways, in alternating rounds on one server."""
-    rates: dict[str, list[float]] = {"ceiling": [], "two": [], "one": []}
+    rates: dict[str, list[float]] = {"ceiling": [], "two": [], "one": [], "unkept": []}
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
             """
@@ -371,10 +379,10 @@ def bench_throughput(dsn: str, sizes: Sizes, rounds: int = 2) -> dict[str, list[
             )
             conn.execute("VACUUM ANALYZE bench_plain")
 
-    def fresh_jobs() -> None:
+    def fresh_jobs(keep_done: bool = True) -> None:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("TRUNCATE x_jobs.job")
-        enqueue_backlog(dsn, sizes.throughput_rows, "bench")
+        enqueue_backlog(dsn, sizes.throughput_rows, "bench", keep_done=keep_done)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("VACUUM ANALYZE x_jobs.job")
 
@@ -385,6 +393,8 @@ def bench_throughput(dsn: str, sizes: Sizes, rounds: int = 2) -> dict[str, list[
         rates["two"].append(measure(dsn, sizes, claim_then_complete))
         fresh_jobs()
         rates["one"].append(measure(dsn, sizes, complete_and_claim))
+        fresh_jobs(keep_done=False)
+        rates["unkept"].append(measure(dsn, sizes, claim_then_complete))
     return rates
 
 
@@ -404,15 +414,16 @@ WORKER_ARGS = [
 ]
 
 
-def drain_with_workers(dsn: str, jobs: int, workers: int) -> float:
-    """jobs/s of `workers` x-jobs worker processes draining `jobs` no-op jobs.
+def drain_with_workers(dsn: str, jobs: int, workers: int, keep_done: bool = True) -> float:
+    """jobs/s of `workers` x-jobs worker processes draining `jobs` no-op jobs (enqueued with
+    keep_done => false when keep_done is False: completing them deletes them).
 
     The queue is paused while the workers start and resumed once all of them have announced
     themselves, so start-up is outside the clock, as in the peers' runners.
     """
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("TRUNCATE x_jobs.job, x_jobs.worker")
-        enqueue_backlog(dsn, jobs, "bench", name="noop")
+        enqueue_backlog(dsn, jobs, "bench", name="noop", keep_done=keep_done)
         conn.execute("VACUUM ANALYZE x_jobs.job")
         conn.execute("CHECKPOINT")
         conn.execute("SELECT x_jobs.pause_queue('bench')")
@@ -816,10 +827,15 @@ def main() -> int:
                 ("ceiling", "ceiling: plain SKIP LOCKED update of 100"),
                 ("two", "x_jobs: claim 100, complete_many (2 transactions)"),
                 ("one", "x_jobs: complete_many + claim 100 (1 transaction)"),
+                ("unkept", "x_jobs keep_done=false: claim 100, complete_many"),
             ):
                 runs = ", ".join(f"{r:,.0f}" for r in rates[name])
                 lines.append((f"{label}, {sizes.threads} conns", f"{runs} rows/s", "", ""))
-            for name, label in (("two", "2 transactions"), ("one", "1 transaction")):
+            for name, label in (
+                ("two", "2 transactions"),
+                ("one", "1 transaction"),
+                ("unkept", "keep_done=false"),
+            ):
                 ratio = best[name] / best["ceiling"]
                 lines.append(
                     (
@@ -834,14 +850,19 @@ def main() -> int:
             sql_rate = max(rates["two"]) if "throughput" in parts else None
             for workers in (1, 2):
                 ours = drain_with_workers(dsn, sizes.drain_jobs, workers)
-                lines.append(
-                    (
-                        f"x_jobs worker drain, {workers} process(es), {sizes.drain_jobs:,} jobs",
-                        f"{ours:,.0f} jobs/s",
-                        "",
-                        "",
+                unkept = drain_with_workers(dsn, sizes.drain_jobs, workers, keep_done=False)
+                for label, rate in (("", ours), (", keep_done=false", unkept)):
+                    lines.append(
+                        (
+                            f"x_jobs worker drain, {workers} process(es), "
+                            f"{sizes.drain_jobs:,} jobs{label}",
+                            f"{rate:,.0f} jobs/s",
+                            "",
+                            "",
+                        )
                     )
-                )
+                # Each peer against both: graphile-worker and pgqueuer delete a job when it
+                # completes (as keep_done=false does); procrastinate keeps it (as the default).
                 peers = peer_drains(sizes, workers)
                 for peer in peers:
                     rate = float(peer["jobs_per_s"])
@@ -849,8 +870,8 @@ def main() -> int:
                         (
                             f"  {peer['peer']}, {workers} process(es), {peer['jobs']:,} jobs",
                             f"{rate:,.0f} jobs/s",
-                            f"x_jobs {ours / rate:.2f}x",
-                            verdict(ours > rate),
+                            f"x_jobs {ours / rate:.2f}x kept, {unkept / rate:.2f}x keep_done=false",
+                            f"{verdict(ours > rate)} / {verdict(unkept > rate)}",
                         )
                     )
                 if sql_rate is not None and workers == 1:

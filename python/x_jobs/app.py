@@ -102,6 +102,9 @@ class Job(Generic[I]):
     idempotency_key: Callable[[I], str | None] | None = None
     tenant: str | Callable[[I], str] | None = None
     priority: int = 0
+    #: False: completing the job deletes its row (no output, steps or errors kept), for jobs
+    #: whose result nobody reads. Half the database's work of keeping it as ``done``.
+    keep_done: bool = True
 
     def __post_init__(self) -> None:
         params = list(inspect.signature(self.fn).parameters.values())
@@ -156,6 +159,7 @@ class Job(Generic[I]):
             "dead_letter": self.retry.dead_letter,
             "backoff_base": f"{seconds(self.retry.base)} seconds",
             "backoff_max": f"{seconds(self.retry.max)} seconds",
+            "keep_done": self.keep_done,
         }
         if self.idempotency_key is not None:
             req["idempotency_key"] = self.idempotency_key(payload)
@@ -193,6 +197,7 @@ ENQUEUE_OPTIONS = frozenset(
         "tenant_id",
         "traceparent",
         "enqueued_by",
+        "keep_done",
     }
 )
 
@@ -239,6 +244,7 @@ class App:
         idempotency_key: Callable[[Any], str | None] | None = None,
         tenant: str | Callable[[Any], str] | None = None,
         priority: int = 0,
+        keep_done: bool = True,
     ) -> Callable[[Callable[..., Any]], Job[Any]]: ...
 
     def job(
@@ -255,10 +261,12 @@ class App:
         idempotency_key: Callable[[Any], str | None] | None = None,
         tenant: str | Callable[[Any], str] | None = None,
         priority: int = 0,
+        keep_done: bool = True,
     ) -> Job[Any] | Callable[[Callable[..., Any]], Job[Any]]:
         """Declare a job over a plain function, sync or ``async``:
         ``def handle(input)`` or ``def handle(input, ctx)``. The input's type annotation (a
-        pydantic model, a dataclass, a TypedDict, ``dict``...) is what enqueue validates."""
+        pydantic model, a dataclass, a TypedDict, ``dict``...) is what enqueue validates.
+        ``keep_done=False``: completing a job deletes its row, so ``result`` cannot read it."""
 
         def declare(handler: Callable[..., Any]) -> Job[Any]:
             job_name = name or f"{handler.__module__}.{handler.__qualname__}"
@@ -277,6 +285,7 @@ class App:
                 idempotency_key=idempotency_key,
                 tenant=tenant,
                 priority=priority,
+                keep_done=keep_done,
             )
             self.jobs[job_name] = declared
             return declared
@@ -419,7 +428,8 @@ class App:
             if row is None:
                 raise JobNotFound(
                     f"X_JOB_NOT_FOUND: no job has id {job_id}",
-                    hint="Check the id; finished jobs are removed by purge after their retention.",
+                    hint="Check the id; finished jobs are removed by purge after their retention, "
+                    "and a job declared keep_done=False when it completes.",
                 )
             state, output, error = row
             if state == "done":

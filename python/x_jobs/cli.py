@@ -230,6 +230,7 @@ class JobRow:
     concurrency_key: str | None
     concurrency_limit: int | None
     dead_letter: bool
+    keep_done: bool
     backoff_base: timedelta
     backoff_max: timedelta
     claims: int
@@ -333,7 +334,7 @@ class OutboxRow:
 JOB_COLUMNS: LiteralString = """
     id, name, queue, state::text AS state, attempt, max_attempts, priority, run_at, visible_at,
     claimed_by, tenant_id, idempotency_key, concurrency_key, concurrency_limit, dead_letter,
-    backoff_base, backoff_max, claims, run_id::text AS run_id, traceparent, enqueued_by,
+    keep_done, backoff_base, backoff_max, claims, run_id::text AS run_id, traceparent, enqueued_by,
     created_at, started_at, finished_at, updated_at, input, output, progress, last_error,
     last_error_stack
 """
@@ -863,6 +864,7 @@ def _job_fields(job: JobRow) -> Table:
             ("idempotency key", _or_dash(job.idempotency_key)),
             ("concurrency", concurrency),
             ("dead letter", "yes" if job.dead_letter else "no"),
+            ("kept when done", "yes" if job.keep_done else "no (deleted)"),
             ("backoff", f"{job.backoff_base} .. {job.backoff_max}"),
             ("claims", str(job.claims)),
             ("run id", job.run_id),

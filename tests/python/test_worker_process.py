@@ -20,6 +20,9 @@ from apps import basic
 from apps.workers import Fleet
 from conftest import Conn, Connect, fresh_database
 
+import x_jobs
+from x_jobs.errors import JobNotFound
+
 logger = logging.getLogger(__name__)
 
 
@@ -100,6 +103,50 @@ def test_enqueue_on_the_callers_connection_is_part_of_its_transaction(
     assert [(r.job_id, r.attempt, r.outcome) for r in fleet.runs()] == [
         (committed.id, 1, "returned")
     ]
+
+
+def test_jobs_declared_keep_done_false_leave_no_row_once_completed(
+    fleet: Fleet, conn: Conn, dsn: str
+) -> None:
+    inputs = [{"n": n} for n in range(200)]
+    unkept = [e.id for e in basic.app.enqueue_many(basic.noop_unkept, inputs, conn=conn)]
+    flaky = basic.app.enqueue(basic.flaky_unkept, {}, conn=conn).id
+    kept = [e.id for e in basic.app.enqueue_many(basic.noop, inputs[:20], conn=conn)]
+    assert conn.execute(
+        "SELECT count(*) FILTER (WHERE keep_done), count(*) FILTER (WHERE NOT keep_done)"
+        " FROM x_jobs.job"
+    ).fetchone() == (20, 201)
+
+    fleet.start()
+    fleet.wait_for(
+        lambda: fleet.scalar("SELECT count(*) FROM x_jobs.job WHERE state <> 'done'") == 0,
+        "every job to complete",
+    )
+
+    # Only the kept rows are left; the others went with their error history.
+    rows = conn.execute("SELECT id, state::text FROM x_jobs.job ORDER BY id").fetchall()
+    assert rows == [(job_id, "done") for job_id in kept]
+    errors = conn.execute("SELECT count(*) FROM x_jobs.job_error WHERE job_id = %s", [flaky])
+    assert errors.fetchone() == (0,)
+    # Each ran to completion once (the flaky one after a failure), and each completion counts.
+    runs = fleet.runs()
+    returned = sorted(r.job_id for r in runs if r.outcome == "returned")
+    assert returned == sorted([*unkept, flaky, *kept])
+    assert [(r.attempt, r.outcome) for r in runs if r.job_id == flaky] == [
+        (1, "raised:HandlerBoom"),
+        (2, "returned"),
+    ]
+    completed: dict[str, int] = dict(
+        conn.execute("SELECT job, sum(completed)::int FROM x_jobs.counter GROUP BY job").fetchall()
+    )
+    assert (completed["noop_unkept"], completed["flaky_unkept"], completed["noop"]) == (200, 1, 20)
+    client = x_jobs.App(dsn)
+    try:
+        with pytest.raises(JobNotFound, match=f"no job has id {unkept[0]}"):
+            client.result(unkept[0], timeout=1)
+    finally:
+        client.close()
+    assert fleet.overlaps() == []
 
 
 def test_a_job_past_its_timeout_is_stopped_and_failed_as_timed_out(

@@ -237,3 +237,19 @@ def always_raises(input: dict[str, Any], ctx: x_jobs.JobContext) -> None:
 def always_raises_no_dead_letter(input: dict[str, Any], ctx: x_jobs.JobContext) -> None:
     with Run(ctx):
         raise HandlerBoom(f"boom on attempt {ctx.attempt}")
+
+
+@app.job(name="noop_unkept", keep_done=False)
+def noop_unkept(input: dict[str, Any], ctx: x_jobs.JobContext) -> dict[str, Any]:
+    with Run(ctx):
+        return {"unread": True}
+
+
+@app.job(
+    name="flaky_unkept", keep_done=False, max_attempts=3, retry=x_jobs.Retry(base=0.05, max=0.05)
+)
+def flaky_unkept(input: dict[str, Any], ctx: x_jobs.JobContext) -> None:
+    """Fails its first attempt, so that its row has an error history when it completes."""
+    with Run(ctx):
+        if ctx.attempt == 1:
+            raise HandlerBoom("boom on attempt 1")
