@@ -350,7 +350,8 @@ ENQUEUE: LiteralString = """
         idempotency_key => %(idempotency_key)s,
         max_attempts => %(max_attempts)s::integer,
         priority => %(priority)s::integer,
-        tenant_id => %(tenant_id)s
+        tenant_id => %(tenant_id)s,
+        keep_done => %(keep_done)s::boolean
     )
 """
 LIST_JOBS: LiteralString = (
@@ -637,6 +638,14 @@ def enqueue(
     tenant: Annotated[
         str | None, typer.Option(help="Tenant id; default 'none'.", show_default=False)
     ] = None,
+    keep_done: Annotated[
+        bool | None,
+        typer.Option(
+            "--keep-done/--no-keep-done",
+            help="Keep the row once done (the default), or delete it when it completes.",
+            show_default=False,
+        ),
+    ] = None,
     dsn: Dsn = None,
     as_json: AsJson = False,
 ) -> None:
@@ -655,6 +664,7 @@ def enqueue(
         "max_attempts": max_attempts,
         "priority": priority,
         "tenant_id": tenant,
+        "keep_done": keep_done,
     }
     with database(dsn, out) as conn:
         row = conn.cursor(row_factory=class_row(EnqueuedRow)).execute(ENQUEUE, params).fetchone()

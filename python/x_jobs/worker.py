@@ -50,9 +50,11 @@ from x_jobs.steps import AsyncSteps, Steps, StepStore, Suspended, _Journal, prog
 
 logger = logging.getLogger(__name__)
 
+# The input comes as JSON text, which the handler's run parses and validates in one step
+# (pydantic's validate_json): parsing it here cost the dispatcher a tenth of its time.
 CLAIM: LiteralString = """
-    SELECT id, name, queue, state::text, input, attempt, max_attempts, run_id::text, tenant_id,
-           created_at
+    SELECT id, name, queue, state::text, input::text, attempt, max_attempts, run_id::text,
+           tenant_id, created_at
     FROM x_jobs.claim(queues => %s, worker => %s, lease => %s, qty => %s)
 """
 COMPLETE_MANY: LiteralString = (
@@ -171,13 +173,14 @@ class AsyncJobContext(JobContext):
         return self._steps
 
 
-@dataclass
+@dataclass(slots=True)
 class _Run:
     """A claimed job, from its claim to its settlement, as the dispatcher tracks it."""
 
     job: Job[Any]
     ctx: JobContext
-    payload: Any = None
+    #: The input as the row holds it, JSON text.
+    payload: str = "null"
     #: When its handler began (monotonic), None while it waits in the local queue.
     started: float | None = None
     deadline: float | None = None
@@ -186,7 +189,7 @@ class _Run:
     done: bool = False
 
 
-@dataclass
+@dataclass(slots=True)
 class _Outcome:
     #: The run it is the outcome of: a late outcome of an attempt the dispatcher gave up on
     #: (timed out, lost) must not settle a later attempt of the same job this worker holds.
@@ -894,11 +897,11 @@ class Worker:
         self._wake.set()
 
     def _invoke(self, run: _Run) -> Any:
-        value = run.job.validate(run.payload)
+        value = run.job.validate_json(run.payload)
         return run.job.fn(value, run.ctx) if run.job.takes_ctx else run.job.fn(value)
 
     async def _invoke_async(self, run: _Run) -> Any:
-        value = run.job.validate(run.payload)
+        value = run.job.validate_json(run.payload)
         call: Coroutine[Any, Any, Any] = (
             run.job.fn(value, run.ctx) if run.job.takes_ctx else run.job.fn(value)
         )

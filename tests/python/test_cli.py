@@ -177,6 +177,19 @@ def test_enqueue_then_list_shows_the_job(dsn: str, conn: Conn) -> None:
     assert datetime.fromisoformat(job["run_at"]) == run_at
 
 
+def test_enqueue_no_keep_done_makes_a_job_deleted_when_it_completes(dsn: str, conn: Conn) -> None:
+    kept = as_json(x_jobs("enqueue", "report", "--input", "{}", "--json", "--dsn", dsn))
+    unkept = as_json(
+        x_jobs("enqueue", "ping", "--input", "{}", "--no-keep-done", "--json", "--dsn", dsn)
+    )
+    rows = conn.execute("SELECT id, keep_done FROM x_jobs.job ORDER BY id").fetchall()
+    assert rows == [(kept["id"], True), (unkept["id"], False)]
+    shown = succeeded(x_jobs("jobs", "show", str(unkept["id"]), "--dsn", dsn)).stdout
+    assert re.search(r"^kept when done\s+no \(deleted\)\s*$", shown, re.MULTILINE), shown
+    doc = as_json(x_jobs("jobs", "show", str(kept["id"]), "--json", "--dsn", dsn))
+    assert doc["job"]["keep_done"] is True
+
+
 def test_enqueue_run_at_and_delay_make_delayed_jobs(dsn: str, conn: Conn) -> None:
     at = as_json(
         x_jobs(
