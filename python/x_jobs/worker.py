@@ -845,6 +845,8 @@ class Worker:
         """Wake the dispatcher for an outcome, but not for every one: waking it per job (a
         notify, a thread switch, the GIL) cost more than the job. It is woken when no work is
         left queued, when a batch's worth is waiting, or when the settle delay has passed."""
+        if self._wake.is_set():
+            return  # the dispatcher has yet to wake: setting it again is a contended no-op
         now = time.monotonic()
         if (
             self._inbox.empty()
