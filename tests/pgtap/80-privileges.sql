@@ -6,7 +6,7 @@
 -- steps, events, messages or webhooks. Each role is created here and rolled back with the test; each block
 -- runs under SET ROLE and ends with RESET ROLE. The clock is moved with SET LOCAL "x_jobs.fake_now".
 BEGIN;
-SELECT plan(81);
+SELECT plan(85);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
@@ -693,6 +693,49 @@ SELECT is_empty(
       UNION ALL
       SELECT k.name FROM x_jobs.job AS k WHERE k.name = 't80_nobody'$$,
     'The refused put and webhook should have written no message, ledger row or job'
+);
+
+------------------------------------------------------------------------------------------------
+-- Worker: a job that is deleted when it completes
+------------------------------------------------------------------------------------------------
+
+-- keep_done => false: completing the job deletes its row and its steps, which the worker role
+-- may do (0.3.0). Last, so that its counters are in none of the counts above.
+SET ROLE t80_producer;
+SELECT x_jobs.enqueue('t80_unkept', queue => 't80-kd', keep_done => FALSE);
+SET ROLE t80_worker;
+
+SELECT is(
+    (SELECT count(*)::integer FROM x_jobs.claim(ARRAY['t80-kd'], 't80-w3')),
+    1,
+    'A worker should be able to claim a keep_done => false job'
+);
+
+SELECT
+    is(
+        x_jobs.step_record(k.id, 't80-w3', 'first', '{"n": 1}'),
+        'done'::x_jobs.step_status,
+        'A worker should be able to record a step of the keep_done => false job'
+    )
+FROM x_jobs.job AS k
+WHERE k.name = 't80_unkept';
+
+SELECT
+    is(
+        x_jobs.complete(k.id, 't80-w3'),
+        TRUE,
+        'A worker should be able to complete a keep_done => false job, which deletes it'
+    )
+FROM x_jobs.job AS k
+WHERE k.name = 't80_unkept';
+
+RESET ROLE;
+
+SELECT is_empty(
+    $$SELECT FROM x_jobs.job WHERE name = 't80_unkept'
+      UNION ALL
+      SELECT FROM x_jobs.step WHERE job_id NOT IN (SELECT id FROM x_jobs.job)$$,
+    'The worker role''s complete should have deleted the row and its steps'
 );
 
 SELECT * FROM finish();
