@@ -122,6 +122,10 @@ class Job(Generic[I]):
         self.input_type: Any = Any if annotation is inspect.Parameter.empty else annotation
         self.adapter: TypeAdapter[Any] = TypeAdapter(self.input_type)
 
+    def validate(self, value: Any) -> Any:
+        """The handler's input from a JSON value already parsed."""
+        return self.adapter.validate_python(value)
+
     def validate_json(self, text: str | bytes) -> Any:
         """The handler's input from the JSON text of the row's input, parsed and validated in
         one step."""
