@@ -1352,6 +1352,8 @@ DECLARE
     v_now timestamptz := x_jobs.now();
     v_max_payload integer := x_jobs._max_payload_bytes();
     v_big record;
+    v_done bigint[];
+    v_dropped bigint[];
 BEGIN
     PERFORM x_jobs._require_worker(complete_many.worker, 'Pass the id the worker claimed with.');
     IF complete_many.outputs IS NOT NULL
@@ -1376,7 +1378,6 @@ BEGIN
             HINT = 'Store large results elsewhere and return a reference, or raise x_jobs.max_payload_bytes.';
     END IF;
 
-    RETURN QUERY
     WITH kept AS (
         UPDATE x_jobs.job AS j
         SET state = 'done',
@@ -1401,20 +1402,10 @@ BEGIN
             AND NOT j.keep_done
         RETURNING j.id, j.name, j.started_at
     ),
-    -- What purge would delete with the row later. `= ANY (ARRAY(...))` probes the index once per
-    -- id; a join to the CTE could be planned as a scan of the whole table.
-    errors_dropped AS (
-        DELETE FROM x_jobs.job_error AS e
-        WHERE e.job_id = ANY (ARRAY(SELECT d.id FROM dropped AS d))
-    ),
-    steps_dropped AS (
-        DELETE FROM x_jobs.step AS s
-        WHERE s.job_id = ANY (ARRAY(SELECT d.id FROM dropped AS d))
-    ),
     done AS (
-        SELECT k.id, k.name, k.started_at FROM kept AS k
+        SELECT k.id, k.name, k.started_at, FALSE AS dropped FROM kept AS k
         UNION ALL
-        SELECT d.id, d.name, d.started_at FROM dropped AS d
+        SELECT d.id, d.name, d.started_at, TRUE AS dropped FROM dropped AS d
     ),
     counted AS (
         INSERT INTO x_jobs.counter AS c (job, bucket_seconds, bucket_start, shard, completed, run_ms)
@@ -1426,7 +1417,18 @@ BEGIN
         SET completed = c.completed + excluded.completed,
             run_ms = c.run_ms + excluded.run_ms
     )
-    SELECT d.id FROM done AS d;
+    SELECT coalesce(pg_catalog.array_agg(d.id), '{}'),
+           coalesce(pg_catalog.array_agg(d.id) FILTER (WHERE d.dropped), '{}')
+    INTO v_done, v_dropped
+    FROM done AS d;
+
+    -- What purge would delete with the rows later; only when the batch deleted some, so that
+    -- settling kept jobs pays nothing for it.
+    IF pg_catalog.cardinality(v_dropped) > 0 THEN
+        DELETE FROM x_jobs.job_error AS e WHERE e.job_id = ANY (v_dropped);
+        DELETE FROM x_jobs.step AS s WHERE s.job_id = ANY (v_dropped);
+    END IF;
+    RETURN QUERY SELECT unnest(v_done);
 END
 $$;
 
