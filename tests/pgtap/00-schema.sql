@@ -2,7 +2,7 @@
 -- volatile it is, whose rights it runs with, which settings it pins, and who may use what.
 -- A change to any of these is a change to the API: it shows up here first, on purpose.
 BEGIN;
-SELECT plan(560);
+SELECT plan(568);
 
 -- The functions of the API, one row each, with what 00-schema pins about them. `args` is how
 -- pgTAP's catalog view spells the argument types (regtype output: 'timestamp with time zone',
@@ -27,6 +27,7 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
 ('_notify', '{text,text}', 'void', 'VOLATILE', NULL),
 ('_require_retention', '{text,interval,integer,text}', 'void', 'IMMUTABLE', NULL),
 ('_enqueue', '{x_jobs.enqueue_request[]}', 'setof x_jobs.enqueue_many_result', 'VOLATILE', NULL),
+('_run_ids', '{integer}', 'uuid[]', 'VOLATILE', NULL),
 (
     'enqueue',
     '{text,jsonb,text,timestamp with time zone,text,integer,integer,text,text,text,text,integer,boolean,'
@@ -100,6 +101,7 @@ INSERT INTO api_grant (fn, lowest_role, to_pg_monitor) VALUES
 ('version', 'x_jobs_producer', TRUE),
 ('_max_payload_bytes', 'x_jobs_producer', FALSE),
 ('_enqueue', 'x_jobs_producer', FALSE),
+('_run_ids', 'x_jobs_producer', FALSE),
 ('_notify', 'x_jobs_producer', FALSE),
 ('_require_retention', 'x_jobs_admin', FALSE),
 ('enqueue', 'x_jobs_producer', FALSE),

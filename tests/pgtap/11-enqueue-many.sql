@@ -1,7 +1,7 @@
 -- x_jobs.enqueue_many: one answer per request in input order, rows inserted in input order,
 -- dedupe within the batch and against live rows, and refusals that leave nothing behind.
 BEGIN;
-SELECT plan(32);
+SELECT plan(39);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:00:00+00';
 
@@ -328,6 +328,104 @@ SELECT throws_ok(
         interval '1 hour'
     ),
     'A backoff_base above the default backoff_max should be refused, as enqueue refuses it'
+);
+
+-- A batch without idempotency keys: nothing can dedupe, so enqueue takes its one-INSERT path.
+-- The same answers and the same rows as the general path above, every field included.
+CREATE TEMP TABLE keyless AS
+SELECT
+    pg_catalog.row_number() OVER () AS pos,
+    r.*
+FROM x_jobs.enqueue_many($$[
+    {"name": "kl_all", "input": {"n": 1}, "queue": "kl", "run_at": "2030-01-01T11:00:00Z",
+     "max_attempts": 3, "priority": -7, "tenant_id": "acme", "concurrency_key": "kl-key",
+     "concurrency_limit": 4, "traceparent": "00-kl-01", "enqueued_by": "pgtap",
+     "dead_letter": false, "backoff_base": "5 seconds", "backoff_max": "10 minutes",
+     "keep_done": false},
+    {"name": "kl_later", "queue": "kl", "run_at": "2030-01-01T13:00:00Z"},
+    {"name": "kl_bare"}
+]$$) AS r;
+
+SELECT results_eq(
+    $$
+    SELECT k.pos::integer, k.ord, k.deduped, j.name, j.run_id = k.run_id
+    FROM keyless AS k LEFT JOIN x_jobs.job AS j ON j.id = k.id
+    ORDER BY k.pos
+    $$,
+    $$ VALUES (1, 1, FALSE, 'kl_all', TRUE), (2, 2, FALSE, 'kl_later', TRUE), (3, 3, FALSE, 'kl_bare', TRUE) $$,
+    'A keyless batch should answer each request in input order with the id and run_id of its row'
+);
+
+SELECT is(
+    array(SELECT k.id FROM keyless AS k ORDER BY k.ord),
+    array(SELECT k.id FROM keyless AS k ORDER BY k.id),
+    'The rows of a keyless batch should be inserted in input order: ids ascend with ord'
+);
+
+SELECT results_eq(
+    $$
+    SELECT j.name, j.input, j.queue, j.run_at, j.state::text, j.max_attempts, j.priority::integer,
+           j.tenant_id, j.concurrency_key, j.concurrency_limit, j.traceparent, j.enqueued_by,
+           j.dead_letter, j.backoff_base, j.backoff_max, j.keep_done, j.created_at, j.attempt
+    FROM keyless AS k JOIN x_jobs.job AS j ON j.id = k.id
+    ORDER BY k.ord
+    $$,
+    $$ VALUES
+    ('kl_all', '{"n": 1}'::jsonb, 'kl', '2030-01-01 11:00:00+00'::timestamptz, 'ready', 3, -7, 'acme',
+     'kl-key', 4, '00-kl-01', 'pgtap', FALSE, interval '5 seconds', interval '10 minutes', FALSE,
+     '2030-01-01 12:00:00+00'::timestamptz, 0),
+    ('kl_later', '{}'::jsonb, 'kl', '2030-01-01 13:00:00+00'::timestamptz, 'delayed', 25, 0, 'none',
+     NULL, NULL, NULL, NULL, TRUE, interval '1 second', interval '1 hour', TRUE,
+     '2030-01-01 12:00:00+00'::timestamptz, 0),
+    ('kl_bare', '{}'::jsonb, 'default', '2030-01-01 12:00:00+00'::timestamptz, 'ready', 25, 0, 'none',
+     NULL, NULL, NULL, NULL, TRUE, interval '1 second', interval '1 hour', TRUE,
+     '2030-01-01 12:00:00+00'::timestamptz, 0)
+    $$,
+    'A keyless batch should store every field it was given and the defaults of the ones it left out'
+);
+
+-- Run ids are UUIDv7: version 7, the RFC variant, the time of the enqueue in their first 48
+-- bits, and within a batch they count up, so they ascend with ord and never repeat.
+CREATE TEMP TABLE thousand AS
+SELECT r.*, pg_catalog.clock_timestamp() AS answered_at
+FROM x_jobs.enqueue_many(
+    (SELECT pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object('name', 'many_' || g)) FROM generate_series(1, 1000) AS g)
+) AS r;
+
+SELECT results_eq(
+    $$
+    SELECT count(*)::integer, count(DISTINCT t.run_id)::integer,
+           count(*) FILTER (WHERE pg_catalog.substr(t.run_id::text, 15, 1) = '7')::integer,
+           count(*) FILTER (WHERE pg_catalog.substr(t.run_id::text, 20, 1) IN ('8', '9', 'a', 'b'))::integer
+    FROM thousand AS t
+    $$,
+    $$ VALUES (1000, 1000, 1000, 1000) $$,
+    'Each of 1,000 run ids of a batch should be distinct, of version 7 and of the RFC variant'
+);
+
+SELECT is(
+    array(SELECT t.run_id FROM thousand AS t ORDER BY t.ord),
+    array(SELECT t.run_id FROM thousand AS t ORDER BY t.run_id),
+    'The run ids of a batch should ascend with ord'
+);
+
+SELECT ok(
+    (
+        SELECT bool_and(
+            pg_catalog.to_timestamp(
+                ('x' || pg_catalog.lpad(pg_catalog.replace(pg_catalog.left(t.run_id::text, 13), '-', ''), 16, '0'))::bit(64)::bigint
+                / 1000.0
+            ) BETWEEN pg_catalog.statement_timestamp() - interval '1 minute' AND t.answered_at
+        )
+        FROM thousand AS t
+    ),
+    'A run id should carry the time it was drawn (the clock, not x_jobs.now) in its first 48 bits'
+);
+
+SELECT isnt(
+    (SELECT pg_catalog.right(e.run_id::text, 12) FROM x_jobs.enqueue('one') AS e),
+    (SELECT pg_catalog.right(e.run_id::text, 12) FROM x_jobs.enqueue('two') AS e),
+    'Two calls should draw their run ids from different random starts'
 );
 
 SELECT * FROM finish();

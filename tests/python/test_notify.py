@@ -107,6 +107,23 @@ def test_enqueue_many_wakes_each_queue_once(conn: Conn, listener: Listener) -> N
     assert sorted(payload for payload, _ in got) == ["qa", "qb"]
 
 
+def test_a_keyed_enqueue_many_wakes_only_the_queues_it_inserted_into(
+    conn: Conn, listener: Listener
+) -> None:
+    """A batch with idempotency keys takes enqueue's general path: a request that deduped onto a
+    live row inserted nothing, so its queue is not woken for it."""
+    taken = "SELECT x_jobs.enqueue('a', queue => 'qd', idempotency_key => 'taken')"
+    assert [payload for payload, _ in listener.after(conn, lambda: conn.execute(taken))] == ["qd"]
+    requests = [
+        {"name": "a", "queue": "qd", "idempotency_key": "taken"},
+        {"name": "a", "queue": "qe", "idempotency_key": "fresh"},
+    ]
+    got = listener.after(
+        conn, lambda: conn.execute("SELECT x_jobs.enqueue_many(%s)", [Jsonb(requests)])
+    )
+    assert sorted(payload for payload, _ in got) == ["qe"]
+
+
 def test_a_retry_due_now_wakes_its_queue(conn: Conn, listener: Listener) -> None:
     conn.execute("SELECT x_jobs.enqueue('a', queue => 'retry')")
     listener.after(conn, lambda: None)  # the enqueue's own notification
