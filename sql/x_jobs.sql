@@ -179,6 +179,11 @@ WHERE state = 'ready';
 CREATE INDEX job_waiting_idx ON x_jobs.job (queue, run_at, id)
 WHERE state IN ('delayed', 'suspended');
 
+-- Only the claim's lapsed arm should read it. The statements that settle or heartbeat rows by
+-- id compare state as text, which does not prove this predicate: given `state = 'running'`, the
+-- planner reads every running row of every worker here whenever the statistics last saw few
+-- running rows (a backlog analyzed before a drain), and complete_many of 250 ids beside 5,000
+-- running rows took 15 ms instead of 1.5 (measured 2026-11-30). By id, the cost follows the ids.
 CREATE INDEX job_running_idx ON x_jobs.job (queue, visible_at, id)
 WHERE state = 'running';
 
@@ -1353,7 +1358,7 @@ BEGIN
     SET visible_at = v_now + extend_lease.lease,
         updated_at = v_now
     WHERE j.id = ANY (extend_lease.ids)
-        AND j.state = 'running'
+        AND j.state::text = 'running' -- by id only: see job_running_idx
         AND j.claimed_by = extend_lease.worker
     RETURNING j.id;
 END
@@ -1385,7 +1390,7 @@ BEGIN
             claimed_by = NULL,
             updated_at = v_now
         WHERE j.id = ANY (release.ids)
-            AND j.state = 'running'
+            AND j.state::text = 'running' -- by id only: see job_running_idx
             AND j.claimed_by = release.worker
         RETURNING j.id, j.queue
     )
@@ -1456,7 +1461,7 @@ BEGIN
             updated_at = v_now
         FROM unnest(complete_many.ids, complete_many.outputs) AS o (id, output)
         WHERE j.id = o.id
-            AND j.state = 'running'
+            AND j.state::text = 'running' -- by id only: see job_running_idx
             AND j.claimed_by = complete_many.worker
             AND j.keep_done
         RETURNING j.id, j.name, j.started_at
@@ -1466,7 +1471,7 @@ BEGIN
     dropped AS (
         DELETE FROM x_jobs.job AS j
         WHERE j.id = ANY (complete_many.ids)
-            AND j.state = 'running'
+            AND j.state::text = 'running' -- by id only: see job_running_idx
             AND j.claimed_by = complete_many.worker
             AND NOT j.keep_done
         RETURNING j.id, j.name, j.started_at
@@ -1584,7 +1589,7 @@ BEGIN
             WHERE k.id = fail.id
         ) AS r
         WHERE j.id = fail.id
-            AND j.state = 'running'
+            AND j.state::text = 'running' -- by id only: see job_running_idx
             AND j.claimed_by = fail.worker
         RETURNING j.id, j.name, j.queue, j.state, j.attempt, j.started_at
     ),
@@ -2195,7 +2200,7 @@ BEGIN
             'done', progress.done, 'total', progress.total, 'note', progress.note,
             'at', x_jobs._clock()))
     WHERE j.id = progress.id
-        AND j.state = 'running'
+        AND j.state::text = 'running' -- by id only: see job_running_idx
         AND j.claimed_by = progress.worker;
     RETURN FOUND;
 END

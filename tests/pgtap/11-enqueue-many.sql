@@ -357,8 +357,14 @@ SELECT results_eq(
 );
 
 SELECT is(
-    array(SELECT k.id FROM keyless AS k ORDER BY k.ord),
-    array(SELECT k.id FROM keyless AS k ORDER BY k.id),
+    array(
+        SELECT k.id FROM keyless AS k
+        ORDER BY k.ord
+    ),
+    array(
+        SELECT k.id FROM keyless AS k
+        ORDER BY k.id
+    ),
     'The rows of a keyless batch should be inserted in input order: ids ascend with ord'
 );
 
@@ -387,9 +393,14 @@ SELECT results_eq(
 -- Run ids are UUIDv7: version 7, the RFC variant, the time of the enqueue in their first 48
 -- bits, and within a batch they count up, so they ascend with ord and never repeat.
 CREATE TEMP TABLE thousand AS
-SELECT r.*, pg_catalog.clock_timestamp() AS answered_at
+SELECT
+    r.*,
+    pg_catalog.clock_timestamp() AS answered_at
 FROM x_jobs.enqueue_many(
-    (SELECT pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object('name', 'many_' || g)) FROM generate_series(1, 1000) AS g)
+    (
+        SELECT pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object('name', 'many_' || g))
+        FROM generate_series(1, 1000) AS g
+    )
 ) AS r;
 
 SELECT results_eq(
@@ -404,19 +415,29 @@ SELECT results_eq(
 );
 
 SELECT is(
-    array(SELECT t.run_id FROM thousand AS t ORDER BY t.ord),
-    array(SELECT t.run_id FROM thousand AS t ORDER BY t.run_id),
+    array(
+        SELECT t.run_id FROM thousand AS t
+        ORDER BY t.ord
+    ),
+    array(
+        SELECT t.run_id FROM thousand AS t
+        ORDER BY t.run_id
+    ),
     'The run ids of a batch should ascend with ord'
 );
 
 SELECT ok(
     (
-        SELECT bool_and(
-            pg_catalog.to_timestamp(
-                ('x' || pg_catalog.lpad(pg_catalog.replace(pg_catalog.left(t.run_id::text, 13), '-', ''), 16, '0'))::bit(64)::bigint
-                / 1000.0
-            ) BETWEEN pg_catalog.statement_timestamp() - interval '1 minute' AND t.answered_at
-        )
+        SELECT
+            bool_and(
+                pg_catalog.to_timestamp(
+                    (
+                        'x'
+                        || pg_catalog.lpad(pg_catalog.replace(pg_catalog.left(t.run_id::text, 13), '-', ''), 16, '0')
+                    )::bit(64)::bigint
+                    / 1000.0
+                ) BETWEEN pg_catalog.statement_timestamp() - interval '1 minute' AND t.answered_at
+            )
         FROM thousand AS t
     ),
     'A run id should carry the time it was drawn (the clock, not x_jobs.now) in its first 48 bits'

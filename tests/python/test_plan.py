@@ -254,6 +254,101 @@ def test_claim_statements_are_not_jit_compiled(big_connect: Connect) -> None:
             )
 
 
+# Settling by id ----------------------------------------------------------------------------
+
+#: Ids each round of test_settling_reads_only_its_ids claims, then heartbeats, fails, completes
+#: and releases. Rounds: enough for PL/pgSQL to move from custom plans to a generic one.
+SETTLE_BATCH = 60
+SETTLE_ROUNDS = 7
+#: Rows another worker runs beside them.
+BUSY = 10_000
+
+
+@pytest.fixture(scope="module")
+def stale_dsn(admin: Conn, template_db: str) -> Iterator[str]:
+    """A database whose statistics saw no running row, where another worker runs BUSY rows: the
+    state of a backlog analyzed before its workers started. Autovacuum is off for the table, so
+    that no ANALYZE corrects the statistics while the test runs."""
+    with fresh_database(admin, template_db, prefix="x_jobs_plan_stale") as dsn:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(
+                "SELECT count(*) FROM x_jobs.enqueue_many(("
+                " SELECT jsonb_agg(jsonb_build_object('name', 'work', 'queue', 'q1'))"
+                " FROM generate_series(1, %s)))",
+                [2 * BUSY],
+            )
+            conn.execute("VACUUM ANALYZE x_jobs.job")
+            conn.execute("ALTER TABLE x_jobs.job SET (autovacuum_enabled = false)")
+            for _ in range(BUSY // 1000):
+                conn.execute("SELECT x_jobs.claim(ARRAY['q1'], 'busy-worker', '1 hour', 1000)")
+            running = conn.execute(
+                "SELECT count(*) FROM x_jobs.job WHERE state = 'running'"
+            ).fetchone()
+            assert running == (BUSY,)
+        yield dsn
+
+
+@pytest.fixture
+def stale_connect(stale_dsn: str) -> Iterator[Connect]:
+    with connections(stale_dsn) as opener:
+        yield opener
+
+
+@pytest.mark.parametrize("plan_cache_mode", ["auto", "force_custom_plan", "force_generic_plan"])
+def test_settling_reads_only_its_ids(stale_connect: Connect, plan_cache_mode: str) -> None:
+    """extend_lease, progress, fail, complete_many and release find a worker's rows by id.
+
+    A statement that reached them through job_running_idx (whose `state = 'running'` predicate
+    matches these statements' check, and which the statistics call empty) would read every row
+    the other worker runs, on each call: settling would cost more as the fleet grows.
+    """
+    conn = stale_connect(name="plan-settler")
+    conn.execute("SET jit = off")
+    conn.execute("SELECT set_config('plan_cache_mode', %s, false)", [plan_cache_mode])
+    log = PlanLog(conn)
+    for round_ in range(SETTLE_ROUNDS):
+        ids = [
+            row[0]
+            for row in conn.execute(
+                "SELECT id FROM x_jobs.claim(ARRAY['q1'], 'plan-settler', '1 hour', %s)",
+                [SETTLE_BATCH],
+            ).fetchall()
+        ]
+        assert len(ids) == SETTLE_BATCH
+        log.take()
+        held = conn.execute(
+            "SELECT count(*) FROM x_jobs.extend_lease(%s, 'plan-settler', '2 hours')", [ids]
+        ).fetchone()
+        progressed = conn.execute(
+            "SELECT x_jobs.progress(%s, 'plan-settler', done => 1, total => 2)", [ids[0]]
+        ).fetchone()
+        failed = conn.execute(
+            "SELECT x_jobs.fail(%s, 'plan-settler', 'boom', retry_delay => '1 hour')::text",
+            [ids[0]],
+        ).fetchone()
+        completed = conn.execute(
+            "SELECT count(*) FROM x_jobs.complete_many(%s, 'plan-settler')", [ids[1:30]]
+        ).fetchone()
+        released = conn.execute(
+            "SELECT count(*) FROM x_jobs.release(%s, 'plan-settler')", [ids[30:]]
+        ).fetchone()
+        # Each call did its work: a plan that read nothing would pass the checks below.
+        assert (held, progressed, failed, completed, released) == (
+            (SETTLE_BATCH,),
+            (True,),
+            ("delayed",),
+            (29,),
+            (SETTLE_BATCH - 30,),
+        )
+        for plan in log.take():
+            text = str(plan.get("Query Text", ""))
+            if "x_jobs.job" not in text or text.lstrip().startswith("SELECT count(*) FROM x_jobs."):
+                continue
+            where = f"round {round_ + 1}: {text.strip()[:60]!r}"
+            # complete_many's update and delete each read the batch once.
+            assert read_problems(plan, {"job": {"job_pkey"}}, SETTLE_BATCH) == [], where
+
+
 # The publish -------------------------------------------------------------------------------
 
 #: The history a publish must not read: a million resolved waits of the very event it publishes,
