@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from typing import IO, Any
+from typing import IO, Any, LiteralString
 
 import psycopg
 from psycopg import sql
@@ -52,18 +52,56 @@ def settle(dbname: str) -> None:
         conn.execute("CHECKPOINT")
 
 
-def count(dbname: str, query: str) -> int:
+def count(dbname: str, query: LiteralString) -> int:
     with psycopg.connect(dbname=dbname, autocommit=True) as conn:
         row = conn.execute(query).fetchone()
     assert row is not None
     return int(row[0])
 
 
+def wait_drained(
+    conn: psycopg.Connection[Any],
+    remaining_sql: LiteralString,
+    jobs: int,
+    started: float,
+    check: Callable[[], None],
+    *,
+    stall_timeout: float = 120.0,
+) -> float:
+    """Poll `remaining_sql` until it answers 0; the seconds from `started` to the poll that saw
+    the backlog empty. Every runner polls on this schedule (x_jobs' in bench/bench.py too):
+    a poll is a query on the server the workers share, so polling more often takes from them.
+    `check` runs after each poll and raises if a worker died."""
+    left = jobs
+    last_progress = started
+    while True:
+        # The query's snapshot is taken when it starts: an empty answer means the backlog was
+        # drained by then.
+        now = time.perf_counter()
+        row = conn.execute(remaining_sql).fetchone()
+        assert row is not None
+        if int(row[0]) == 0:
+            return now - started
+        if int(row[0]) < left:
+            left, last_progress = int(row[0]), now
+        elif now - last_progress > stall_timeout:
+            raise RuntimeError(f"no progress for {stall_timeout:.0f} s, {left} jobs left")
+        check()
+        done = jobs - left
+        if done > 0:
+            # Sleep a third of the expected time left: few polls while the backlog is big,
+            # one every 5 ms near the end.
+            expected = left * (now - started) / done
+            time.sleep(min(0.5, max(0.005, expected / 3)))
+        else:
+            time.sleep(0.02)
+
+
 def timed_drain(
     worker_argv: Sequence[str],
     workers: int,
     dbname: str,
-    remaining_sql: str,
+    remaining_sql: LiteralString,
     jobs: int,
     *,
     stall_timeout: float = 120.0,
@@ -80,7 +118,7 @@ def timed_drain(
             assert proc.stdout is not None
             line = proc.stdout.readline().strip()
             if line != "ready":
-                raise RuntimeError(f"worker {proc.args} said {line!r} instead of 'ready'")
+                raise RuntimeError(f"worker {proc.args!r} said {line!r} instead of 'ready'")
             # Anything else a worker prints goes to stderr, away from the JSON line.
             threading.Thread(target=copy_lines, args=(proc.stdout,), daemon=True).start()
         with psycopg.connect(dbname=dbname, autocommit=True) as conn:
@@ -89,31 +127,15 @@ def timed_drain(
                 assert proc.stdin is not None
                 proc.stdin.write("go\n")
                 proc.stdin.flush()
-            left = jobs
-            last_progress = started
-            while True:
-                # The query's snapshot is taken when it starts: an empty answer means the
-                # backlog was drained by then.
-                now = time.perf_counter()
-                row = conn.execute(remaining_sql).fetchone()
-                assert row is not None
-                if int(row[0]) == 0:
-                    return now - started
-                if int(row[0]) < left:
-                    left, last_progress = int(row[0]), now
-                elif now - last_progress > stall_timeout:
-                    raise RuntimeError(f"no progress for {stall_timeout:.0f} s, {left} jobs left")
+
+            def check_workers() -> None:
                 for proc in procs:
                     if proc.poll() is not None:
-                        raise RuntimeError(f"worker {proc.args} exited early ({proc.returncode})")
-                done = jobs - left
-                if done > 0:
-                    # Sleep a third of the expected time left: few polls while the backlog is
-                    # big, one every 5 ms near the end.
-                    expected = left * (now - started) / done
-                    time.sleep(min(0.5, max(0.005, expected / 3)))
-                else:
-                    time.sleep(0.02)
+                        raise RuntimeError(f"worker {proc.args!r} exited early ({proc.returncode})")
+
+            return wait_drained(
+                conn, remaining_sql, jobs, started, check_workers, stall_timeout=stall_timeout
+            )
     finally:
         for proc in procs:
             if proc.poll() is None and proc.stdin is not None:
@@ -185,9 +207,9 @@ def measure(
     *,
     load: Callable[[int], Coroutine[Any, Any, None]],
     worker_argv: Sequence[str],
-    queued_sql: str,
-    remaining_sql: str,
-    done_sql: str,
+    queued_sql: LiteralString,
+    remaining_sql: LiteralString,
+    done_sql: LiteralString,
     settings: str,
 ) -> int:
     """A runner's whole measurement: a fresh database, the backlog loaded (untimed) and counted,
