@@ -77,7 +77,7 @@ BEGIN
            pg_catalog.array_agg(DISTINCT v.queue) FILTER (WHERE v.due)
     INTO v_bad_ord, v_problem, v_keyed, v_due_queues
     FROM (
-        SELECT r.ord, r.idempotency_key, coalesce(r.queue, 'default') AS queue,
+        SELECT r.ordinality AS ord, r.idempotency_key, coalesce(r.queue, 'default') AS queue,
                r.run_at IS NULL OR r.run_at <= v_now AS due,
                CASE
                    WHEN r.name IS NULL OR r.name = '' OR pg_catalog.length(r.name) > 200 THEN 'name'
@@ -93,11 +93,7 @@ BEGIN
                        OR coalesce(r.backoff_base, interval '1 second')
                        > coalesce(r.backoff_max, interval '1 hour') THEN 'backoff'
                END AS problem
-        FROM unnest(p_requests) WITH ORDINALITY AS r (
-            name, input, queue, run_at, idempotency_key, max_attempts, priority, tenant_id,
-            concurrency_key, concurrency_limit, traceparent, enqueued_by, dead_letter, backoff_base,
-            backoff_max, keep_done, ord
-        )
+        FROM unnest(p_requests) WITH ORDINALITY AS r
     ) AS v;
 
     IF v_problem IS NOT NULL THEN
@@ -221,9 +217,9 @@ BEGIN
         -- CONFLICT puts every row through speculative insertion, an extra WAL record and lock
         -- per row, and cost keyless batches a third of their throughput (measured 2026-11-29).
         WITH req AS MATERIALIZED (
-            SELECT s.ord, s.leads, s.idempotency_key,
+            SELECT s.ordinality AS ord, s.leads, s.idempotency_key,
                    CASE WHEN s.leads THEN pg_catalog.nextval('x_jobs.job_id_seq') END AS id,
-                   CASE WHEN s.leads THEN v_run_ids[s.ord] END AS run_id,
+                   CASE WHEN s.leads THEN v_run_ids[s.ordinality] END AS run_id,
                    coalesce(s.run_at, v_now) AS run_at,
                    coalesce(s.backoff_base, interval '1 second') AS backoff_base,
                    coalesce(s.backoff_max, interval '1 hour') AS backoff_max,
@@ -240,28 +236,20 @@ BEGIN
                    s.concurrency_key, s.traceparent, s.enqueued_by,
                    coalesce(s.input, '{}'::jsonb) AS input
             FROM (
-                SELECT r.*, r.idempotency_key IS NULL OR r.ord = f.first_ord AS leads
-                FROM unnest(p_requests) WITH ORDINALITY AS r (
-                    name, input, queue, run_at, idempotency_key, max_attempts, priority, tenant_id,
-                    concurrency_key, concurrency_limit, traceparent, enqueued_by, dead_letter,
-                    backoff_base, backoff_max, keep_done, ord
-                )
+                SELECT r.*, r.idempotency_key IS NULL OR r.ordinality = f.first_ord AS leads
+                FROM unnest(p_requests) WITH ORDINALITY AS r
                 -- The first request of each key: a hash aggregate over the keyed requests only,
                 -- so a batch without keys pays nothing for it.
                 LEFT JOIN (
-                    SELECT k.idempotency_key, min(k.ord) AS first_ord
-                    FROM unnest(p_requests) WITH ORDINALITY AS k (
-                        name, input, queue, run_at, idempotency_key, max_attempts, priority,
-                        tenant_id, concurrency_key, concurrency_limit, traceparent, enqueued_by,
-                        dead_letter, backoff_base, backoff_max, keep_done, ord
-                    )
+                    SELECT k.idempotency_key, min(k.ordinality) AS first_ord
+                    FROM unnest(p_requests) WITH ORDINALITY AS k
                     WHERE k.idempotency_key IS NOT NULL
                     GROUP BY k.idempotency_key
                 ) AS f ON f.idempotency_key = r.idempotency_key
                 -- A hashed semi-join: p_requests[i] would walk the array from its start each time.
-                WHERE v_todo IS NULL OR r.ord IN (SELECT t.ord FROM unnest(v_todo) AS t (ord))
+                WHERE v_todo IS NULL OR r.ordinality IN (SELECT t.ord FROM unnest(v_todo) AS t (ord))
             ) AS s
-            ORDER BY s.ord
+            ORDER BY s.ordinality
         ),
         ins_plain AS (
             INSERT INTO x_jobs.job AS j (
@@ -321,22 +309,18 @@ BEGIN
 
         -- A new statement, so a new snapshot: it sees the rows that won the keys, whether this
         -- call inserted them (a later request of the same key) or another transaction did.
-        SELECT v_result || coalesce(pg_catalog.array_agg(ROW(o.ord, live.id, live.run_id, TRUE)::x_jobs.enqueue_many_result)
+        SELECT v_result || coalesce(pg_catalog.array_agg(ROW(o.ordinality, live.id, live.run_id, TRUE)::x_jobs.enqueue_many_result)
                    FILTER (WHERE live.id IS NOT NULL), '{}'),
-               coalesce(pg_catalog.array_agg(o.ord) FILTER (WHERE live.id IS NULL), '{}')
+               coalesce(pg_catalog.array_agg(o.ordinality) FILTER (WHERE live.id IS NULL), '{}')
         INTO v_result, v_todo
-        FROM unnest(p_requests) WITH ORDINALITY AS o (
-            name, input, queue, run_at, idempotency_key, max_attempts, priority, tenant_id,
-            concurrency_key, concurrency_limit, traceparent, enqueued_by, dead_letter,
-            backoff_base, backoff_max, keep_done, ord
-        )
+        FROM unnest(p_requests) WITH ORDINALITY AS o
         LEFT JOIN LATERAL (
             SELECT j.id, j.run_id
             FROM x_jobs.job AS j
             WHERE j.idempotency_key = o.idempotency_key
                 AND j.state IN ('ready', 'delayed', 'suspended', 'running')
         ) AS live ON TRUE
-        WHERE o.ord IN (SELECT t.ord FROM unnest(v_todo) AS t (ord));
+        WHERE o.ordinality IN (SELECT t.ord FROM unnest(v_todo) AS t (ord));
 
         EXIT WHEN pg_catalog.cardinality(v_todo) = 0;
     END LOOP;
