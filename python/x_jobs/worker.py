@@ -302,8 +302,8 @@ class Worker:
         self._settling = False
         self._settling_size = 0
         self._last_nudge = 0.0
-        # Serializes a handler's start with a hand-back of the same job: a job is either
-        # started here or released to the queue, never both.
+        # Serializes a handler's start with a hand-back or a loss of the same job: a job is
+        # either started here or released (or lost) and never started, not both.
         self._start_lock = threading.Lock()
 
     # --- public -------------------------------------------------------------------------------
@@ -694,9 +694,11 @@ class Worker:
         except DB_GONE as err:
             self._lost_connection(err)
             states = {}
+        with self._start_lock:  # none of them starts from now on (see _hand_back)
+            for job_id in gone:
+                self._held[job_id].done = True
         for job_id in gone:
             run = self._held.pop(job_id)
-            run.done = True
             if states.get(job_id) == "suspended":
                 # Its handler suspended it (a sleep, a wait) and its outcome is on the way.
                 self.metrics.settled(run.job.name, "suspended")
@@ -741,11 +743,17 @@ class Worker:
     def _hand_back(self, *, started: bool, reason: str) -> int:
         """Give jobs back to the queue (x_jobs.release): those not started yet, or (started=True)
         every one still held, whose handlers are told to stop. Answers how many."""
-        runs = [
-            run for run in self._held.values() if not run.done and (started or run.started is None)
-        ]
+        # Under the start lock: a run is either marked started by _begin, and then kept unless
+        # started=True, or marked done here first, and then _begin never starts it.
+        with self._start_lock:
+            runs = [
+                run
+                for run in self._held.values()
+                if not run.done and (started or run.started is None)
+            ]
+            for run in runs:
+                run.done = True
         for run in runs:
-            run.done = True
             self._tell_stop(run, reason)
         ids = [run.ctx.id for run in runs]
         if not ids or self._conn is None:
