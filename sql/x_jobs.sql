@@ -1452,9 +1452,15 @@ BEGIN
     ),
     -- A delete writes no new row version and no index entry: about half the work of the update
     -- above (measured 2026-11-30: 0.63 against 1.46 ms per 100 rows, 5.8 against 23 kB of WAL).
+    -- It looks up only the ids the update did not take, so a batch of kept jobs (one job's
+    -- batch is all of one kind) reads each row once.
     dropped AS (
         DELETE FROM x_jobs.job AS j
-        WHERE j.id = ANY (complete_many.ids)
+        WHERE j.id = ANY (ARRAY(
+                SELECT a.id FROM unnest(complete_many.ids) AS a (id)
+                EXCEPT ALL
+                SELECT k.id FROM kept AS k
+            ))
             AND j.state::text = 'running' -- by id only: see job_running_idx
             AND j.claimed_by = complete_many.worker
             AND NOT j.keep_done
