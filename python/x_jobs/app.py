@@ -39,8 +39,8 @@ from x_jobs.outbox import Outbox
 
 logger = logging.getLogger(__name__)
 
-#: The SQL API versions this client speaks to (``x_jobs.version()``). 0.3.1 changed how enqueue
-#: works inside, not what any function takes or answers.
+#: The SQL API versions this client speaks to (``x_jobs.version()``). 0.3.1 changed how some
+#: functions work inside (enqueue, the settling ones), not what any of them takes or answers.
 SUPPORTED_VERSIONS = frozenset({"0.3.0", "0.3.1"})
 
 I = TypeVar("I")  # noqa: E741 - the input type, as in Job[I]
