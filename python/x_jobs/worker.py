@@ -546,9 +546,11 @@ class Worker:
             # Counted per job name and state, once per batch: a metric increment takes a lock.
             tally: dict[tuple[str, str], int] = {}
             for outcome in done.batch:
-                run = self._held.pop(outcome.run.ctx.id, None)
-                if run is None:
-                    continue
+                run = outcome.run
+                # A failed job may have been claimed again while its failure was being settled
+                # (a short retry delay): its id then holds the new attempt, which stays.
+                if self._held.get(run.ctx.id) is run:
+                    del self._held[run.ctx.id]
                 name = run.job.name
                 if outcome.ok and outcome.run.ctx.id in done.completed:
                     state = "done"

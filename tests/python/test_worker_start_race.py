@@ -1,6 +1,8 @@
-"""A job a worker holds is either started by one of its handler threads or handed back (or
-given up as lost), never both: otherwise a job handed back at shutdown could run here while
-another worker runs it too.
+"""The worker's bookkeeping of the jobs it holds, where its threads and its own claims race.
+
+A job a worker holds is either started by one of its handler threads or handed back (or given up
+as lost), never both: otherwise a job handed back at shutdown could run here while another
+worker runs it too.
 
 The dispatcher's hand-back and the handler threads race for the same runs. The test drives the
 worker's own parts (a claim, its handler threads, a hand-back) on a real server, many rounds,
@@ -20,6 +22,7 @@ import pytest
 from conftest import Conn
 
 import x_jobs
+from x_jobs.worker import _Outcome
 
 ROUNDS = 100
 JOBS = 100
@@ -89,3 +92,35 @@ def test_a_handed_back_job_is_never_started(dsn: str, conn: Conn, fast_switching
     assert both == [], f"{len(both)} jobs were both started and handed back"
     # The race was run: both sides took runs in the rounds.
     assert handed_back > 0 and started > 0, (handed_back, started)
+
+
+def test_a_job_claimed_again_before_its_failure_is_accounted_stays_held(
+    dsn: str, conn: Conn
+) -> None:
+    """A failed attempt's settlement can reach the dispatcher after the job, due again at once,
+    was claimed for its next attempt. Accounting for the old attempt must leave the new one
+    held: dropped, its outcome would be ignored and the job run again once its lease lapsed."""
+    app = x_jobs.App(dsn)
+
+    @app.job(name="again", queue="again", retry=x_jobs.Retry(base=0, max=0))
+    def again(input: dict[str, Any]) -> None:
+        """Never run: the test settles the first attempt itself."""
+
+    worker = x_jobs.Worker(app, concurrency=1)
+    worker._connect(first=True)
+    assert worker._conn is not None
+    try:
+        [job] = app.enqueue_many(again, [{}], conn=conn)
+        assert worker._claim(1) == 1
+        first = worker._held[job.id]
+        settled = worker._settle_batch(worker._conn, [_Outcome(first, ok=False, error="boom")])
+        assert settled.states == {job.id: "ready"}
+        # Due again at once (no backoff): claimed before the dispatcher accounts for the failure.
+        assert worker._claim(1) == 1
+        second = worker._held[job.id]
+        assert second is not first and second.ctx.attempt == 2
+        worker._settled.put(settled)
+        worker._take_settled()
+        assert worker._held.get(job.id) is second
+    finally:
+        worker._conn.close()
