@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from peers.peerlib import wait_drained
+from peers.peerlib import alive, wait_drained
 from psycopg import sql
 
 BENCH_DB = "x_jobs_bench"
@@ -441,16 +441,10 @@ def drain_with_workers(dsn: str, jobs: int, workers: int, keep_done: bool = True
                 time.sleep(0.02)
             started = time.perf_counter()
             conn.execute("SELECT x_jobs.resume_queue('bench')")
-
-            def check_workers() -> None:
-                for proc in procs:
-                    if proc.poll() is not None:
-                        raise RuntimeError(f"worker {proc.args!r} exited early ({proc.returncode})")
-
             # Polled on the peers' schedule (bench/peers/peerlib.py): every 50 ms, this count
             # took about a sixth of the server's CPU from the workers of a kept backlog.
             remaining = "SELECT count(*) FROM x_jobs.job WHERE state <> 'done'"
-            return jobs / wait_drained(conn, remaining, jobs, started, check_workers)
+            return jobs / wait_drained(conn, remaining, jobs, started, alive(procs))
         finally:
             for proc in procs:
                 proc.send_signal(signal.SIGTERM)

@@ -59,6 +59,17 @@ def count(dbname: str, query: LiteralString) -> int:
     return int(row[0])
 
 
+def alive(procs: Sequence[subprocess.Popen[Any]]) -> Callable[[], None]:
+    """A check for wait_drained: raises once one of the worker processes has exited."""
+
+    def check() -> None:
+        for proc in procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"worker {proc.args!r} exited early ({proc.returncode})")
+
+    return check
+
+
 def wait_drained(
     conn: psycopg.Connection[Any],
     remaining_sql: LiteralString,
@@ -127,14 +138,8 @@ def timed_drain(
                 assert proc.stdin is not None
                 proc.stdin.write("go\n")
                 proc.stdin.flush()
-
-            def check_workers() -> None:
-                for proc in procs:
-                    if proc.poll() is not None:
-                        raise RuntimeError(f"worker {proc.args!r} exited early ({proc.returncode})")
-
             return wait_drained(
-                conn, remaining_sql, jobs, started, check_workers, stall_timeout=stall_timeout
+                conn, remaining_sql, jobs, started, alive(procs), stall_timeout=stall_timeout
             )
     finally:
         for proc in procs:
