@@ -72,11 +72,12 @@ DECLARE
 BEGIN
     -- One pass over the requests answers three things: the first that breaks a rule and which
     -- (by ord, so the message names one value), whether any carries an idempotency key, and the
-    -- queues that get a row due now, which are woken.
+    -- queues that get a row without a key due now, which are woken (keyed rows wake their
+    -- queues below, once it is known which of them were inserted).
     SELECT min(v.ord) FILTER (WHERE v.problem IS NOT NULL),
            (pg_catalog.array_agg(v.problem ORDER BY v.ord) FILTER (WHERE v.problem IS NOT NULL))[1],
            coalesce(bool_or(v.idempotency_key IS NOT NULL), FALSE),
-           pg_catalog.array_agg(DISTINCT v.queue) FILTER (WHERE v.due)
+           pg_catalog.array_agg(DISTINCT v.queue) FILTER (WHERE v.due AND v.idempotency_key IS NULL)
     INTO v_bad_ord, v_problem, v_keyed, v_due_queues
     FROM (
         SELECT r.ordinality AS ord, r.idempotency_key, coalesce(r.queue, 'default') AS queue,
@@ -163,46 +164,59 @@ BEGIN
         END CASE;
     END IF;
 
-    -- Request i gets v_run_ids[i], whichever path inserts it and in whatever round.
+    -- Ids and run ids for every request, drawn in input order, so that a batch is claimed first
+    -- in, first out: request i gets v_ids[i] and v_run_ids[i] whichever statement inserts it,
+    -- in whatever round (a request that dedupes leaves its pair unused).
+    v_ids := ARRAY(
+        SELECT pg_catalog.nextval('x_jobs.job_id_seq')
+        FROM pg_catalog.generate_series(1, pg_catalog.cardinality(p_requests))
+    );
     v_run_ids := x_jobs._run_ids(pg_catalog.cardinality(p_requests));
 
-    -- Without an idempotency key nothing can conflict or dedupe: every request is a new row. One
-    -- plain INSERT, with the ids drawn beforehand in input order, so that request i answers
-    -- v_ids[i] and nothing needs to be matched up afterwards. The general path below costs a
-    -- batch of 1,000 keyless requests a third more (measured 2026-11-30: 24 ms against 16 ms):
-    -- it materializes, sorts and joins every row to learn which ones it inserted.
+    -- Requests without an idempotency key cannot conflict or dedupe: each is a new row, and all
+    -- of them go in one plain INSERT. ON CONFLICT would put every row through speculative
+    -- insertion, an extra WAL record and lock per row (a third of a keyless batch's throughput,
+    -- measured 2026-11-29), and matching inserted rows back to requests cost another third
+    -- (24 against 16 ms per 1,000, measured 2026-11-30).
+    INSERT INTO x_jobs.job (
+        id, run_at, created_at, updated_at, run_id, backoff_base, backoff_max, state,
+        max_attempts, concurrency_limit, priority, dead_letter, name, queue, tenant_id,
+        concurrency_key, traceparent, enqueued_by, input, keep_done
+    )
+    OVERRIDING SYSTEM VALUE
+    SELECT v_ids[r.ordinality], coalesce(r.run_at, v_now), v_now, v_now, v_run_ids[r.ordinality],
+           coalesce(r.backoff_base, interval '1 second'),
+           coalesce(r.backoff_max, interval '1 hour'),
+           CASE WHEN r.run_at > v_now THEN 'delayed' ELSE 'ready' END::x_jobs.job_state,
+           coalesce(r.max_attempts, 25),
+           CASE WHEN r.concurrency_key IS NOT NULL THEN coalesce(r.concurrency_limit, 1) END,
+           coalesce(r.priority, 0), coalesce(r.dead_letter, TRUE), r.name,
+           coalesce(r.queue, 'default'), coalesce(r.tenant_id, 'none'), r.concurrency_key,
+           r.traceparent, r.enqueued_by, coalesce(r.input, '{}'::jsonb),
+           coalesce(r.keep_done, TRUE)
+    FROM unnest(p_requests) WITH ORDINALITY AS r
+    WHERE r.idempotency_key IS NULL;
+
+    PERFORM x_jobs._notify('x_jobs', q.queue) FROM unnest(v_due_queues) AS q (queue);
+
     IF NOT v_keyed THEN
-        v_ids := ARRAY(
-            SELECT pg_catalog.nextval('x_jobs.job_id_seq')
-            FROM pg_catalog.generate_series(1, pg_catalog.cardinality(p_requests))
-        );
-        INSERT INTO x_jobs.job (
-            id, run_at, created_at, updated_at, run_id, backoff_base, backoff_max, state,
-            max_attempts, concurrency_limit, priority, dead_letter, name, queue, tenant_id,
-            concurrency_key, traceparent, enqueued_by, input, keep_done
-        )
-        OVERRIDING SYSTEM VALUE
-        SELECT v_ids[r.ordinality], coalesce(r.run_at, v_now), v_now, v_now, v_run_ids[r.ordinality],
-               coalesce(r.backoff_base, interval '1 second'),
-               coalesce(r.backoff_max, interval '1 hour'),
-               CASE WHEN r.run_at > v_now THEN 'delayed' ELSE 'ready' END::x_jobs.job_state,
-               coalesce(r.max_attempts, 25),
-               CASE WHEN r.concurrency_key IS NOT NULL THEN coalesce(r.concurrency_limit, 1) END,
-               coalesce(r.priority, 0), coalesce(r.dead_letter, TRUE), r.name,
-               coalesce(r.queue, 'default'), coalesce(r.tenant_id, 'none'), r.concurrency_key,
-               r.traceparent, r.enqueued_by, coalesce(r.input, '{}'::jsonb),
-               coalesce(r.keep_done, TRUE)
-        FROM unnest(p_requests) WITH ORDINALITY AS r;
-
-        PERFORM x_jobs._notify('x_jobs', q.queue) FROM unnest(v_due_queues) AS q (queue);
-
         RETURN QUERY
         SELECT i::integer, v_ids[i], v_run_ids[i], FALSE
         FROM pg_catalog.generate_series(1, pg_catalog.cardinality(p_requests)) AS i;
         RETURN;
     END IF;
 
-    -- v_todo NULL means every request: the first round. Later rounds name the unresolved ones.
+    v_result := ARRAY(
+        SELECT ROW(r.ordinality, v_ids[r.ordinality], v_run_ids[r.ordinality], FALSE)::x_jobs.enqueue_many_result
+        FROM unnest(p_requests) WITH ORDINALITY AS r
+        WHERE r.idempotency_key IS NULL
+    );
+    -- The keyed requests, until each is resolved: inserted, or deduped onto a live row.
+    v_todo := ARRAY(
+        SELECT r.ordinality
+        FROM unnest(p_requests) WITH ORDINALITY AS r
+        WHERE r.idempotency_key IS NOT NULL
+    );
     LOOP
         v_round := v_round + 1;
         IF v_round > 5 THEN
@@ -213,14 +227,10 @@ BEGIN
                 HINT = 'Retry the call; the rows holding the key were settling as it ran.';
         END IF;
 
-        -- Insert the leaders: requests without a key, and the first request of each key. Their ids
-        -- are drawn in input order (a volatile expression is computed after the ORDER BY), so a
-        -- batch is claimed first in, first out. Rows without a key take a plain INSERT: ON
-        -- CONFLICT puts every row through speculative insertion, an extra WAL record and lock
-        -- per row, and cost keyless batches a third of their throughput (measured 2026-11-29).
+        -- Insert the leaders, the first request of each key among the unresolved ones.
         WITH req AS MATERIALIZED (
             SELECT s.ordinality AS ord, s.leads, s.idempotency_key,
-                   CASE WHEN s.leads THEN pg_catalog.nextval('x_jobs.job_id_seq') END AS id,
+                   CASE WHEN s.leads THEN v_ids[s.ordinality] END AS id,
                    CASE WHEN s.leads THEN v_run_ids[s.ordinality] END AS run_id,
                    coalesce(s.run_at, v_now) AS run_at,
                    coalesce(s.backoff_base, interval '1 second') AS backoff_base,
@@ -238,36 +248,18 @@ BEGIN
                    s.concurrency_key, s.traceparent, s.enqueued_by,
                    coalesce(s.input, '{}'::jsonb) AS input
             FROM (
-                SELECT r.*, r.idempotency_key IS NULL OR r.ordinality = f.first_ord AS leads
+                SELECT r.*, r.ordinality = f.first_ord AS leads
                 FROM unnest(p_requests) WITH ORDINALITY AS r
-                -- The first request of each key: a hash aggregate over the keyed requests only,
-                -- so a batch without keys pays nothing for it.
-                LEFT JOIN (
+                -- The first request of each key.
+                JOIN (
                     SELECT k.idempotency_key, min(k.ordinality) AS first_ord
                     FROM unnest(p_requests) WITH ORDINALITY AS k
                     WHERE k.idempotency_key IS NOT NULL
                     GROUP BY k.idempotency_key
                 ) AS f ON f.idempotency_key = r.idempotency_key
                 -- A hashed semi-join: p_requests[i] would walk the array from its start each time.
-                WHERE v_todo IS NULL OR r.ordinality IN (SELECT t.ord FROM unnest(v_todo) AS t (ord))
+                WHERE r.ordinality IN (SELECT t.ord FROM unnest(v_todo) AS t (ord))
             ) AS s
-            ORDER BY s.ordinality
-        ),
-        ins_plain AS (
-            INSERT INTO x_jobs.job AS j (
-                id, run_at, created_at, updated_at, run_id, backoff_base, backoff_max, state,
-                max_attempts, concurrency_limit, priority, dead_letter, name, queue, tenant_id,
-                idempotency_key, concurrency_key, traceparent, enqueued_by, input, keep_done
-            )
-            OVERRIDING SYSTEM VALUE
-            SELECT r.id, r.run_at, v_now, v_now, r.run_id, r.backoff_base, r.backoff_max, r.state,
-                   r.max_attempts, r.concurrency_limit, r.priority, r.dead_letter, r.name, r.queue,
-                   r.tenant_id, r.idempotency_key, r.concurrency_key, r.traceparent, r.enqueued_by,
-                   r.input, r.keep_done
-            FROM req AS r
-            WHERE r.idempotency_key IS NULL
-            ORDER BY r.id
-            RETURNING j.id, j.queue, j.state
         ),
         ins_keyed AS (
             INSERT INTO x_jobs.job AS j (
@@ -281,7 +273,7 @@ BEGIN
                    r.tenant_id, r.idempotency_key, r.concurrency_key, r.traceparent, r.enqueued_by,
                    r.input, r.keep_done
             FROM req AS r
-            WHERE r.leads AND r.idempotency_key IS NOT NULL
+            WHERE r.leads
             -- In key order (the ids were drawn in input order already): two batches that share
             -- keys then wait on each other's keys in one order, never in a cycle (a deadlock).
             ORDER BY r.idempotency_key
@@ -290,21 +282,16 @@ BEGIN
             DO NOTHING
             RETURNING j.id, j.queue, j.state
         ),
-        ins AS (
-            SELECT * FROM ins_plain
-            UNION ALL
-            SELECT * FROM ins_keyed
-        ),
         woken AS (
             SELECT x_jobs._notify('x_jobs', q.queue)
-            FROM (SELECT DISTINCT ins.queue FROM ins WHERE ins.state = 'ready') AS q
+            FROM (SELECT DISTINCT i.queue FROM ins_keyed AS i WHERE i.state = 'ready') AS q
         )
         SELECT coalesce(pg_catalog.array_agg(ROW(req.ord, req.id, req.run_id, FALSE)::x_jobs.enqueue_many_result)
                    FILTER (WHERE ins.id IS NOT NULL), '{}') || v_result,
                coalesce(pg_catalog.array_agg(req.ord) FILTER (WHERE ins.id IS NULL), '{}')
         INTO v_result, v_todo
         FROM req
-        LEFT JOIN ins ON ins.id = req.id
+        LEFT JOIN ins_keyed AS ins ON ins.id = req.id
         CROSS JOIN (SELECT count(*) FROM woken) AS w;
 
         EXIT WHEN pg_catalog.cardinality(v_todo) = 0;
