@@ -78,6 +78,16 @@ def test_metrics_count_what_the_worker_did(dsn: str, conn: Conn) -> None:
     )
     assert retried == 1
     assert samples['x_jobs_run_seconds_count{job="flaky"}'] == 6
+    # A histogram: the buckets count the runs up to their bound, the last (+Inf) all of them.
+    buckets = [
+        value
+        for key, value in samples.items()
+        if key.startswith('x_jobs_run_seconds_bucket{job="flaky",')
+    ]
+    assert len(buckets) == 15
+    assert buckets == sorted(buckets)
+    assert samples['x_jobs_run_seconds_bucket{job="flaky",le="+Inf"}'] == 6
+    assert samples['x_jobs_run_seconds_sum{job="flaky"}'] > 0
     assert samples["x_jobs_held"] == 0
 
 
