@@ -39,6 +39,7 @@ from rich.table import Table
 from rich.text import Text
 
 from x_jobs import install as installer
+from x_jobs import maintenance
 from x_jobs.app import App
 from x_jobs.errors import (
     ClientError,
@@ -49,6 +50,7 @@ from x_jobs.errors import (
     XJobsError,
     translate,
 )
+from x_jobs.maintenance import Retention, parse_age
 
 logger = logging.getLogger(__name__)
 
@@ -1307,6 +1309,94 @@ def outbox_redrive(
         elif not ids and redriven == limit:
             said += f"; there may be more: run it again to send the next {limit}"
     out.emit({"redriven": redriven, "ids": ids, "topic": topic, "limit": limit}, said)
+
+
+DEFAULT_RETENTION = Retention()
+
+
+def _age(value: str | timedelta | None) -> timedelta | None:
+    """An --AGE option's value (click passes the defaults through here too, already parsed)."""
+    if value is None or isinstance(value, timedelta):
+        return value
+    try:
+        return parse_age(value)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from err
+
+
+def _age_option(kind: str, what: str) -> Any:
+    default: timedelta | None = getattr(DEFAULT_RETENTION, kind)
+    return typer.Option(
+        f"--{kind}",
+        metavar="AGE",
+        parser=_age,
+        help=f"Keep {what} this long (or off).",
+        show_default="off" if default is None else f"{default.days}d",
+    )
+
+
+def _for_a_person(age: timedelta) -> str:
+    seconds = int(age.total_seconds())
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size and seconds % size == 0:
+            n = seconds // size
+            return f"{n} {unit}{'s' if n != 1 else ''}"
+    return f"{seconds} second{'s' if seconds != 1 else ''}"
+
+
+@cli.command("maintain")
+def maintain_command(
+    jobs: Annotated[
+        timedelta | None, _age_option("jobs", "finished jobs, their errors and steps")
+    ] = DEFAULT_RETENTION.jobs,
+    events: Annotated[
+        timedelta | None, _age_option("events", "published events")
+    ] = DEFAULT_RETENTION.events,
+    outbox: Annotated[
+        timedelta | None, _age_option("outbox", "delivered outbox messages")
+    ] = DEFAULT_RETENTION.outbox,
+    webhooks: Annotated[
+        timedelta | None, _age_option("webhooks", "the ledger of received webhooks")
+    ] = DEFAULT_RETENTION.webhooks,
+    batch_size: Annotated[
+        int, typer.Option(min=1, help="Rows per purge call, each its own transaction.")
+    ] = 10_000,
+    dsn: Dsn = None,
+    as_json: AsJson = False,
+) -> None:
+    """Delete what is past its retention and fold old counters (x_jobs.purge and its kin).
+
+    AGE: a number and a unit (30s, 90m, 36h, 7d, 2w), or off to keep that kind for good.
+
+    Needs x_jobs_admin. Run it every hour or so (cron, a Kubernetes CronJob).
+    """
+    out = Output(as_json)
+    retention = Retention(jobs=jobs, events=events, outbox=outbox, webhooks=webhooks)
+    with database(dsn, out) as conn:
+        done = maintenance.maintain(conn, retention, batch_size)
+    table = _table()
+    for column in ("rows", "kept for", "deleted"):
+        table.add_column(column, justify="right" if column == "deleted" else "left")
+    purged: dict[str, Any] = {}
+    for kind, label in (
+        ("jobs", "finished jobs"),
+        ("events", "events"),
+        ("outbox", "delivered outbox messages"),
+        ("webhooks", "received webhooks"),
+    ):
+        age: timedelta | None = getattr(retention, kind)
+        deleted = done.deleted.get(kind)
+        purged[kind] = {"older_than": age, "deleted": deleted}
+        table.add_row(
+            label,
+            "ever (off)" if age is None else _for_a_person(age),
+            "-" if deleted is None else f"{deleted:,}",
+        )
+    out.emit(
+        {"purged": purged, "counters_folded": done.counters_folded},
+        table,
+        f"{done.counters_folded:,} old counter buckets folded into wider ones",
+    )
 
 
 @cli.command("install")

@@ -1236,3 +1236,167 @@ def test_commands_run_as_a_real_process(dsn: str, conn: Conn) -> None:
     ]
     assert run("queues", "pause", "default").stdout.strip() == "queue default paused"
     assert json.loads(run("queues", "--json").stdout)["queues"][0]["paused"] is True
+
+
+def age_rows(conn: Conn) -> dict[str, list[str]]:
+    """What is left of the rows test_maintain made, by kind: their names, sorted."""
+    queries = {
+        "jobs": "SELECT name FROM x_jobs.job",
+        "errors": "SELECT e.error FROM x_jobs.job_error AS e",
+        "events": "SELECT name FROM x_jobs.event",
+        "outbox": "SELECT topic FROM x_jobs.outbox",
+        "webhooks": "SELECT webhook_id FROM x_jobs.webhook_ledger",
+    }
+    return {
+        kind: sorted(str(row[0]) for row in conn.execute(query).fetchall())
+        for kind, query in queries.items()
+    }
+
+
+def make_aged_rows(conn: Conn) -> None:
+    """Of each kind, rows past the defaults' retention ("old") and within it ("new"), and rows
+    that no retention takes (live jobs, pending and dead messages)."""
+    with conn.transaction():
+        for name, state, finished in [
+            ("old_done", "done", "8 days"),
+            ("old_dead", "dead", "8 days"),
+            ("old_cancelled", "cancelled", "30 days"),
+            ("new_done", "done", "6 days"),
+            ("ready", None, None),
+        ]:
+            row = conn.execute("SELECT id FROM x_jobs.enqueue(name => %s)", [name]).fetchone()
+            assert row is not None
+            job_id = row[0]
+            if state is not None:
+                conn.execute(
+                    "UPDATE x_jobs.job SET state = %s::x_jobs.job_state, attempt = 1,"
+                    " finished_at = now() - %s::interval WHERE id = %s",
+                    [state, finished, job_id],
+                )
+                conn.execute(
+                    "INSERT INTO x_jobs.job_error (job_id, attempt, error, failed_at)"
+                    " VALUES (%s, 1, %s, now())",
+                    [job_id, f"error of {name}"],
+                )
+        for name, age in [("old_event", "31 days"), ("new_event", "29 days")]:
+            conn.execute("SELECT x_jobs.publish(event => %s)", [name])
+            conn.execute(
+                "UPDATE x_jobs.event SET published_at = now() - %s::interval WHERE name = %s",
+                [age, name],
+            )
+        for topic, state, ago in [
+            ("old_delivered", "delivered", "8 days"),
+            ("new_delivered", "delivered", "6 days"),
+            ("old_dead", "dead", "8 days"),
+            ("pending", None, None),
+        ]:
+            conn.execute("SELECT x_jobs.outbox_put(topic => %s, payload => '{}')", [topic])
+            if state is not None:
+                conn.execute(
+                    "UPDATE x_jobs.outbox SET state = %s::x_jobs.outbox_state,"
+                    " delivered_at = CASE WHEN %s = 'delivered' THEN now() - %s::interval END"
+                    " WHERE topic = %s",
+                    [state, state, ago, topic],
+                )
+        for webhook, age in [("old_hook", "8 days"), ("new_hook", "6 days")]:
+            conn.execute(
+                "SELECT x_jobs.receive_webhook(source => 'stripe', webhook_id => %s,"
+                " name => 'hook')",
+                [webhook],
+            )
+            conn.execute(
+                "UPDATE x_jobs.webhook_ledger SET received_at = now() - %s::interval"
+                " WHERE webhook_id = %s",
+                [age, webhook],
+            )
+
+
+def test_maintain_deletes_what_is_past_its_retention_in_batches(dsn: str, conn: Conn) -> None:
+    make_aged_rows(conn)
+    before = age_rows(conn)
+    # Batches of 2: the three old jobs take two purge calls, the rest one.
+    doc = as_json(x_jobs("maintain", "--batch-size", "2", "--json", "--dsn", dsn))
+    assert doc["purged"] == {
+        "jobs": {"older_than": 7 * 86400, "deleted": 3},
+        "events": {"older_than": 30 * 86400, "deleted": 1},
+        "outbox": {"older_than": 7 * 86400, "deleted": 1},
+        "webhooks": {"older_than": 7 * 86400, "deleted": 1},
+    }
+    assert isinstance(doc["counters_folded"], int)
+    after = age_rows(conn)
+    # The hooks' jobs are live (ready): purge leaves them, as it leaves "ready".
+    assert after == {
+        "jobs": ["hook", "hook", "new_done", "ready"],
+        "errors": ["error of new_done"],
+        "events": ["new_event"],
+        "outbox": ["new_delivered", "old_dead", "pending"],
+        "webhooks": ["new_hook"],
+    }
+    assert len(before["jobs"]) == 7
+    # Nothing else is past its retention: a second pass deletes nothing.
+    again = as_json(x_jobs("maintain", "--json", "--dsn", dsn))
+    assert {kind: p["deleted"] for kind, p in again["purged"].items()} == {
+        "jobs": 0,
+        "events": 0,
+        "outbox": 0,
+        "webhooks": 0,
+    }
+    assert age_rows(conn) == after
+
+
+def test_maintain_ages_and_off_choose_what_goes(dsn: str, conn: Conn) -> None:
+    make_aged_rows(conn)
+    result = succeeded(
+        x_jobs(
+            "maintain",
+            "--jobs",
+            "5d",
+            "--events",
+            "off",
+            "--outbox",
+            "off",
+            "--webhooks",
+            "off",
+            "--dsn",
+            dsn,
+        )
+    )
+    rows = {
+        line.split("  ")[0]: line.split()[-1]
+        for line in result.stdout.splitlines()
+        if line and not line.startswith("rows")
+    }
+    assert rows["finished jobs"] == "4"
+    assert rows["events"] == "-"
+    after = age_rows(conn)
+    assert after["jobs"] == ["hook", "hook", "ready"]
+    assert after["events"] == ["new_event", "old_event"]
+    assert len(after["outbox"]) == 4
+    assert after["webhooks"] == ["new_hook", "old_hook"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--jobs", "7x"], ["--events", "7 days"], ["--outbox", "-1d"], ["--batch-size", "0"]],
+)
+def test_maintain_usage_errors_exit_2_and_delete_nothing(
+    dsn: str, conn: Conn, args: list[str]
+) -> None:
+    make_aged_rows(conn)
+    before = age_rows(conn)
+    failed(x_jobs("maintain", *args, "--dsn", dsn), 2)
+    assert age_rows(conn) == before
+
+
+def test_maintain_needs_x_jobs_admin(dsn: str, conn: Conn, admin: Conn) -> None:
+    make_aged_rows(conn)
+    role = f"x_jobs_test_worker_{os.getpid()}"
+    admin.execute(f'CREATE ROLE "{role}" LOGIN IN ROLE x_jobs_worker')
+    try:
+        as_worker = f"{dsn} user={role}"
+        line, hint = one_line_and_hint(failed(x_jobs("maintain", "--dsn", as_worker), 1))
+        assert "permission denied for function purge" in line
+        assert "x_jobs_admin" in hint
+    finally:
+        admin.execute(f'DROP ROLE "{role}"')
+    assert len(age_rows(conn)["jobs"]) == 7
