@@ -86,7 +86,7 @@ class _RunSeconds(Collector):
     percent of the dispatcher's time on no-op jobs."""
 
     NAME = "x_jobs_run_seconds"
-    HELP = "Time from claim to settlement"
+    HELP = "Run time of settled jobs: from the handler's start to the settlement"
 
     def __init__(self) -> None:
         self._bounds = [bound for bound in Histogram.DEFAULT_BUCKETS if bound != float("inf")]
