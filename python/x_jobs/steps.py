@@ -12,8 +12,10 @@ held by no worker) and unwinds the handler with :class:`Suspended`, which the wo
 replay will see.
 
 Sagas: ``run(name, fn, compensate=undo)`` registers ``undo(output)``. When the run fails for
-good, the worker calls :meth:`Steps.compensate`: the completed steps' compensations run in
-reverse order, each recorded (``compensation => true``) so that it runs once across crashes.
+good (its last attempt fails or times out, or it raises ``PermanentError``), the worker calls
+:meth:`Steps.compensate`: the completed steps' compensations run in reverse order, each
+recorded (``compensation => true``) so that it runs once across crashes. A worker that no
+longer holds the job (cancelled, or its lease taken over) undoes nothing.
 """
 
 from __future__ import annotations

@@ -189,6 +189,11 @@ class _Run:
     task: Any = None  # the concurrent.futures.Future of an async handler
     #: Set once the dispatcher settled or dropped the job: a late outcome is ignored.
     done: bool = False
+    #: Its final attempt timed out with compensations to run: the handler was told to stop and
+    #: has the worker's grace to unwind and undo its steps before the failure is settled.
+    undoing: bool = False
+    #: The handler unwound within that grace and is running the compensations.
+    compensating: bool = False
 
 
 @dataclass(slots=True)
@@ -203,6 +208,9 @@ class _Outcome:
     retryable: bool = True
     #: The run suspended itself in SQL (a sleep, a wait): nothing to settle.
     suspended: bool = False
+    #: The handler found that this worker no longer holds the job (JobNotHeld): another worker
+    #: or an operator has it now, so nothing is settled or undone here.
+    lost: bool = False
 
     @property
     def id(self) -> int:
@@ -678,8 +686,27 @@ class Worker:
                 continue
             del self._timed[run.ctx.id]
             assert run.job.timeout is not None
-            self._tell_stop(run, "timeout")
-            run.done = True
+            if not run.undoing and self._undoes_on_timeout(run):
+                # The attempt fails for good, so, as for a failure of its own, the handler
+                # undoes its completed steps; the failure is settled with its outcome.
+                run.undoing = True
+                run.deadline = now + self.grace
+                self._timed[run.ctx.id] = run
+                self._tell_stop(run, "timeout")
+                continue
+            if run.undoing:
+                with self._start_lock:
+                    if run.compensating:
+                        continue  # its outcome settles the job once the compensations end
+                    run.done = True
+                logger.warning(
+                    "job timed out on its final attempt and its handler did not stop within "
+                    "the grace; its compensations did not run",
+                    extra={"job_id": run.ctx.id, "job": run.job.name, "grace_s": self.grace},
+                )
+            else:
+                self._tell_stop(run, "timeout")
+                run.done = True
             if not self._pending:
                 self._pending_since = now
             self._pending.append(
@@ -916,6 +943,8 @@ class Worker:
                 # Whatever a handler raises (SystemExit included) is its job's outcome, and
                 # never stops the worker.
                 outcome = self._failure(run, err)
+            if not outcome.suspended:
+                outcome = self._timed_out(run, outcome)
                 steps = run.ctx._steps
                 if isinstance(steps, AsyncSteps) and self._final(run, outcome, steps):
                     self._add_compensation_errors(outcome, await steps.compensate())
@@ -935,27 +964,56 @@ class Worker:
 
     def _call(self, run: _Run) -> _Outcome:
         try:
-            return self._success(run, self._invoke(run))
+            outcome = self._success(run, self._invoke(run))
         except Suspended:
             return _Outcome(run, ok=False, suspended=True)
         except BaseException as err:
             # As in _run_async: the job's outcome, never the worker's end.
             outcome = self._failure(run, err)
-            steps = run.ctx._steps
-            if isinstance(steps, Steps) and self._final(run, outcome, steps):
-                self._add_compensation_errors(outcome, steps.compensate())
-            return outcome
+        outcome = self._timed_out(run, outcome)
+        steps = run.ctx._steps
+        if isinstance(steps, Steps) and self._final(run, outcome, steps):
+            self._add_compensation_errors(outcome, steps.compensate())
+        return outcome
+
+    def _undoes_on_timeout(self, run: _Run) -> bool:
+        """Is this timed-out attempt the last, with completed steps to undo?"""
+        steps = run.ctx._steps
+        return run.ctx.attempt >= run.ctx.max_attempts and bool(
+            steps is not None and steps.has_compensations
+        )
 
     @staticmethod
-    def _final(run: _Run, outcome: _Outcome, steps: Steps | AsyncSteps) -> bool:
-        """Does this failure end the run for good, with compensations to run? Not when the
-        worker stopped the handler (timeout, cancel, lost, shutdown): that outcome is dropped,
-        and the row's next claim (or its burial) decides."""
-        return (
-            (not outcome.retryable or run.ctx.attempt >= run.ctx.max_attempts)
-            and not run.ctx.is_cancelled()
-            and steps.has_compensations
+    def _timed_out(run: _Run, outcome: _Outcome) -> _Outcome:
+        """A handler stopped by its final timeout failed as timed out, whatever it answered."""
+        if not run.undoing or run.ctx.reason != "timeout":
+            return outcome
+        assert run.job.timeout is not None
+        return _Outcome(
+            run,
+            ok=False,
+            error=f"timed out after {run.job.timeout:g} s",
+            stack=outcome.stack,
+            retryable=False,
         )
+
+    def _final(self, run: _Run, outcome: _Outcome, steps: Steps | AsyncSteps) -> bool:
+        """Does this failure end the run for good, with compensations to run? Not when the
+        worker stopped the handler (cancel, lost, shutdown, a timeout with attempts left): that
+        outcome is dropped, and the row's next claim (or its burial) decides. A final attempt
+        that timed out does, unless the dispatcher gave up waiting for it (checked last, under
+        the lock, so that from then on it waits for the compensations instead)."""
+        if outcome.ok or outcome.lost or not steps.has_compensations:
+            return False
+        if run.ctx.is_cancelled() and not (run.undoing and run.ctx.reason == "timeout"):
+            return False
+        if outcome.retryable and run.ctx.attempt < run.ctx.max_attempts:
+            return False
+        with self._start_lock:
+            if run.done:
+                return False
+            run.compensating = True
+        return True
 
     @staticmethod
     def _add_compensation_errors(outcome: _Outcome, failures: list[str]) -> None:
@@ -987,6 +1045,7 @@ class Worker:
             error=f"{type(err).__name__}: {err}",
             stack="".join(traceback.format_exception(err)),
             retryable=not isinstance(err, PermanentError | JobNotHeld),
+            lost=isinstance(err, JobNotHeld),
         )
 
     # --- notifications ------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from apps import flows
 from apps.workers import Fleet
-from conftest import Conn
+from conftest import Conn, wait_for
 
 import x_jobs
 
@@ -226,6 +226,58 @@ def test_a_failing_compensation_is_retried_reported_and_both_errors_kept(
         [job_id],
     )
     assert status == "failed" and "refund service is down" in step_error
+
+
+@pytest.mark.parametrize("job", [flows.slow_saga, flows.slow_async_saga], ids=["sync", "async"])
+def test_a_final_attempt_that_times_out_undoes_its_steps(
+    fleet: Fleet, conn: Conn, client: x_jobs.App, job: x_jobs.Job[Any]
+) -> None:
+    job_id = flows.app.enqueue(job, {}, conn=conn).id
+    fleet.start(target=TARGET)
+
+    with pytest.raises(x_jobs.JobFailed) as failed:
+        client.result(job_id, timeout=60)
+    assert failed.value.state == "dead"
+    assert "timed out after 0.5 s" in (failed.value.error or "")
+    # The handler was told to stop (the sync one says so), then its booking was undone, once.
+    effects = [what for what, _ in _effects(fleet, job_id)]
+    assert effects[0] == "book" and effects[-1] == "unbook b1"
+    assert effects[1:-1] == (["stopped: timeout"] if job is flows.slow_saga else [])
+    assert [s for s in _steps(fleet, job_id) if s[1]] == [("book", True, "run", "done", 1)]
+
+
+def test_a_handler_that_does_not_stop_within_the_grace_fails_without_undoing(
+    fleet: Fleet, conn: Conn, client: x_jobs.App
+) -> None:
+    deaf = flows.app.enqueue(flows.slow_saga, {"deaf_for": 3.0}, conn=conn).id
+    # One handler thread: the next job runs only once the deaf one has returned for good.
+    after = flows.app.enqueue(flows.reporter, {}, conn=conn).id
+    fleet.start(target=TARGET, concurrency=1, grace=0.5)
+
+    with pytest.raises(x_jobs.JobFailed) as failed:
+        client.result(deaf, timeout=60)
+    assert failed.value.state == "dead"
+    assert "timed out after 0.5 s" in (failed.value.error or "")
+    assert client.result(after, timeout=60) is True
+    # It stopped at last, 3 s in, long after the job had failed: too late to undo anything.
+    assert _effects(fleet, deaf) == [("book", 1), ("stopped: timeout", 1)]
+    assert [s for s in _steps(fleet, deaf) if s[1]] == []
+
+
+def test_a_cancelled_saga_is_not_undone_by_the_worker_that_lost_it(
+    fleet: Fleet, conn: Conn, client: x_jobs.App
+) -> None:
+    job_id = flows.app.enqueue(flows.cancelled_saga, {}, conn=conn).id
+    after = flows.app.enqueue(flows.reporter, {}, conn=conn).id
+    fleet.start(target=TARGET, concurrency=1)
+    wait_for(lambda: _effects(fleet, job_id) == [("book", 1)], "the booking")
+
+    assert conn.execute("SELECT x_jobs.cancel(id => %s)", [job_id]).fetchone() == (True,)
+    # One handler thread: the next job runs once the cancelled one has returned for good.
+    assert client.result(after, timeout=60) is True
+    assert _effects(fleet, job_id) == [("book", 1)]
+    assert _job(fleet, job_id)["state"] == "cancelled"
+    assert [s for s in _steps(fleet, job_id) if s[1]] == []
 
 
 def test_progress_is_written_to_the_row(fleet: Fleet, conn: Conn, client: x_jobs.App) -> None:

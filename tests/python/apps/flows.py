@@ -7,6 +7,7 @@ two rows. The tests read the rows to tell what ran, how often and in which order
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Any, LiteralString
@@ -134,6 +135,46 @@ def saga(input: Saga, ctx: x_jobs.JobContext) -> None:
     ctx.step.run("one", one, compensate=lambda out: effect(ctx, f"undo one {out}"))
     ctx.step.run("two", two, compensate=undo_two)
     ctx.step.run("three", fail_three, compensate=lambda out: effect(ctx, "undo three"))
+
+
+class Booking(BaseModel):
+    #: How long the body blocks after its step, ignoring the stop, before it looks at it.
+    deaf_for: float = 0.0
+
+
+def _book(ctx: x_jobs.JobContext) -> str:
+    effect(ctx, "book")
+    return "b1"
+
+
+@app.job(name="slow_saga", max_attempts=1, timeout=0.5)
+def slow_saga(input: Booking, ctx: x_jobs.JobContext) -> None:
+    """Books, then blocks past its timeout (as a slow call would) until told to stop."""
+    ctx.step.run("book", lambda: _book(ctx), compensate=lambda out: effect(ctx, f"unbook {out}"))
+    time.sleep(input.deaf_for)
+    ctx.cancelled.wait(30)
+    effect(ctx, f"stopped: {ctx.reason}")
+
+
+@app.job(name="slow_async_saga", max_attempts=1, timeout=0.5)
+async def slow_async_saga(input: Booking, ctx: x_jobs.AsyncJobContext) -> None:
+    async def unbook(out: Any) -> None:
+        effect(ctx, f"unbook {out}")
+
+    await ctx.step.run("book", lambda: _book(ctx), compensate=unbook)
+    await asyncio.sleep(30)
+
+
+@app.job(name="cancelled_saga", max_attempts=1)
+def cancelled_saga(input: dict[str, Any], ctx: x_jobs.JobContext) -> None:
+    """Books, then goes on once an operator cancelled it, seen in its row before the worker's
+    heartbeat tells it: its next step finds the job no longer held."""
+    ctx.step.run("book", lambda: _book(ctx), compensate=lambda out: effect(ctx, f"unbook {out}"))
+    with psycopg.connect(app.dsn, autocommit=True) as conn:
+        query: LiteralString = "SELECT state::text FROM x_jobs.job WHERE id = %s"
+        while conn.execute(query, [ctx.id]).fetchone() != ("cancelled",):
+            time.sleep(0.01)
+    ctx.step.sleep("nap", 60)
 
 
 @app.job(name="reporter")
