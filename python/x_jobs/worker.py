@@ -430,7 +430,9 @@ class Worker:
                     next_poll = time.monotonic() + self.poll_interval
 
             wake_at = next_heartbeat if self._draining else min(next_heartbeat, next_poll)
-            if self._pending:
+            # While a settlement is in flight the next waits for it (one at a time), and its
+            # end wakes this loop: a wake-up for the settle delay would only spin until then.
+            if self._pending and not self._settling:
                 wake_at = min(wake_at, self._pending_since + self.settle_delay)
             if self._wake.wait(timeout=min(max(0.0, wake_at - time.monotonic()), 1.0)):
                 self._wake.clear()
