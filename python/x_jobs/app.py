@@ -39,9 +39,10 @@ from x_jobs.outbox import Outbox
 
 logger = logging.getLogger(__name__)
 
-#: The SQL API versions this client speaks to (``x_jobs.version()``). 0.3.1 changed how some
-#: functions work inside (enqueue, the settling ones), not what any of them takes or answers.
-SUPPORTED_VERSIONS = frozenset({"0.3.0", "0.3.1"})
+#: The SQL API versions this client speaks to (``x_jobs.version()``). 0.3.1 and 0.3.2 changed
+#: how some functions work inside (enqueue, the settling ones), not what any of them takes or
+#: answers.
+SUPPORTED_VERSIONS = frozenset({"0.3.0", "0.3.1", "0.3.2"})
 
 I = TypeVar("I")  # noqa: E741 - the input type, as in Job[I]
 

@@ -652,7 +652,8 @@ SELECT is_empty(
 -- The other settings a function pins: the two claim queries (claim, relay_outbox) keep their
 -- generic plan (the same seeks, without re-planning every call) and never compile it with JIT
 -- (the generic plan's LIMIT is costed above the JIT thresholds on a big table); relay_outbox
--- walks its index in order even before the outbox has statistics (no bitmap scan and sort).
+-- walks its index in order even before the outbox has statistics (no bitmap scan and sort);
+-- the settling functions that take a batch of ids seek each id whatever the batch's size.
 SELECT set_eq(
     $$
     SELECT p.proname::text COLLATE "default", s.setting
@@ -666,9 +667,12 @@ SELECT set_eq(
         ('claim', 'jit=off'),
         ('relay_outbox', 'plan_cache_mode=force_generic_plan'),
         ('relay_outbox', 'jit=off'),
-        ('relay_outbox', 'enable_bitmapscan=off')
+        ('relay_outbox', 'enable_bitmapscan=off'),
+        ('complete_many', 'plan_cache_mode=force_generic_plan'),
+        ('extend_lease', 'plan_cache_mode=force_generic_plan'),
+        ('release', 'plan_cache_mode=force_generic_plan')
     $$,
-    'Only claim and relay_outbox should pin settings besides search_path: a generic plan, no JIT, an ordered walk'
+    'Only claim, relay_outbox and the batch settlers should pin settings besides search_path'
 );
 
 -- Parameter names and defaults: callers use named notation, so both are API -----------------
