@@ -10,7 +10,8 @@ from the issues as a ratio measured in the same run, because the machines are sh
                  ceiling: a hand-written FOR UPDATE SKIP LOCKED update of a plain table. Two
                  ways: claim and complete each in its own transaction, and the pipelined loop
                  (complete the previous batch and claim the next in one transaction)
-  drain          jobs/s of x-jobs worker processes draining no-op jobs, beside the peers
+  drain          jobs/s of x-jobs worker processes draining no-op jobs, beside the peers: x_jobs
+                 and graphile-worker in interleaved rounds, each counting its best
   outbox         outbox_put throughput inside application transactions (1 and 4 connections,
                  and put_many of 100), and relay throughput to a local no-op HTTP endpoint
                  and to the job sink with 1 and 4 relay processes (and to a no-op function
