@@ -249,7 +249,7 @@ def test_a_final_attempt_that_times_out_undoes_its_steps(
 def test_a_handler_that_does_not_stop_within_the_grace_fails_without_undoing(
     fleet: Fleet, conn: Conn, client: x_jobs.App
 ) -> None:
-    deaf = flows.app.enqueue(flows.slow_saga, {"deaf_for": 3.0}, conn=conn).id
+    deaf = flows.app.enqueue(flows.slow_saga, {"deaf_for": 5.0}, conn=conn).id
     # One handler thread: the next job runs only once the deaf one has returned for good.
     after = flows.app.enqueue(flows.reporter, {}, conn=conn).id
     fleet.start(target=TARGET, concurrency=1, grace=0.5)
@@ -259,7 +259,7 @@ def test_a_handler_that_does_not_stop_within_the_grace_fails_without_undoing(
     assert failed.value.state == "dead"
     assert "timed out after 0.5 s" in (failed.value.error or "")
     assert client.result(after, timeout=60) is True
-    # It stopped at last, 3 s in, long after the job had failed: too late to undo anything.
+    # It stopped at last, 5 s in, long after the job had failed: too late to undo anything.
     assert _effects(fleet, deaf) == [("book", 1), ("stopped: timeout", 1)]
     assert [s for s in _steps(fleet, deaf) if s[1]] == []
 
