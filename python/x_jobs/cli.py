@@ -1378,12 +1378,7 @@ def maintain_command(
     for column in ("rows", "kept for", "deleted"):
         table.add_column(column, justify="right" if column == "deleted" else "left")
     purged: dict[str, Any] = {}
-    for kind, label in (
-        ("jobs", "finished jobs"),
-        ("events", "events"),
-        ("outbox", "delivered outbox messages"),
-        ("webhooks", "received webhooks"),
-    ):
+    for kind, (label, _) in maintenance.PURGES.items():
         age: timedelta | None = getattr(retention, kind)
         deleted = done.deleted.get(kind)
         purged[kind] = {"older_than": age, "deleted": deleted}

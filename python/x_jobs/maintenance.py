@@ -16,12 +16,19 @@ from typing import Any, LiteralString
 
 import psycopg
 
-#: One purge function per kind of row, in the order maintain runs them.
-PURGES: dict[str, LiteralString] = {
-    "jobs": "SELECT x_jobs.purge(older_than => %s, batch_size => %s)",
-    "events": "SELECT x_jobs.purge_events(older_than => %s, batch_size => %s)",
-    "outbox": "SELECT x_jobs.purge_outbox(older_than => %s, batch_size => %s)",
-    "webhooks": "SELECT x_jobs.purge_webhook_ledger(older_than => %s, batch_size => %s)",
+#: Per kind of row (a field of Retention), in the order maintain runs them: what the rows are,
+#: for a person, and the purge function that deletes them.
+PURGES: dict[str, tuple[str, LiteralString]] = {
+    "jobs": ("finished jobs", "SELECT x_jobs.purge(older_than => %s, batch_size => %s)"),
+    "events": ("events", "SELECT x_jobs.purge_events(older_than => %s, batch_size => %s)"),
+    "outbox": (
+        "delivered outbox messages",
+        "SELECT x_jobs.purge_outbox(older_than => %s, batch_size => %s)",
+    ),
+    "webhooks": (
+        "received webhooks",
+        "SELECT x_jobs.purge_webhook_ledger(older_than => %s, batch_size => %s)",
+    ),
 }
 ROLLUP: LiteralString = "SELECT x_jobs.rollup_counters()"
 
@@ -75,7 +82,7 @@ def maintain(
         raise ValueError("maintain needs an autocommit connection: each batch commits alone")
     retention = retention or Retention()
     done = Maintained()
-    for kind, statement in PURGES.items():
+    for kind, (_, statement) in PURGES.items():
         age: timedelta | None = getattr(retention, kind)
         if age is None:
             continue

@@ -978,7 +978,8 @@ class Worker:
             self._add_compensation_errors(outcome, steps.compensate())
         return outcome
 
-    def _undoes_on_timeout(self, run: _Run) -> bool:
+    @staticmethod
+    def _undoes_on_timeout(run: _Run) -> bool:
         """Is this timed-out attempt the last, with completed steps to undo?"""
         steps = run.ctx._steps
         return run.ctx.attempt >= run.ctx.max_attempts and bool(

@@ -172,7 +172,11 @@ def cancelled_saga(input: dict[str, Any], ctx: x_jobs.JobContext) -> None:
     ctx.step.run("book", lambda: _book(ctx), compensate=lambda out: effect(ctx, f"unbook {out}"))
     with psycopg.connect(app.dsn, autocommit=True) as conn:
         query: LiteralString = "SELECT state::text FROM x_jobs.job WHERE id = %s"
+        # Bounded, so that a test that failed before its cancel does not leave this spinning.
+        deadline = time.monotonic() + 60
         while conn.execute(query, [ctx.id]).fetchone() != ("cancelled",):
+            if time.monotonic() > deadline:
+                raise TimeoutError("nobody cancelled the job")
             time.sleep(0.01)
     ctx.step.sleep("nap", 60)
 
