@@ -12,8 +12,8 @@
 //
 // The drain is timed as in peerlib.py: the workers start, import graphile-worker, print "ready";
 // the clock starts when "go" is written to all of them and stops when a poll of the jobs table
-// finds it empty (the poll backs off while many jobs are left, and comes every 5 ms near the
-// end); then the workers get "stop" (graceful shutdown).
+// finds it empty (the poll backs off while many jobs are left, comes every 5 ms near the end,
+// and runs serially, without parallel workers); then the workers get "stop" (graceful shutdown).
 //
 // graphile-worker is installed in bench/peers/graphile/node_modules by bench/peers/setup.
 // 0.18.0 declares engines.node >= 22.18.0, so npm warns (EBADENGINE) on this machine's Node 20;
@@ -157,6 +157,8 @@ async function timedDrain(jobs, workers) {
       child.stdout.on("data", (chunk) => process.stderr.write(chunk));
     }
     return await withClient(DBNAME, async (client) => {
+      // Serial polls, as in peerlib.py's wait_drained: no parallel workers beside the drain.
+      await client.query("SET max_parallel_workers_per_gather = 0");
       const remainingSql = "SELECT count(*) FROM graphile_worker._private_jobs";
       const started = performance.now();
       for (const child of children) child.stdin.write("go\n");
