@@ -10,12 +10,6 @@ SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 -- Jobs by tag. Each job has a queue of its own, so a claim picks exactly the jobs it names.
 CREATE TEMP TABLE j (tag text PRIMARY KEY, id bigint NOT NULL);
 
-CREATE FUNCTION pg_temp.jid(p_tag text)
-RETURNS bigint
-LANGUAGE sql
-STABLE
-AS $$ SELECT j.id FROM j WHERE j.tag = p_tag $$;
-
 -- The output that is too large once x_jobs.max_payload_bytes is 100.
 CREATE FUNCTION pg_temp.big_output()
 RETURNS jsonb
@@ -70,25 +64,25 @@ SELECT set_eq(
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:05+00';
 
 SELECT is(
-    x_jobs.complete(pg_temp.jid('held'), 'w1', '{"answer": 42}'),
+    x_jobs.complete(tap_helpers.jid('held'), 'w1', '{"answer": 42}'),
     TRUE,
     'complete should answer true when the worker holds the running row'
 );
 
 SELECT results_eq(
-    $$SELECT state::text, output, finished_at, visible_at FROM x_jobs.job WHERE id = pg_temp.jid('held')$$,
+    $$SELECT state::text, output, finished_at, visible_at FROM x_jobs.job WHERE id = tap_helpers.jid('held')$$,
     $$VALUES ('done', '{"answer": 42}'::jsonb, '2030-01-01 10:00:05+00'::timestamptz, NULL::timestamptz)$$,
     'A completed row should be done, keep its output, be finished now and hold no lease'
 );
 
 SELECT is(
-    x_jobs.complete(pg_temp.jid('nullout'), 'w1'),
+    x_jobs.complete(tap_helpers.jid('nullout'), 'w1'),
     TRUE,
     'complete without an output should still settle the row'
 );
 
 SELECT results_eq(
-    $$SELECT state::text, output IS NULL FROM x_jobs.job WHERE id = pg_temp.jid('nullout')$$,
+    $$SELECT state::text, output IS NULL FROM x_jobs.job WHERE id = tap_helpers.jid('nullout')$$,
     $$VALUES ('done', TRUE)$$,
     'A row completed without an output should be done with a NULL output'
 );
@@ -99,8 +93,8 @@ SELECT results_eq(
 
 DO $$
 BEGIN
-    PERFORM x_jobs.complete(pg_temp.jid('twice'), 'w1', '{"first": true}');
-    PERFORM x_jobs.cancel(pg_temp.jid('cancelled'));
+    PERFORM x_jobs.complete(tap_helpers.jid('twice'), 'w1', '{"first": true}');
+    PERFORM x_jobs.cancel(tap_helpers.jid('cancelled'));
 END
 $$;
 
@@ -111,38 +105,38 @@ WHERE id IN (SELECT j.id FROM j);
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:06+00';
 
 SELECT is(
-    x_jobs.complete(pg_temp.jid('other'), 'w2', '{"stolen": true}'),
+    x_jobs.complete(tap_helpers.jid('other'), 'w2', '{"stolen": true}'),
     FALSE,
     'complete should answer false to a worker that does not hold the row'
 );
 
 SELECT set_eq(
-    $$SELECT * FROM x_jobs.job WHERE id = pg_temp.jid('other')$$,
-    $$SELECT * FROM snap WHERE id = pg_temp.jid('other')$$,
+    $$SELECT * FROM x_jobs.job WHERE id = tap_helpers.jid('other')$$,
+    $$SELECT * FROM snap WHERE id = tap_helpers.jid('other')$$,
     'A row another worker tried to complete should be unchanged (running, held by its worker)'
 );
 
 SELECT is(
-    x_jobs.complete(pg_temp.jid('twice'), 'w1', '{"second": true}'),
+    x_jobs.complete(tap_helpers.jid('twice'), 'w1', '{"second": true}'),
     FALSE,
     'complete should answer false for a row that is already done'
 );
 
 SELECT set_eq(
-    $$SELECT * FROM x_jobs.job WHERE id = pg_temp.jid('twice')$$,
-    $$SELECT * FROM snap WHERE id = pg_temp.jid('twice')$$,
+    $$SELECT * FROM x_jobs.job WHERE id = tap_helpers.jid('twice')$$,
+    $$SELECT * FROM snap WHERE id = tap_helpers.jid('twice')$$,
     'A done row completed again should keep its first output and finish time'
 );
 
 SELECT is(
-    x_jobs.complete(pg_temp.jid('cancelled'), 'w1', '{"late": true}'),
+    x_jobs.complete(tap_helpers.jid('cancelled'), 'w1', '{"late": true}'),
     FALSE,
     'complete should answer false for a row an operator cancelled while it ran'
 );
 
 SELECT set_eq(
-    $$SELECT * FROM x_jobs.job WHERE id = pg_temp.jid('cancelled')$$,
-    $$SELECT * FROM snap WHERE id = pg_temp.jid('cancelled')$$,
+    $$SELECT * FROM x_jobs.job WHERE id = tap_helpers.jid('cancelled')$$,
+    $$SELECT * FROM snap WHERE id = tap_helpers.jid('cancelled')$$,
     'A cancelled row should stay cancelled, without output, when its old worker completes it'
 );
 
@@ -159,16 +153,16 @@ SELECT results_eq(
 
 SELECT is_empty(
     $$SELECT * FROM x_jobs.complete_many(
-        ARRAY[pg_temp.jid('m2'), pg_temp.jid('m1'), pg_temp.jid('other')], 'w2',
+        ARRAY[tap_helpers.jid('m2'), tap_helpers.jid('m1'), tap_helpers.jid('other')], 'w2',
         ARRAY['{"n": 2}', '{"n": 1}', '{"n": "other"}']::jsonb[])$$,
     'complete_many should answer no id to a worker that holds none of them'
 );
 
 SELECT set_eq(
     $$SELECT * FROM x_jobs.complete_many(
-        ARRAY[pg_temp.jid('m2'), pg_temp.jid('m1'), pg_temp.jid('twice')], 'w1',
+        ARRAY[tap_helpers.jid('m2'), tap_helpers.jid('m1'), tap_helpers.jid('twice')], 'w1',
         ARRAY['{"n": 2}', '{"n": 1}', '{"n": "twice"}']::jsonb[])$$,
-    ARRAY[pg_temp.jid('m1'), pg_temp.jid('m2')],
+    ARRAY[tap_helpers.jid('m1'), tap_helpers.jid('m2')],
     'complete_many should answer the ids it completed and leave out a done row'
 );
 
@@ -182,9 +176,9 @@ SELECT results_eq(
 );
 
 SELECT set_eq(
-    $$SELECT * FROM x_jobs.complete_many(ARRAY[pg_temp.jid('m3'), pg_temp.jid('m4')], 'w1',
+    $$SELECT * FROM x_jobs.complete_many(ARRAY[tap_helpers.jid('m3'), tap_helpers.jid('m4')], 'w1',
         ARRAY['{"k": 3}', NULL]::jsonb[])$$,
-    ARRAY[pg_temp.jid('m3'), pg_temp.jid('m4')],
+    ARRAY[tap_helpers.jid('m3'), tap_helpers.jid('m4')],
     'complete_many should accept a NULL among the outputs'
 );
 
@@ -197,8 +191,8 @@ SELECT results_eq(
 );
 
 SELECT set_eq(
-    $$SELECT * FROM x_jobs.complete_many(ARRAY[pg_temp.jid('mn1'), pg_temp.jid('mn2')], 'w1')$$,
-    ARRAY[pg_temp.jid('mn1'), pg_temp.jid('mn2')],
+    $$SELECT * FROM x_jobs.complete_many(ARRAY[tap_helpers.jid('mn1'), tap_helpers.jid('mn2')], 'w1')$$,
+    ARRAY[tap_helpers.jid('mn1'), tap_helpers.jid('mn2')],
     'complete_many without outputs should complete every held row'
 );
 
@@ -215,28 +209,28 @@ SELECT results_eq(
 ------------------------------------------------------------------------------------------------
 
 SELECT throws_ok(
-    $$SELECT x_jobs.complete(pg_temp.jid('other'), '')$$,
+    $$SELECT x_jobs.complete(tap_helpers.jid('other'), '')$$,
     'XJ011',
     'X_WORKER_INVALID: worker id '''' is empty',
     'complete should refuse an empty worker id'
 );
 
 SELECT throws_ok(
-    $$SELECT x_jobs.complete(pg_temp.jid('other'), NULL)$$,
+    $$SELECT x_jobs.complete(tap_helpers.jid('other'), NULL)$$,
     'XJ011',
     'X_WORKER_INVALID: worker id NULL is empty',
     'complete should refuse a NULL worker id'
 );
 
 SELECT throws_ok(
-    $$SELECT * FROM x_jobs.complete_many(ARRAY[pg_temp.jid('other')], '')$$,
+    $$SELECT * FROM x_jobs.complete_many(ARRAY[tap_helpers.jid('other')], '')$$,
     'XJ011',
     'X_WORKER_INVALID: worker id '''' is empty',
     'complete_many should refuse an empty worker id'
 );
 
 SELECT throws_ok(
-    $$SELECT * FROM x_jobs.complete_many(ARRAY[pg_temp.jid('big'), pg_temp.jid('bigmany')], 'w1',
+    $$SELECT * FROM x_jobs.complete_many(ARRAY[tap_helpers.jid('big'), tap_helpers.jid('bigmany')], 'w1',
         ARRAY['{}']::jsonb[])$$,
     'XJ021',
     'X_OUTPUTS_INVALID: 1 outputs for 2 ids',
@@ -244,7 +238,7 @@ SELECT throws_ok(
 );
 
 SELECT throws_ok(
-    $$SELECT * FROM x_jobs.complete_many(ARRAY[pg_temp.jid('big')], 'w1', ARRAY['{}', '{}']::jsonb[])$$,
+    $$SELECT * FROM x_jobs.complete_many(ARRAY[tap_helpers.jid('big')], 'w1', ARRAY['{}', '{}']::jsonb[])$$,
     'XJ021',
     'X_OUTPUTS_INVALID: 2 outputs for 1 ids',
     'complete_many should refuse more outputs than ids'
@@ -254,7 +248,7 @@ SET LOCAL "x_jobs.max_payload_bytes" = 100;
 
 -- The size the function measures: a jsonb taken out of an array, as unnest hands it over.
 SELECT throws_ok(
-    $$SELECT x_jobs.complete(pg_temp.jid('big'), 'w1', pg_temp.big_output())$$,
+    $$SELECT x_jobs.complete(tap_helpers.jid('big'), 'w1', pg_temp.big_output())$$,
     'XJ003',
     pg_catalog.format(
         'X_PAYLOAD_TOO_LARGE: output of %s bytes exceeds the limit of 100',
@@ -264,7 +258,7 @@ SELECT throws_ok(
 );
 
 SELECT throws_ok(
-    $$SELECT * FROM x_jobs.complete_many(ARRAY[pg_temp.jid('bigmany'), pg_temp.jid('big')], 'w1',
+    $$SELECT * FROM x_jobs.complete_many(ARRAY[tap_helpers.jid('bigmany'), tap_helpers.jid('big')], 'w1',
         ARRAY['{}', pg_temp.big_output()]::jsonb[])$$,
     'XJ003',
     pg_catalog.format(
@@ -275,13 +269,14 @@ SELECT throws_ok(
 );
 
 SELECT set_eq(
-    $$SELECT * FROM x_jobs.job WHERE id IN (pg_temp.jid('big'), pg_temp.jid('bigmany'), pg_temp.jid('other'))$$,
-    $$SELECT * FROM snap WHERE id IN (pg_temp.jid('big'), pg_temp.jid('bigmany'), pg_temp.jid('other'))$$,
+    $$SELECT * FROM x_jobs.job
+      WHERE id IN (tap_helpers.jid('big'), tap_helpers.jid('bigmany'), tap_helpers.jid('other'))$$,
+    $$SELECT * FROM snap WHERE id IN (tap_helpers.jid('big'), tap_helpers.jid('bigmany'), tap_helpers.jid('other'))$$,
     'Refused calls should leave every row they named unchanged, the small-output row of a batch included'
 );
 
 SELECT is(
-    x_jobs.complete(pg_temp.jid('big'), 'w1', '{"small": true}'),
+    x_jobs.complete(tap_helpers.jid('big'), 'w1', '{"small": true}'),
     TRUE,
     'An output under x_jobs.max_payload_bytes should still be accepted'
 );
@@ -296,7 +291,7 @@ RESET "x_jobs.max_payload_bytes";
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:10.5+00';
 
 SELECT is(
-    x_jobs.complete(pg_temp.jid('c1'), 'w1'),
+    x_jobs.complete(tap_helpers.jid('c1'), 'w1'),
     TRUE,
     'The holder should complete a counter job'
 );
@@ -304,15 +299,16 @@ SELECT is(
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:20+00';
 
 SELECT set_eq(
-    $$SELECT * FROM x_jobs.complete_many(ARRAY[pg_temp.jid('c2'), pg_temp.jid('c3'), pg_temp.jid('c4')], 'w1')$$,
-    ARRAY[pg_temp.jid('c2'), pg_temp.jid('c3')],
+    $$SELECT * FROM x_jobs.complete_many(
+        ARRAY[tap_helpers.jid('c2'), tap_helpers.jid('c3'), tap_helpers.jid('c4')], 'w1')$$,
+    ARRAY[tap_helpers.jid('c2'), tap_helpers.jid('c3')],
     'complete_many should leave out the counter job another worker holds'
 );
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:01:05+00';
 
 SELECT is(
-    x_jobs.complete(pg_temp.jid('c5'), 'w1'),
+    x_jobs.complete(tap_helpers.jid('c5'), 'w1'),
     TRUE,
     'The holder should complete a counter job in the next minute'
 );
@@ -339,40 +335,40 @@ SELECT
 FROM x_jobs.claim(ARRAY['t30-lapsed'], 'w2') AS c;
 
 SELECT results_eq(
-    $$SELECT claimed_by, state::text, attempt FROM x_jobs.job WHERE id = pg_temp.jid('lapsed')$$,
+    $$SELECT claimed_by, state::text, attempt FROM x_jobs.job WHERE id = tap_helpers.jid('lapsed')$$,
     $$VALUES ('w2', 'running', 2)$$,
     'A row whose lease lapsed should be re-claimed by the next worker'
 );
 
 CREATE TEMP TABLE snap_lapsed AS
 SELECT * FROM x_jobs.job
-WHERE id = pg_temp.jid('lapsed');
+WHERE id = tap_helpers.jid('lapsed');
 
 SELECT is(
-    x_jobs.complete(pg_temp.jid('lapsed'), 'w1', '{"late": true}'),
+    x_jobs.complete(tap_helpers.jid('lapsed'), 'w1', '{"late": true}'),
     FALSE,
     'complete should answer false to the worker whose lapsed lease another worker took over'
 );
 
 SELECT set_eq(
-    $$SELECT * FROM x_jobs.job WHERE id = pg_temp.jid('lapsed')$$,
+    $$SELECT * FROM x_jobs.job WHERE id = tap_helpers.jid('lapsed')$$,
     'SELECT * FROM snap_lapsed',
     'The re-claimed row should stay running under the new worker when the old one completes it'
 );
 
 SELECT is_empty(
-    $$SELECT * FROM x_jobs.complete_many(ARRAY[pg_temp.jid('lapsed')], 'w1', ARRAY['{"late": true}']::jsonb[])$$,
+    $$SELECT * FROM x_jobs.complete_many(ARRAY[tap_helpers.jid('lapsed')], 'w1', ARRAY['{"late": true}']::jsonb[])$$,
     'complete_many should not answer the id of a row re-claimed by another worker'
 );
 
 SELECT is(
-    x_jobs.complete(pg_temp.jid('lapsed'), 'w2', '{"winner": "w2"}'),
+    x_jobs.complete(tap_helpers.jid('lapsed'), 'w2', '{"winner": "w2"}'),
     TRUE,
     'The worker that re-claimed the row should complete it'
 );
 
 SELECT results_eq(
-    $$SELECT state::text, output FROM x_jobs.job WHERE id = pg_temp.jid('lapsed')$$,
+    $$SELECT state::text, output FROM x_jobs.job WHERE id = tap_helpers.jid('lapsed')$$,
     $$VALUES ('done', '{"winner": "w2"}'::jsonb)$$,
     'The row should carry the output of the worker that held it'
 );

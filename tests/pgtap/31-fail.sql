@@ -10,12 +10,6 @@ SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
 CREATE TEMP TABLE j (tag text PRIMARY KEY, id bigint NOT NULL);
 
-CREATE FUNCTION pg_temp.jid(p_tag text)
-RETURNS bigint
-LANGUAGE sql
-STABLE
-AS $$ SELECT j.id FROM j WHERE j.tag = p_tag $$;
-
 -- What every claim of the test handed out.
 CREATE TEMP TABLE claims (id bigint NOT NULL, worker text NOT NULL, attempt integer NOT NULL);
 
@@ -76,22 +70,22 @@ SELECT results_eq(
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:02+00';
 
 SELECT is(
-    x_jobs.fail(pg_temp.jid('basic'), 'w1', 'boom', 'Traceback: line 1'),
+    x_jobs.fail(tap_helpers.jid('basic'), 'w1', 'boom', 'Traceback: line 1'),
     'delayed'::x_jobs.job_state,
     'fail with attempts left should answer delayed'
 );
 
 SELECT results_eq(
     $$SELECT state::text, attempt, claimed_by, visible_at, finished_at, last_error, last_error_stack
-      FROM x_jobs.job WHERE id = pg_temp.jid('basic')$$,
+      FROM x_jobs.job WHERE id = tap_helpers.jid('basic')$$,
     $$VALUES ('delayed', 1, NULL::text, NULL::timestamptz, NULL::timestamptz, 'boom', 'Traceback: line 1')$$,
     'A failed row with attempts left should be delayed, unheld, unfinished, and keep the error and stack'
 );
 
 SELECT results_eq(
     $$SELECT job_id, attempt, failed_at, worker, error, error_stack
-      FROM x_jobs.job_error WHERE job_id = pg_temp.jid('basic')$$,
-    $$VALUES (pg_temp.jid('basic'), 1, '2030-01-01 10:00:02+00'::timestamptz, 'w1', 'boom', 'Traceback: line 1')$$,
+      FROM x_jobs.job_error WHERE job_id = tap_helpers.jid('basic')$$,
+    $$VALUES (tap_helpers.jid('basic'), 1, '2030-01-01 10:00:02+00'::timestamptz, 'w1', 'boom', 'Traceback: line 1')$$,
     'fail should record the failed attempt in job_error'
 );
 
@@ -124,32 +118,32 @@ SELECT cmp_ok(
 );
 
 SELECT is(
-    x_jobs.fail(pg_temp.jid('rd'), 'w1', 'rate limited', retry_delay => '5 minutes'),
+    x_jobs.fail(tap_helpers.jid('rd'), 'w1', 'rate limited', retry_delay => '5 minutes'),
     'delayed'::x_jobs.job_state,
     'fail with a positive retry_delay should answer delayed'
 );
 
 SELECT results_eq(
-    $$SELECT state::text, run_at FROM x_jobs.job WHERE id = pg_temp.jid('rd')$$,
+    $$SELECT state::text, run_at FROM x_jobs.job WHERE id = tap_helpers.jid('rd')$$,
     $$VALUES ('delayed', '2030-01-01 10:05:02+00'::timestamptz)$$,
     'retry_delay should win over the backoff policy (1 hour here): run_at is now + retry_delay'
 );
 
 SELECT is(
-    x_jobs.fail(pg_temp.jid('zero'), 'w1', 'try again now', retry_delay => '0'),
+    x_jobs.fail(tap_helpers.jid('zero'), 'w1', 'try again now', retry_delay => '0'),
     'ready'::x_jobs.job_state,
     'fail with retry_delay 0 should answer ready'
 );
 
 SELECT results_eq(
-    $$SELECT state::text, run_at, claimed_by, visible_at FROM x_jobs.job WHERE id = pg_temp.jid('zero')$$,
+    $$SELECT state::text, run_at, claimed_by, visible_at FROM x_jobs.job WHERE id = tap_helpers.jid('zero')$$,
     $$VALUES ('ready', '2030-01-01 10:00:02+00'::timestamptz, NULL::text, NULL::timestamptz)$$,
     'A row failed with retry_delay 0 should be ready now and held by nobody'
 );
 
 SELECT results_eq(
     $$SELECT id, claimed_by, attempt FROM x_jobs.claim(ARRAY['t31-zero'], 'w2')$$,
-    $$VALUES (pg_temp.jid('zero'), 'w2', 2)$$,
+    $$VALUES (tap_helpers.jid('zero'), 'w2', 2)$$,
     'A row failed with retry_delay 0 should be claimable at once, for its next attempt'
 );
 
@@ -159,7 +153,7 @@ SELECT results_eq(
 
 DO $$
 BEGIN
-    PERFORM x_jobs.fail(pg_temp.jid('last'), 'w1', 'attempt 1 of 2', retry_delay => '0');
+    PERFORM x_jobs.fail(tap_helpers.jid('last'), 'w1', 'attempt 1 of 2', retry_delay => '0');
 END
 $$;
 
@@ -171,50 +165,50 @@ SELECT
 FROM x_jobs.claim(ARRAY['t31-last'], 'w2') AS c;
 
 SELECT is(
-    x_jobs.fail(pg_temp.jid('last'), 'w2', 'attempt 2 of 2'),
+    x_jobs.fail(tap_helpers.jid('last'), 'w2', 'attempt 2 of 2'),
     'dead'::x_jobs.job_state,
     'fail on the last attempt should answer dead'
 );
 
 SELECT results_eq(
     $$SELECT state::text, attempt, finished_at, claimed_by, visible_at, last_error
-      FROM x_jobs.job WHERE id = pg_temp.jid('last')$$,
+      FROM x_jobs.job WHERE id = tap_helpers.jid('last')$$,
     $$VALUES ('dead', 2, '2030-01-01 10:00:02+00'::timestamptz, NULL::text, NULL::timestamptz, 'attempt 2 of 2')$$,
     'A row out of attempts should be dead, finished now, held by nobody'
 );
 
 SELECT results_eq(
-    $$SELECT attempt, worker, error FROM x_jobs.job_error WHERE job_id = pg_temp.jid('last') ORDER BY attempt$$,
+    $$SELECT attempt, worker, error FROM x_jobs.job_error WHERE job_id = tap_helpers.jid('last') ORDER BY attempt$$,
     $$VALUES (1, 'w1', 'attempt 1 of 2'), (2, 'w2', 'attempt 2 of 2')$$,
     'The final failure should be recorded in job_error too'
 );
 
 SELECT is(
-    x_jobs.fail(pg_temp.jid('nodl'), 'w1', 'no dead letters'),
+    x_jobs.fail(tap_helpers.jid('nodl'), 'w1', 'no dead letters'),
     'failed'::x_jobs.job_state,
     'fail on the last attempt of a job enqueued with dead_letter false should answer failed'
 );
 
 SELECT results_eq(
-    $$SELECT state::text, finished_at FROM x_jobs.job WHERE id = pg_temp.jid('nodl')$$,
+    $$SELECT state::text, finished_at FROM x_jobs.job WHERE id = tap_helpers.jid('nodl')$$,
     $$VALUES ('failed', '2030-01-01 10:00:02+00'::timestamptz)$$,
     'A row without dead letters and out of attempts should be failed and finished now'
 );
 
 SELECT is(
-    x_jobs.fail(pg_temp.jid('nonretry'), 'w1', 'bad input', retryable => FALSE),
+    x_jobs.fail(tap_helpers.jid('nonretry'), 'w1', 'bad input', retryable => FALSE),
     'dead'::x_jobs.job_state,
     'fail with retryable false should answer dead even with attempts left'
 );
 
 SELECT results_eq(
-    $$SELECT state::text, attempt, max_attempts, finished_at FROM x_jobs.job WHERE id = pg_temp.jid('nonretry')$$,
+    $$SELECT state::text, attempt, max_attempts, finished_at FROM x_jobs.job WHERE id = tap_helpers.jid('nonretry')$$,
     $$VALUES ('dead', 1, 5, '2030-01-01 10:00:02+00'::timestamptz)$$,
     'A row failed as not retryable should be dead and finished at once, on attempt 1 of 5'
 );
 
 SELECT is(
-    x_jobs.fail(pg_temp.jid('nonretry_nodl'), 'w1', 'bad input', retry_delay => '1 second', retryable => FALSE),
+    x_jobs.fail(tap_helpers.jid('nonretry_nodl'), 'w1', 'bad input', retry_delay => '1 second', retryable => FALSE),
     'failed'::x_jobs.job_state,
     'fail with retryable false on a job without dead letters should answer failed, whatever retry_delay'
 );
@@ -297,7 +291,7 @@ SELECT is(
 
 SELECT results_eq(
     $$SELECT attempt, failed_at, worker, error, error_stack FROM x_jobs.job_error
-      WHERE job_id = pg_temp.jid('b3-7') ORDER BY attempt$$,
+      WHERE job_id = tap_helpers.jid('b3-7') ORDER BY attempt$$,
     $$VALUES (1, '2030-01-01 10:00:02+00'::timestamptz, 'w1', 'failure 1', NULL::text),
              (2, '2030-01-01 10:00:04+00'::timestamptz, 'w2', 'failure 2', NULL::text),
              (3, '2030-01-01 10:00:06+00'::timestamptz, 'w3', 'failure 3', 'stack 3')$$,
@@ -305,7 +299,7 @@ SELECT results_eq(
 );
 
 SELECT results_eq(
-    $$SELECT last_error, last_error_stack FROM x_jobs.job WHERE id = pg_temp.jid('b3-7')$$,
+    $$SELECT last_error, last_error_stack FROM x_jobs.job WHERE id = tap_helpers.jid('b3-7')$$,
     $$VALUES ('failure 3', 'stack 3')$$,
     'The row should keep the error of its latest failure'
 );
@@ -319,19 +313,19 @@ SELECT * FROM x_jobs.job
 WHERE id IN (SELECT j.id FROM j);
 
 SELECT is(
-    x_jobs.fail(pg_temp.jid('held'), 'w2', 'not mine'),
+    x_jobs.fail(tap_helpers.jid('held'), 'w2', 'not mine'),
     NULL::x_jobs.job_state,
     'fail should answer NULL to a worker that does not hold the row'
 );
 
 SELECT is(
-    x_jobs.fail(pg_temp.jid('last'), 'w2', 'already dead'),
+    x_jobs.fail(tap_helpers.jid('last'), 'w2', 'already dead'),
     NULL::x_jobs.job_state,
     'fail should answer NULL for a row that is no longer running (dead), even from its last worker'
 );
 
 SELECT is(
-    x_jobs.fail(pg_temp.jid('basic'), 'w1', 'waiting'),
+    x_jobs.fail(tap_helpers.jid('basic'), 'w1', 'waiting'),
     NULL::x_jobs.job_state,
     'fail should answer NULL for a delayed row, even from the worker that last held it'
 );
@@ -344,7 +338,7 @@ SELECT set_eq(
 
 SELECT is_empty(
     $$SELECT * FROM x_jobs.job_error
-      WHERE job_id = pg_temp.jid('held') OR error IN ('not mine', 'already dead', 'waiting')$$,
+      WHERE job_id = tap_helpers.jid('held') OR error IN ('not mine', 'already dead', 'waiting')$$,
     'A fail by a worker that does not hold the row should record no job_error row'
 );
 
@@ -353,43 +347,43 @@ SELECT is_empty(
 ------------------------------------------------------------------------------------------------
 
 SELECT throws_ok(
-    pg_catalog.format('SELECT x_jobs.fail(%s, %L, NULL)', pg_temp.jid('held'), 'w1'),
+    pg_catalog.format('SELECT x_jobs.fail(%s, %L, NULL)', tap_helpers.jid('held'), 'w1'),
     'XJ023',
-    pg_catalog.format('X_ERROR_MISSING: job %s failed without an error message', pg_temp.jid('held')),
+    pg_catalog.format('X_ERROR_MISSING: job %s failed without an error message', tap_helpers.jid('held')),
     'fail should refuse a NULL error'
 );
 
 SELECT throws_ok(
-    pg_catalog.format('SELECT x_jobs.fail(%s, %L, %L)', pg_temp.jid('held'), 'w1', ''),
+    pg_catalog.format('SELECT x_jobs.fail(%s, %L, %L)', tap_helpers.jid('held'), 'w1', ''),
     'XJ023',
-    pg_catalog.format('X_ERROR_MISSING: job %s failed without an error message', pg_temp.jid('held')),
+    pg_catalog.format('X_ERROR_MISSING: job %s failed without an error message', tap_helpers.jid('held')),
     'fail should refuse an empty error'
 );
 
 SELECT throws_ok(
-    $$SELECT x_jobs.fail(pg_temp.jid('held'), 'w1', 'boom', retry_delay => '-1 second')$$,
+    $$SELECT x_jobs.fail(tap_helpers.jid('held'), 'w1', 'boom', retry_delay => '-1 second')$$,
     'XJ018',
     pg_catalog.format('X_DELAY_INVALID: retry delay %s is negative', interval '-1 second'),
     'fail should refuse a negative retry_delay'
 );
 
 SELECT throws_ok(
-    $$SELECT x_jobs.fail(pg_temp.jid('held'), '', 'boom')$$,
+    $$SELECT x_jobs.fail(tap_helpers.jid('held'), '', 'boom')$$,
     'XJ011',
     'X_WORKER_INVALID: worker id '''' is empty',
     'fail should refuse an empty worker id'
 );
 
 SELECT throws_ok(
-    $$SELECT x_jobs.fail(pg_temp.jid('held'), NULL, 'boom')$$,
+    $$SELECT x_jobs.fail(tap_helpers.jid('held'), NULL, 'boom')$$,
     'XJ011',
     'X_WORKER_INVALID: worker id NULL is empty',
     'fail should refuse a NULL worker id'
 );
 
 SELECT set_eq(
-    $$SELECT * FROM x_jobs.job WHERE id = pg_temp.jid('held')$$,
-    $$SELECT * FROM snap WHERE id = pg_temp.jid('held')$$,
+    $$SELECT * FROM x_jobs.job WHERE id = tap_helpers.jid('held')$$,
+    $$SELECT * FROM snap WHERE id = tap_helpers.jid('held')$$,
     'A refused fail should leave the row running under its worker'
 );
 

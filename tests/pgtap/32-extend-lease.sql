@@ -8,12 +8,6 @@ SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
 CREATE TEMP TABLE j (tag text PRIMARY KEY, id bigint NOT NULL);
 
-CREATE FUNCTION pg_temp.jid(p_tag text)
-RETURNS bigint
-LANGUAGE sql
-STABLE
-AS $$ SELECT j.id FROM j WHERE j.tag = p_tag $$;
-
 -- Each job has a queue of its own, so a claim picks exactly the jobs it names.
 INSERT INTO j (tag, id)
 SELECT
@@ -45,8 +39,8 @@ SELECT set_eq(
 
 DO $$
 BEGIN
-    PERFORM x_jobs.complete(pg_temp.jid('done'), 'w1');
-    PERFORM x_jobs.cancel(pg_temp.jid('cancelled'));
+    PERFORM x_jobs.complete(tap_helpers.jid('done'), 'w1');
+    PERFORM x_jobs.cancel(tap_helpers.jid('cancelled'));
 END
 $$;
 
@@ -62,10 +56,10 @@ SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:10+00';
 
 SELECT set_eq(
     $$SELECT * FROM x_jobs.extend_lease(
-        ARRAY[pg_temp.jid('a'), pg_temp.jid('b'), pg_temp.jid('other'), pg_temp.jid('done'),
-              pg_temp.jid('cancelled'), -1],
+        ARRAY[tap_helpers.jid('a'), tap_helpers.jid('b'), tap_helpers.jid('other'), tap_helpers.jid('done'),
+              tap_helpers.jid('cancelled'), -1],
         'w1', '2 minutes')$$,
-    ARRAY[pg_temp.jid('a'), pg_temp.jid('b')],
+    ARRAY[tap_helpers.jid('a'), tap_helpers.jid('b')],
     'extend_lease should answer only the ids of the running rows the worker holds'
 );
 
@@ -78,27 +72,29 @@ SELECT results_eq(
 );
 
 SELECT set_eq(
-    $$SELECT * FROM x_jobs.job WHERE id IN (pg_temp.jid('other'), pg_temp.jid('done'), pg_temp.jid('cancelled'))$$,
-    $$SELECT * FROM snap WHERE id IN (pg_temp.jid('other'), pg_temp.jid('done'), pg_temp.jid('cancelled'))$$,
+    $$SELECT * FROM x_jobs.job
+      WHERE id IN (tap_helpers.jid('other'), tap_helpers.jid('done'), tap_helpers.jid('cancelled'))$$,
+    $$SELECT * FROM snap
+      WHERE id IN (tap_helpers.jid('other'), tap_helpers.jid('done'), tap_helpers.jid('cancelled'))$$,
     'extend_lease should leave unchanged the rows of another worker, done rows and cancelled rows'
 );
 
 SELECT set_eq(
-    $$SELECT * FROM x_jobs.extend_lease(ARRAY[pg_temp.jid('other')], 'w2', '1 minute')$$,
-    ARRAY[pg_temp.jid('other')],
+    $$SELECT * FROM x_jobs.extend_lease(ARRAY[tap_helpers.jid('other')], 'w2', '1 minute')$$,
+    ARRAY[tap_helpers.jid('other')],
     'The worker that holds a row should be able to extend it'
 );
 
 SELECT set_eq(
-    $$SELECT * FROM x_jobs.extend_lease(ARRAY[pg_temp.jid('dflt')], 'w1')$$,
-    ARRAY[pg_temp.jid('dflt')],
+    $$SELECT * FROM x_jobs.extend_lease(ARRAY[tap_helpers.jid('dflt')], 'w1')$$,
+    ARRAY[tap_helpers.jid('dflt')],
     'extend_lease without a lease should extend the held row'
 );
 
 SELECT is(
     (
         SELECT visible_at FROM x_jobs.job
-        WHERE id = pg_temp.jid('dflt')
+        WHERE id = tap_helpers.jid('dflt')
     ),
     '2030-01-01 10:00:40+00'::timestamptz,
     'extend_lease without a lease should move visible_at to now + 30 seconds'
@@ -129,18 +125,18 @@ SELECT
 FROM x_jobs.claim(ARRAY['t32-lapsed'], 'w2', lease => '30 seconds') AS c;
 
 SELECT results_eq(
-    $$SELECT claimed_by, visible_at FROM x_jobs.job WHERE id = pg_temp.jid('lapsed')$$,
+    $$SELECT claimed_by, visible_at FROM x_jobs.job WHERE id = tap_helpers.jid('lapsed')$$,
     $$VALUES ('w2', '2030-01-01 10:01:30+00'::timestamptz)$$,
     'A row whose lease lapsed should be re-claimed by another worker'
 );
 
 SELECT is_empty(
-    $$SELECT * FROM x_jobs.extend_lease(ARRAY[pg_temp.jid('lapsed')], 'w1', '10 minutes')$$,
+    $$SELECT * FROM x_jobs.extend_lease(ARRAY[tap_helpers.jid('lapsed')], 'w1', '10 minutes')$$,
     'extend_lease should not answer the id of a row another worker re-claimed'
 );
 
 SELECT results_eq(
-    $$SELECT claimed_by, visible_at FROM x_jobs.job WHERE id = pg_temp.jid('lapsed')$$,
+    $$SELECT claimed_by, visible_at FROM x_jobs.job WHERE id = tap_helpers.jid('lapsed')$$,
     $$VALUES ('w2', '2030-01-01 10:01:30+00'::timestamptz)$$,
     'The heartbeat of the old worker should leave the new holder''s lease as it was'
 );
@@ -149,7 +145,7 @@ SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:02:11+00';
 
 SELECT set_eq(
     $$SELECT id FROM x_jobs.claim(ARRAY['t32-a'], 'w3')$$,
-    ARRAY[pg_temp.jid('a')],
+    ARRAY[tap_helpers.jid('a')],
     'Once the extended lease has run out, a claim should take the row'
 );
 
@@ -159,45 +155,45 @@ SELECT set_eq(
 
 CREATE TEMP TABLE snap_b AS
 SELECT * FROM x_jobs.job
-WHERE id = pg_temp.jid('b');
+WHERE id = tap_helpers.jid('b');
 
 SELECT throws_ok(
-    $$SELECT * FROM x_jobs.extend_lease(ARRAY[pg_temp.jid('b')], '', '1 minute')$$,
+    $$SELECT * FROM x_jobs.extend_lease(ARRAY[tap_helpers.jid('b')], '', '1 minute')$$,
     'XJ011',
     'X_WORKER_INVALID: worker id '''' is empty',
     'extend_lease should refuse an empty worker id'
 );
 
 SELECT throws_ok(
-    $$SELECT * FROM x_jobs.extend_lease(ARRAY[pg_temp.jid('b')], NULL, '1 minute')$$,
+    $$SELECT * FROM x_jobs.extend_lease(ARRAY[tap_helpers.jid('b')], NULL, '1 minute')$$,
     'XJ011',
     'X_WORKER_INVALID: worker id NULL is empty',
     'extend_lease should refuse a NULL worker id'
 );
 
 SELECT throws_ok(
-    $$SELECT * FROM x_jobs.extend_lease(ARRAY[pg_temp.jid('b')], 'w1', '0')$$,
+    $$SELECT * FROM x_jobs.extend_lease(ARRAY[tap_helpers.jid('b')], 'w1', '0')$$,
     'XJ012',
     pg_catalog.format('X_LEASE_INVALID: lease %s is not positive', interval '0'),
     'extend_lease should refuse a zero lease'
 );
 
 SELECT throws_ok(
-    $$SELECT * FROM x_jobs.extend_lease(ARRAY[pg_temp.jid('b')], 'w1', '-5 seconds')$$,
+    $$SELECT * FROM x_jobs.extend_lease(ARRAY[tap_helpers.jid('b')], 'w1', '-5 seconds')$$,
     'XJ012',
     pg_catalog.format('X_LEASE_INVALID: lease %s is not positive', interval '-5 seconds'),
     'extend_lease should refuse a negative lease'
 );
 
 SELECT throws_ok(
-    $$SELECT * FROM x_jobs.extend_lease(ARRAY[pg_temp.jid('b')], 'w1', NULL)$$,
+    $$SELECT * FROM x_jobs.extend_lease(ARRAY[tap_helpers.jid('b')], 'w1', NULL)$$,
     'XJ012',
     'X_LEASE_INVALID: lease NULL is not positive',
     'extend_lease should refuse a NULL lease'
 );
 
 SELECT set_eq(
-    $$SELECT * FROM x_jobs.job WHERE id = pg_temp.jid('b')$$,
+    $$SELECT * FROM x_jobs.job WHERE id = tap_helpers.jid('b')$$,
     'SELECT * FROM snap_b',
     'A refused heartbeat should leave the lease as it was'
 );

@@ -12,12 +12,6 @@ SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
 CREATE TEMP TABLE j (tag text PRIMARY KEY, id bigint NOT NULL);
 
-CREATE FUNCTION pg_temp.jid(p_tag text)
-RETURNS bigint
-LANGUAGE sql
-STABLE
-AS $$ SELECT j.id FROM j WHERE j.tag = p_tag $$;
-
 -- Claims the job of a tag (its queue is 't34-' || tag) for `p_worker`; answers the attempt it
 -- runs, or NULL when nothing was handed out.
 CREATE FUNCTION pg_temp.take(p_tag text, p_worker text)
@@ -37,7 +31,7 @@ STABLE
 AS $$
     SELECT k.state::text, k.claimed_by, k.visible_at, k.attempt, k.run_at
     FROM x_jobs.job AS k
-    WHERE k.id = pg_temp.jid(p_tag)
+    WHERE k.id = tap_helpers.jid(p_tag)
 $$;
 
 INSERT INTO j (tag, id)
@@ -65,7 +59,7 @@ SELECT is(
 ------------------------------------------------------------------------------------------------
 
 SELECT is(
-    x_jobs.step_record(pg_temp.jid('rec'), 'w1', 'fetch', '{"n": 1}'),
+    x_jobs.step_record(tap_helpers.jid('rec'), 'w1', 'fetch', '{"n": 1}'),
     'done'::x_jobs.step_status,
     'step_record with an output should answer done'
 );
@@ -73,21 +67,21 @@ SELECT is(
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:05+00';
 
 SELECT is(
-    x_jobs.step_record(pg_temp.jid('rec'), 'w1', 'fetch', '{"n": 2}'),
+    x_jobs.step_record(tap_helpers.jid('rec'), 'w1', 'fetch', '{"n": 2}'),
     'done'::x_jobs.step_status,
     'Recording a done step again should answer done'
 );
 
 SELECT results_eq(
     $$SELECT kind, status::text, output, error, attempt, created_at, resolved_by, resolved_at
-      FROM x_jobs.step WHERE job_id = pg_temp.jid('rec') AND name = 'fetch'$$,
+      FROM x_jobs.step WHERE job_id = tap_helpers.jid('rec') AND name = 'fetch'$$,
     $$VALUES ('run', 'done', '{"n": 1}'::jsonb, NULL::text, 1, '2030-01-01 10:00:00+00'::timestamptz, 'worker',
               '2030-01-01 10:00:00+00'::timestamptz)$$,
     'The first done result should be the one kept: a second record of a done step changes nothing'
 );
 
 SELECT is(
-    x_jobs.step_record(pg_temp.jid('rec'), 'w1', 'charge', error => 'card declined'),
+    x_jobs.step_record(tap_helpers.jid('rec'), 'w1', 'charge', error => 'card declined'),
     'failed'::x_jobs.step_status,
     'step_record with an error should answer failed'
 );
@@ -95,14 +89,14 @@ SELECT is(
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:06+00';
 
 SELECT is(
-    x_jobs.step_record(pg_temp.jid('rec'), 'w1', 'charge', error => 'gateway timeout'),
+    x_jobs.step_record(tap_helpers.jid('rec'), 'w1', 'charge', error => 'gateway timeout'),
     'failed'::x_jobs.step_status,
     'A second error for a failed step should answer failed'
 );
 
 SELECT results_eq(
     $$SELECT status::text, output, error, attempt, created_at, resolved_at
-      FROM x_jobs.step WHERE job_id = pg_temp.jid('rec') AND name = 'charge'$$,
+      FROM x_jobs.step WHERE job_id = tap_helpers.jid('rec') AND name = 'charge'$$,
     $$VALUES ('failed', NULL::jsonb, 'gateway timeout', 1, '2030-01-01 10:00:05+00'::timestamptz,
               '2030-01-01 10:00:06+00'::timestamptz)$$,
     'A failed step should keep the latest error, and the instant it was first reached'
@@ -110,7 +104,7 @@ SELECT results_eq(
 
 -- The attempt fails; the retry (attempt 2, another worker) replays the recorded steps.
 SELECT is(
-    x_jobs.fail(pg_temp.jid('rec'), 'w1', 'charge failed', retry_delay => '0'),
+    x_jobs.fail(tap_helpers.jid('rec'), 'w1', 'charge failed', retry_delay => '0'),
     'ready'::x_jobs.job_state,
     'The job should be ready again after its attempt failed (setup)'
 );
@@ -118,7 +112,7 @@ SELECT is(
 SELECT is(pg_temp.take('rec', 'w2'), 2, 'The retry should run attempt 2 on w2 (setup)');
 
 SELECT results_eq(
-    $$SELECT name, status::text, output, error, attempt FROM x_jobs.steps(pg_temp.jid('rec'), 'w2')$$,
+    $$SELECT name, status::text, output, error, attempt FROM x_jobs.steps(tap_helpers.jid('rec'), 'w2')$$,
     $$VALUES ('fetch', 'done', '{"n": 1}'::jsonb, NULL::text, 1),
              ('charge', 'failed', NULL, 'gateway timeout', 1)$$,
     'steps should answer every recorded step in the order the run reached them (not by name)'
@@ -127,27 +121,27 @@ SELECT results_eq(
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:01:00+00';
 
 SELECT is(
-    x_jobs.step_record(pg_temp.jid('rec'), 'w2', 'charge', '{"charge": "ch_1"}'),
+    x_jobs.step_record(tap_helpers.jid('rec'), 'w2', 'charge', '{"charge": "ch_1"}'),
     'done'::x_jobs.step_status,
     'A failed step recorded again with an output should answer done'
 );
 
 SELECT results_eq(
     $$SELECT status::text, output, error, attempt, created_at, resolved_at
-      FROM x_jobs.step WHERE job_id = pg_temp.jid('rec') AND name = 'charge'$$,
+      FROM x_jobs.step WHERE job_id = tap_helpers.jid('rec') AND name = 'charge'$$,
     $$VALUES ('done', '{"charge": "ch_1"}'::jsonb, NULL::text, 2, '2030-01-01 10:00:05+00'::timestamptz,
               '2030-01-01 10:01:00+00'::timestamptz)$$,
     'The later result should replace the failed one, with the attempt that recorded it and no error'
 );
 
 SELECT is(
-    x_jobs.step_record(pg_temp.jid('rec'), 'w2', 'charge', error => 'too late'),
+    x_jobs.step_record(tap_helpers.jid('rec'), 'w2', 'charge', error => 'too late'),
     'done'::x_jobs.step_status,
     'An error recorded for a done step should answer done'
 );
 
 SELECT results_eq(
-    $$SELECT status::text, output, error FROM x_jobs.step WHERE job_id = pg_temp.jid('rec') AND name = 'charge'$$,
+    $$SELECT status::text, output, error FROM x_jobs.step WHERE job_id = tap_helpers.jid('rec') AND name = 'charge'$$,
     $$VALUES ('done', '{"charge": "ch_1"}'::jsonb, NULL::text)$$,
     'An error recorded for a done step should change nothing'
 );
@@ -155,13 +149,13 @@ SELECT results_eq(
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:02:00+00';
 
 SELECT is(
-    x_jobs.step_record(pg_temp.jid('rec'), 'w2', 'charge', '{"refund": "re_1"}', compensation => TRUE),
+    x_jobs.step_record(tap_helpers.jid('rec'), 'w2', 'charge', '{"refund": "re_1"}', compensation => TRUE),
     'done'::x_jobs.step_status,
     'The compensation of a done step should be recorded under the same name'
 );
 
 SELECT results_eq(
-    $$SELECT name, compensation, status::text, output FROM x_jobs.steps(pg_temp.jid('rec'), 'w2')$$,
+    $$SELECT name, compensation, status::text, output FROM x_jobs.steps(tap_helpers.jid('rec'), 'w2')$$,
     $$VALUES ('fetch', FALSE, 'done', '{"n": 1}'::jsonb),
              ('charge', FALSE, 'done', '{"charge": "ch_1"}'),
              ('charge', TRUE, 'done', '{"refund": "re_1"}')$$,
@@ -169,13 +163,13 @@ SELECT results_eq(
 );
 
 SELECT is(
-    x_jobs.step_record(pg_temp.jid('rec'), 'w2', 'verify'),
+    x_jobs.step_record(tap_helpers.jid('rec'), 'w2', 'verify'),
     'done'::x_jobs.step_status,
     'A step with neither output nor error should answer done'
 );
 
 SELECT results_eq(
-    $$SELECT status::text, output, error FROM x_jobs.step WHERE job_id = pg_temp.jid('rec') AND name = 'verify'$$,
+    $$SELECT status::text, output, error FROM x_jobs.step WHERE job_id = tap_helpers.jid('rec') AND name = 'verify'$$,
     $$VALUES ('done', NULL::jsonb, NULL::text)$$,
     'A step with neither output nor error should be recorded done, with no output'
 );
@@ -187,49 +181,49 @@ SELECT results_eq(
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
 SELECT is(
-    x_jobs.step_record(pg_temp.jid('conf'), 'w1', 'a', '{"a": 1}'),
+    x_jobs.step_record(tap_helpers.jid('conf'), 'w1', 'a', '{"a": 1}'),
     'done'::x_jobs.step_status,
     'A run step should be recorded (setup)'
 );
 
 SELECT results_eq(
-    $$SELECT status::text FROM x_jobs.step_sleep(pg_temp.jid('conf'), 'w1', 'nap', '0')$$,
+    $$SELECT status::text FROM x_jobs.step_sleep(tap_helpers.jid('conf'), 'w1', 'nap', '0')$$,
     $$VALUES ('done')$$,
     'A sleep of zero should be done at once (setup)'
 );
 
 SELECT throws_ok(
-    $$SELECT x_jobs.step_sleep(pg_temp.jid('conf'), 'w1', 'a', '1 hour')$$,
+    $$SELECT x_jobs.step_sleep(tap_helpers.jid('conf'), 'w1', 'a', '1 hour')$$,
     'XJ027',
-    pg_catalog.format('X_STEP_CONFLICT: step ''a'' of job %s is a run step, not a sleep', pg_temp.jid('conf')),
+    pg_catalog.format('X_STEP_CONFLICT: step ''a'' of job %s is a run step, not a sleep', tap_helpers.jid('conf')),
     'step_sleep should refuse a name that a run step of the run has'
 );
 
 SELECT throws_ok(
-    $$SELECT x_jobs.step_wait(pg_temp.jid('conf'), 'w1', 'a', 't34.never')$$,
+    $$SELECT x_jobs.step_wait(tap_helpers.jid('conf'), 'w1', 'a', 't34.never')$$,
     'XJ027',
-    pg_catalog.format('X_STEP_CONFLICT: step ''a'' of job %s is a run step, not a wait', pg_temp.jid('conf')),
+    pg_catalog.format('X_STEP_CONFLICT: step ''a'' of job %s is a run step, not a wait', tap_helpers.jid('conf')),
     'step_wait should refuse a name that a run step of the run has'
 );
 
 SELECT throws_ok(
-    $$SELECT x_jobs.step_wait(pg_temp.jid('conf'), 'w1', 'nap', 't34.never')$$,
+    $$SELECT x_jobs.step_wait(tap_helpers.jid('conf'), 'w1', 'nap', 't34.never')$$,
     'XJ027',
-    pg_catalog.format('X_STEP_CONFLICT: step ''nap'' of job %s is a sleep step, not a wait', pg_temp.jid('conf')),
+    pg_catalog.format('X_STEP_CONFLICT: step ''nap'' of job %s is a sleep step, not a wait', tap_helpers.jid('conf')),
     'step_wait should refuse a name that a sleep of the run has'
 );
 
 SELECT results_eq(
-    $$SELECT * FROM tap_helpers.caught($q$ SELECT x_jobs.step_record(pg_temp.jid('conf'), 'w1', 'nap', '{}') $q$)$$,
+    $$SELECT * FROM tap_helpers.caught($q$ SELECT x_jobs.step_record(tap_helpers.jid('conf'), 'w1', 'nap', '{}') $q$)$$,
     $$VALUES ('XJ027',
               pg_catalog.format('X_STEP_CONFLICT: step ''nap'' of job %s is a sleep step, not a run step',
-                  pg_temp.jid('conf')),
+                  tap_helpers.jid('conf')),
               '', 'Give every step of a run its own name.')$$,
     'step_record should refuse a name that a sleep of the run has, with a HINT'
 );
 
 SELECT results_eq(
-    $$SELECT name, kind, status::text, output FROM x_jobs.steps(pg_temp.jid('conf'), 'w1') ORDER BY name$$,
+    $$SELECT name, kind, status::text, output FROM x_jobs.steps(tap_helpers.jid('conf'), 'w1') ORDER BY name$$,
     $$VALUES ('a', 'run', 'done', '{"a": 1}'::jsonb), ('nap', 'sleep', 'done', NULL)$$,
     'The refused calls should have left the recorded steps as they were'
 );
@@ -241,11 +235,11 @@ SELECT results_eq(
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
 CREATE TEMP TABLE nap_1 AS
-SELECT s.* FROM x_jobs.step_sleep(pg_temp.jid('nap'), 'w1', 'rest', '1 hour') AS s;
+SELECT s.* FROM x_jobs.step_sleep(tap_helpers.jid('nap'), 'w1', 'rest', '1 hour') AS s;
 
 SELECT results_eq(
     $$SELECT job_id, name, compensation, kind, status::text, created_at, timeout_at, attempt, resolved_by FROM nap_1$$,
-    $$VALUES (pg_temp.jid('nap'), 'rest', FALSE, 'sleep', 'waiting', '2030-01-01 10:00:00+00'::timestamptz,
+    $$VALUES (tap_helpers.jid('nap'), 'rest', FALSE, 'sleep', 'waiting', '2030-01-01 10:00:00+00'::timestamptz,
               '2030-01-01 11:00:00+00'::timestamptz, 1, NULL::text)$$,
     'step_sleep should answer the step waiting until now + duration'
 );
@@ -259,17 +253,17 @@ SELECT results_eq(
 SELECT is(
     (
         SELECT k.claims FROM x_jobs.job AS k
-        WHERE k.id = pg_temp.jid('nap')
+        WHERE k.id = tap_helpers.jid('nap')
     ),
     1,
     'A suspension should not count as a claim'
 );
 
 SELECT results_eq(
-    $$SELECT * FROM tap_helpers.caught($q$ SELECT * FROM x_jobs.steps(pg_temp.jid('nap'), 'w1') $q$)$$,
+    $$SELECT * FROM tap_helpers.caught($q$ SELECT * FROM x_jobs.steps(tap_helpers.jid('nap'), 'w1') $q$)$$,
     $$VALUES ('XJ026',
               pg_catalog.format(
-                  'X_JOB_NOT_HELD: job %s is suspended and not held by worker ''w1''', pg_temp.jid('nap')
+                  'X_JOB_NOT_HELD: job %s is suspended and not held by worker ''w1''', tap_helpers.jid('nap')
               ),
               'It is held by no worker.',
               'The job was cancelled, or its lease lapsed and another worker took it: stop its body.')$$,
@@ -284,14 +278,15 @@ SELECT is(pg_temp.take('nap', 'w2'), NULL, 'A sleeping run should not be claimed
 -- the replayed sleep keeps its first wake time.
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:30:00+00';
 
-SELECT is(x_jobs.cancel(pg_temp.jid('nap')), TRUE, 'The sleeping run should be cancelled (setup)');
+SELECT is(x_jobs.cancel(tap_helpers.jid('nap')), TRUE, 'The sleeping run should be cancelled (setup)');
 
-SELECT is(x_jobs.retry(pg_temp.jid('nap')), TRUE, 'The cancelled run should be retried (setup)');
+SELECT is(x_jobs.retry(tap_helpers.jid('nap')), TRUE, 'The cancelled run should be retried (setup)');
 
 SELECT is(pg_temp.take('nap', 'w2'), 1, 'The retried run should be claimed at once (setup)');
 
 SELECT results_eq(
-    $$SELECT status::text, created_at, timeout_at FROM x_jobs.step_sleep(pg_temp.jid('nap'), 'w2', 'rest', '2 hours')$$,
+    $$SELECT status::text, created_at, timeout_at
+      FROM x_jobs.step_sleep(tap_helpers.jid('nap'), 'w2', 'rest', '2 hours')$$,
     $$VALUES ('waiting', '2030-01-01 10:00:00+00'::timestamptz, '2030-01-01 11:00:00+00'::timestamptz)$$,
     'A replayed sleep should keep its first wake time, whatever duration the replay passes'
 );
@@ -311,14 +306,14 @@ SELECT is(
 );
 
 SELECT results_eq(
-    $$SELECT name, status::text, timeout_at, resolved_by, resolved_at FROM x_jobs.steps(pg_temp.jid('nap'), 'w3')$$,
+    $$SELECT name, status::text, timeout_at, resolved_by, resolved_at FROM x_jobs.steps(tap_helpers.jid('nap'), 'w3')$$,
     $$VALUES ('rest', 'done', '2030-01-01 11:00:00+00'::timestamptz, 'timeout',
               '2030-01-01 11:00:00+00'::timestamptz)$$,
     'steps should resolve a sleep whose time has come as done'
 );
 
 SELECT results_eq(
-    $$SELECT status::text, timeout_at FROM x_jobs.step_sleep(pg_temp.jid('nap'), 'w3', 'rest', '1 hour')$$,
+    $$SELECT status::text, timeout_at FROM x_jobs.step_sleep(tap_helpers.jid('nap'), 'w3', 'rest', '1 hour')$$,
     $$VALUES ('done', '2030-01-01 11:00:00+00'::timestamptz)$$,
     'The sleep replayed after the wake should answer done, with its first wake time'
 );
@@ -334,7 +329,7 @@ SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
 SELECT results_eq(
     $$SELECT status::text, timeout_at, resolved_by, resolved_at
-      FROM x_jobs.step_sleep(pg_temp.jid('zero'), 'w1', 'now', '0')$$,
+      FROM x_jobs.step_sleep(tap_helpers.jid('zero'), 'w1', 'now', '0')$$,
     $$VALUES ('done', '2030-01-01 10:00:00+00'::timestamptz, 'timeout', '2030-01-01 10:00:00+00'::timestamptz)$$,
     'A sleep of zero should answer done at once'
 );
@@ -353,7 +348,7 @@ SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
 SELECT results_eq(
     $$SELECT kind, event, event_key, match, since, timeout_at, status::text
-      FROM x_jobs.step_wait(pg_temp.jid('wto'), 'w1', 'approval', 't34.approved', 'o-9', timeout => '30 minutes')$$,
+      FROM x_jobs.step_wait(tap_helpers.jid('wto'), 'w1', 'approval', 't34.approved', 'o-9', timeout => '30 minutes')$$,
     $$VALUES ('wait', 't34.approved', 'o-9', NULL::jsonb, '2030-01-01 10:00:00+00'::timestamptz,
               '2030-01-01 10:30:00+00'::timestamptz, 'waiting')$$,
     'step_wait with no matching event should answer the step waiting, since the reach, until now + timeout'
@@ -367,7 +362,7 @@ SELECT results_eq(
 
 SELECT results_eq(
     $$SELECT status::text, timeout_at
-      FROM x_jobs.step_wait(pg_temp.jid('wto_nokey'), 'w1', 'approval', 't34.approved', timeout => '10 minutes')$$,
+      FROM x_jobs.step_wait(tap_helpers.jid('wto_nokey'), 'w1', 'approval', 't34.approved', timeout => '10 minutes')$$,
     $$VALUES ('waiting', '2030-01-01 10:10:00+00'::timestamptz)$$,
     'A keyless wait with a timeout should answer the step waiting until now + timeout'
 );
@@ -381,7 +376,7 @@ SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:30:00+00';
 SELECT is(pg_temp.take('wto', 'w2'), 1, 'A waiting run should be claimed when its timeout comes');
 
 CREATE TEMP TABLE wto_steps AS
-SELECT s.* FROM x_jobs.steps(pg_temp.jid('wto'), 'w2') AS s;
+SELECT s.* FROM x_jobs.steps(tap_helpers.jid('wto'), 'w2') AS s;
 
 SELECT results_eq(
     $$SELECT name, status::text, output, resolved_by, resolved_at FROM wto_steps$$,
@@ -401,7 +396,7 @@ SELECT is(
 SELECT is(pg_temp.take('wto_nokey', 'w2'), 1, 'The keyless waiting run should be claimed after its timeout');
 
 SELECT results_eq(
-    $$SELECT status::text, error FROM x_jobs.steps(pg_temp.jid('wto_nokey'), 'w2')$$,
+    $$SELECT status::text, error FROM x_jobs.steps(tap_helpers.jid('wto_nokey'), 'w2')$$,
     $$VALUES ('failed', pg_catalog.format(
         'X_STEP_TIMEOUT: no event ''t34.approved'' came before %s', timestamptz '2030-01-01 10:10:00+00'
     ))$$,
@@ -410,7 +405,7 @@ SELECT results_eq(
 
 SELECT results_eq(
     $$SELECT status::text, error LIKE 'X_STEP_TIMEOUT: %'
-      FROM x_jobs.step_wait(pg_temp.jid('wto'), 'w2', 'approval', 't34.approved', 'o-9', timeout => '30 minutes')$$,
+      FROM x_jobs.step_wait(tap_helpers.jid('wto'), 'w2', 'approval', 't34.approved', 'o-9', timeout => '30 minutes')$$,
     $$VALUES ('failed', TRUE)$$,
     'The wait replayed after its timeout should answer the failure'
 );
@@ -426,7 +421,7 @@ SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
 SELECT results_eq(
     $$SELECT status::text, error, resolved_by
-      FROM x_jobs.step_wait(pg_temp.jid('wnow'), 'w1', 'poll', 't34.never', timeout => '0')$$,
+      FROM x_jobs.step_wait(tap_helpers.jid('wnow'), 'w1', 'poll', 't34.never', timeout => '0')$$,
     $$VALUES ('failed',
               pg_catalog.format(
                   'X_STEP_TIMEOUT: no event ''t34.never'' came before %s', timestamptz '2030-01-01 10:00:00+00'
@@ -443,7 +438,7 @@ SELECT is(
 
 -- No timeout: only a publish or an operator wakes the run, never a claim.
 SELECT results_eq(
-    $$SELECT status::text, timeout_at FROM x_jobs.step_wait(pg_temp.jid('winf'), 'w1', 'forever', 't34.never')$$,
+    $$SELECT status::text, timeout_at FROM x_jobs.step_wait(tap_helpers.jid('winf'), 'w1', 'forever', 't34.never')$$,
     $$VALUES ('waiting', NULL::timestamptz)$$,
     'A wait without a timeout should answer the step waiting, with no timeout'
 );
@@ -485,7 +480,8 @@ SELECT pg_temp.publish_as('other', 't34.other', '{"order": 3}');
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
 SELECT results_eq(
-    $$SELECT status::text, since, event_id FROM x_jobs.step_wait(pg_temp.jid('w_before'), 'w1', 'pay', 't34.paid')$$,
+    $$SELECT status::text, since, event_id
+      FROM x_jobs.step_wait(tap_helpers.jid('w_before'), 'w1', 'pay', 't34.paid')$$,
     $$VALUES ('waiting', '2030-01-01 10:00:00+00'::timestamptz, NULL::bigint)$$,
     'A wait should not match the events published before the run first reached it'
 );
@@ -498,7 +494,7 @@ SELECT is(
 
 SELECT results_eq(
     $$SELECT status::text, output, event_id, resolved_by, resolved_at, since
-      FROM x_jobs.step_wait(pg_temp.jid('w_since'), 'w1', 'pay', 't34.paid', since => '2030-01-01 09:10:00+00')$$,
+      FROM x_jobs.step_wait(tap_helpers.jid('w_since'), 'w1', 'pay', 't34.paid', since => '2030-01-01 09:10:00+00')$$,
     $$SELECT 'done', '{"order": 2, "amount": 20}'::jsonb, ev.id, 'event', '2030-01-01 10:00:00+00'::timestamptz,
              '2030-01-01 09:10:00+00'::timestamptz
       FROM ev WHERE ev.tag = 'e1'$$,
@@ -513,14 +509,14 @@ SELECT results_eq(
 
 SELECT results_eq(
     $$SELECT status::text, event_id
-      FROM x_jobs.step_wait(pg_temp.jid('w_key'), 'w1', 'pay', 't34.paid', 'o2', since => '2030-01-01 08:00:00+00')$$,
+      FROM x_jobs.step_wait(tap_helpers.jid('w_key'), 'w1', 'pay', 't34.paid', 'o2', since => '2030-01-01 08:00:00+00')$$,
     $$SELECT 'done', ev.id FROM ev WHERE ev.tag = 'e1'$$,
     'A keyed wait should match only an event published with its key, not an earlier one of another key'
 );
 
 SELECT results_eq(
     $$SELECT status::text, event_id
-      FROM x_jobs.step_wait(pg_temp.jid('w_any'), 'w1', 'pay', 't34.paid', since => '2030-01-01 08:00:00+00')$$,
+      FROM x_jobs.step_wait(tap_helpers.jid('w_any'), 'w1', 'pay', 't34.paid', since => '2030-01-01 08:00:00+00')$$,
     $$SELECT 'done', ev.id FROM ev WHERE ev.tag = 'e0'$$,
     'A keyless wait should match the first event of its name whatever its key'
 );
@@ -528,7 +524,7 @@ SELECT results_eq(
 SELECT results_eq(
     $$SELECT status::text, event_id, output
       FROM x_jobs.step_wait(
-          pg_temp.jid('w_match'), 'w1', 'pay', 't34.paid', match => '{"order": 3}', since => '2030-01-01 08:00:00+00'
+          tap_helpers.jid('w_match'), 'w1', 'pay', 't34.paid', match => '{"order": 3}', since => '2030-01-01 08:00:00+00'
       )$$,
     $$SELECT 'done', ev.id, '{"order": 3}'::jsonb FROM ev WHERE ev.tag = 'e2'$$,
     'A wait with match should take the first event whose payload contains it'
@@ -537,7 +533,7 @@ SELECT results_eq(
 SELECT results_eq(
     $$SELECT status::text, event_id, timeout_at
       FROM x_jobs.step_wait(
-          pg_temp.jid('w_nomatch'), 'w1', 'pay', 't34.paid', match => '{"order": 1, "amount": 11}',
+          tap_helpers.jid('w_nomatch'), 'w1', 'pay', 't34.paid', match => '{"order": 1, "amount": 11}',
           timeout => '1 hour', since => '2030-01-01 08:00:00+00'
       )$$,
     $$VALUES ('waiting', NULL::bigint, '2030-01-01 11:00:00+00'::timestamptz)$$,
@@ -546,7 +542,7 @@ SELECT results_eq(
 
 SELECT results_eq(
     $$SELECT status::text, since
-      FROM x_jobs.step_wait(pg_temp.jid('w_later'), 'w1', 'pay', 't34.paid', since => '2030-01-01 12:00:00+00')$$,
+      FROM x_jobs.step_wait(tap_helpers.jid('w_later'), 'w1', 'pay', 't34.paid', since => '2030-01-01 12:00:00+00')$$,
     $$VALUES ('waiting', '2030-01-01 10:00:00+00'::timestamptz)$$,
     'A since later than the first reach should be taken as the first reach'
 );
@@ -559,14 +555,14 @@ SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
 -- X_STEP_INVALID
 SELECT results_eq(
-    $$SELECT * FROM tap_helpers.caught($q$ SELECT x_jobs.step_record(pg_temp.jid('refuse'), 'w1', '') $q$)$$,
+    $$SELECT * FROM tap_helpers.caught($q$ SELECT x_jobs.step_record(tap_helpers.jid('refuse'), 'w1', '') $q$)$$,
     $$VALUES ('XJ024', 'X_STEP_INVALID: step name '''' is empty or longer than 200 characters', '',
               'Name each step of a run with a short text unique within the run, such as ''charge''.')$$,
     'step_record should refuse an empty step name, with a HINT'
 );
 
 SELECT throws_ok(
-    $$SELECT x_jobs.step_sleep(pg_temp.jid('refuse'), 'w1', NULL, '1 hour')$$,
+    $$SELECT x_jobs.step_sleep(tap_helpers.jid('refuse'), 'w1', NULL, '1 hour')$$,
     'XJ024',
     'X_STEP_INVALID: step name '''' is empty or longer than 200 characters',
     'step_sleep should refuse a missing step name'
@@ -574,7 +570,7 @@ SELECT throws_ok(
 
 SELECT throws_ok(
     pg_catalog.format(
-        $$SELECT x_jobs.step_wait(pg_temp.jid('refuse'), 'w1', %L, 't34.e')$$, pg_catalog.repeat('s', 201)
+        $$SELECT x_jobs.step_wait(tap_helpers.jid('refuse'), 'w1', %L, 't34.e')$$, pg_catalog.repeat('s', 201)
     ),
     'XJ024',
     pg_catalog.format(
@@ -584,21 +580,21 @@ SELECT throws_ok(
 );
 
 SELECT is(
-    x_jobs.step_record(pg_temp.jid('refuse'), 'w1', pg_catalog.repeat('s', 200)),
+    x_jobs.step_record(tap_helpers.jid('refuse'), 'w1', pg_catalog.repeat('s', 200)),
     'done'::x_jobs.step_status,
     'A step name of 200 characters should be accepted'
 );
 
 -- X_TIMEOUT_INVALID
 SELECT results_eq(
-    $$SELECT * FROM tap_helpers.caught($q$ SELECT x_jobs.step_sleep(pg_temp.jid('refuse'), 'w1', 's', NULL) $q$)$$,
+    $$SELECT * FROM tap_helpers.caught($q$ SELECT x_jobs.step_sleep(tap_helpers.jid('refuse'), 'w1', 's', NULL) $q$)$$,
     $$VALUES ('XJ025', 'X_TIMEOUT_INVALID: sleep of NULL is missing or negative', '',
               'Pass a duration of zero or more, such as ''1 day''.')$$,
     'step_sleep should refuse a missing duration, with a HINT'
 );
 
 SELECT throws_ok(
-    $$SELECT x_jobs.step_sleep(pg_temp.jid('refuse'), 'w1', 's', '-1 second')$$,
+    $$SELECT x_jobs.step_sleep(tap_helpers.jid('refuse'), 'w1', 's', '-1 second')$$,
     'XJ025',
     pg_catalog.format('X_TIMEOUT_INVALID: sleep of %s is missing or negative', interval '-1 second'),
     'step_sleep should refuse a negative duration'
@@ -606,7 +602,7 @@ SELECT throws_ok(
 
 SELECT results_eq(
     $$SELECT * FROM tap_helpers.caught(
-          $q$ SELECT x_jobs.step_wait(pg_temp.jid('refuse'), 'w1', 's', 't34.e', timeout => '-1 minute') $q$
+          $q$ SELECT x_jobs.step_wait(tap_helpers.jid('refuse'), 'w1', 's', 't34.e', timeout => '-1 minute') $q$
       )$$,
     $$VALUES ('XJ025', pg_catalog.format('X_TIMEOUT_INVALID: wait timeout %s is negative', interval '-1 minute'),
               '', 'Pass a timeout of zero or more, or NULL to wait for as long as it takes.')$$,
@@ -615,10 +611,10 @@ SELECT results_eq(
 
 -- X_JOB_NOT_HELD, X_JOB_NOT_FOUND, X_WORKER_INVALID
 SELECT results_eq(
-    $$SELECT * FROM tap_helpers.caught($q$ SELECT x_jobs.step_record(pg_temp.jid('refuse'), 'w2', 's') $q$)$$,
+    $$SELECT * FROM tap_helpers.caught($q$ SELECT x_jobs.step_record(tap_helpers.jid('refuse'), 'w2', 's') $q$)$$,
     $$VALUES ('XJ026',
               pg_catalog.format(
-                  'X_JOB_NOT_HELD: job %s is running and not held by worker ''w2''', pg_temp.jid('refuse')
+                  'X_JOB_NOT_HELD: job %s is running and not held by worker ''w2''', tap_helpers.jid('refuse')
               ),
               'It is held by ''w1''.',
               'The job was cancelled, or its lease lapsed and another worker took it: stop its body.')$$,
@@ -626,16 +622,16 @@ SELECT results_eq(
 );
 
 SELECT throws_ok(
-    $$SELECT x_jobs.step_wait(pg_temp.jid('rec'), 'w1', 's', 't34.e')$$,
+    $$SELECT x_jobs.step_wait(tap_helpers.jid('rec'), 'w1', 's', 't34.e')$$,
     'XJ026',
-    pg_catalog.format('X_JOB_NOT_HELD: job %s is running and not held by worker ''w1''', pg_temp.jid('rec')),
+    pg_catalog.format('X_JOB_NOT_HELD: job %s is running and not held by worker ''w1''', tap_helpers.jid('rec')),
     'step_wait by the worker that held an earlier attempt should be refused'
 );
 
 SELECT throws_ok(
-    $$SELECT x_jobs.step_sleep(pg_temp.jid('w_before'), 'w1', 's', '1 hour')$$,
+    $$SELECT x_jobs.step_sleep(tap_helpers.jid('w_before'), 'w1', 's', '1 hour')$$,
     'XJ026',
-    pg_catalog.format('X_JOB_NOT_HELD: job %s is suspended and not held by worker ''w1''', pg_temp.jid('w_before')),
+    pg_catalog.format('X_JOB_NOT_HELD: job %s is suspended and not held by worker ''w1''', tap_helpers.jid('w_before')),
     'step_sleep on a suspended run should be refused'
 );
 
@@ -646,20 +642,20 @@ SELECT results_eq(
 );
 
 SELECT results_eq(
-    $$SELECT * FROM tap_helpers.caught($q$ SELECT * FROM x_jobs.steps(pg_temp.jid('refuse'), '') $q$)$$,
+    $$SELECT * FROM tap_helpers.caught($q$ SELECT * FROM x_jobs.steps(tap_helpers.jid('refuse'), '') $q$)$$,
     $$VALUES ('XJ011', 'X_WORKER_INVALID: worker id '''' is empty', '', 'Pass the id the worker claimed with.')$$,
     'steps should refuse an empty worker id, with a HINT'
 );
 
 SELECT throws_ok(
-    $$SELECT x_jobs.step_wait(pg_temp.jid('refuse'), NULL, 's', 't34.e')$$,
+    $$SELECT x_jobs.step_wait(tap_helpers.jid('refuse'), NULL, 's', 't34.e')$$,
     'XJ011',
     'X_WORKER_INVALID: worker id NULL is empty',
     'step_wait should refuse a missing worker id'
 );
 
 SELECT throws_ok(
-    $$SELECT x_jobs.progress(pg_temp.jid('refuse'), '', 1, 2)$$,
+    $$SELECT x_jobs.progress(tap_helpers.jid('refuse'), '', 1, 2)$$,
     'XJ011',
     'X_WORKER_INVALID: worker id '''' is empty',
     'progress should refuse an empty worker id'
@@ -667,21 +663,23 @@ SELECT throws_ok(
 
 -- X_EVENT_INVALID
 SELECT results_eq(
-    $$SELECT * FROM tap_helpers.caught($q$ SELECT x_jobs.step_wait(pg_temp.jid('refuse'), 'w1', 's', '') $q$)$$,
+    $$SELECT * FROM tap_helpers.caught($q$ SELECT x_jobs.step_wait(tap_helpers.jid('refuse'), 'w1', 's', '') $q$)$$,
     $$VALUES ('XJ028', 'X_EVENT_INVALID: event name '''' is missing, empty or longer than 200 characters',
               '', 'Name the event with a short text, such as ''order.paid''.')$$,
     'step_wait should refuse an empty event name, with a HINT'
 );
 
 SELECT throws_ok(
-    $$SELECT x_jobs.step_wait(pg_temp.jid('refuse'), 'w1', 's', NULL)$$,
+    $$SELECT x_jobs.step_wait(tap_helpers.jid('refuse'), 'w1', 's', NULL)$$,
     'XJ028',
     'X_EVENT_INVALID: event name NULL is missing, empty or longer than 200 characters',
     'step_wait should refuse a missing event name'
 );
 
 SELECT throws_ok(
-    pg_catalog.format($$SELECT x_jobs.step_wait(pg_temp.jid('refuse'), 'w1', 's', %L)$$, pg_catalog.repeat('e', 201)),
+    pg_catalog.format(
+        $$SELECT x_jobs.step_wait(tap_helpers.jid('refuse'), 'w1', 's', %L)$$, pg_catalog.repeat('e', 201)
+    ),
     'XJ028',
     pg_catalog.format(
         'X_EVENT_INVALID: event name %L is missing, empty or longer than 200 characters', pg_catalog.repeat('e', 201)
@@ -692,7 +690,7 @@ SELECT throws_ok(
 -- X_MATCH_INVALID
 SELECT results_eq(
     $$SELECT * FROM tap_helpers.caught(
-          $q$ SELECT x_jobs.step_wait(pg_temp.jid('refuse'), 'w1', 's', 't34.e', match => '[1]') $q$
+          $q$ SELECT x_jobs.step_wait(tap_helpers.jid('refuse'), 'w1', 's', 't34.e', match => '[1]') $q$
       )$$,
     $$VALUES ('XJ029', 'X_MATCH_INVALID: match [1] is not a JSON object', '',
               'Pass an object that the payload must contain, such as ''{"order": 42}''.')$$,
@@ -700,7 +698,7 @@ SELECT results_eq(
 );
 
 SELECT throws_ok(
-    $$SELECT x_jobs.step_wait(pg_temp.jid('refuse'), 'w1', 's', 't34.e', match => '"x"')$$,
+    $$SELECT x_jobs.step_wait(tap_helpers.jid('refuse'), 'w1', 's', 't34.e', match => '"x"')$$,
     'XJ029',
     'X_MATCH_INVALID: match "x" is not a JSON object',
     'step_wait should refuse a match that is a string'
@@ -713,17 +711,17 @@ SELECT results_eq(
     $$SELECT err_state, err_message LIKE 'X_PAYLOAD_TOO_LARGE: output of % bytes exceeds the limit of 100', err_detail,
              err_hint IS NOT NULL
       FROM tap_helpers.caught(
-          $q$ SELECT x_jobs.step_record(pg_temp.jid('refuse'), 'w1', 'big',
+          $q$ SELECT x_jobs.step_record(tap_helpers.jid('refuse'), 'w1', 'big',
                   pg_catalog.jsonb_build_object('x', pg_catalog.repeat('x', 200))) $q$
       )$$,
-    $$VALUES ('XJ003', TRUE, pg_catalog.format('For step ''big'' of job %s.', pg_temp.jid('refuse')), TRUE)$$,
+    $$VALUES ('XJ003', TRUE, pg_catalog.format('For step ''big'' of job %s.', tap_helpers.jid('refuse')), TRUE)$$,
     'step_record should refuse an output larger than x_jobs.max_payload_bytes'
 );
 
 RESET "x_jobs.max_payload_bytes";
 
 SELECT results_eq(
-    $$SELECT name FROM x_jobs.step WHERE job_id = pg_temp.jid('refuse')$$,
+    $$SELECT name FROM x_jobs.step WHERE job_id = tap_helpers.jid('refuse')$$,
     $$VALUES (pg_catalog.repeat('s', 200))$$,
     'The refused step calls should have recorded nothing'
 );
@@ -741,29 +739,29 @@ SELECT results_eq(
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:01:00+00';
 
 SELECT is(
-    x_jobs.progress(pg_temp.jid('prog'), 'w1', 3, 10, 'copying'),
+    x_jobs.progress(tap_helpers.jid('prog'), 'w1', 3, 10, 'copying'),
     TRUE,
     'progress by the worker holding the job should answer true'
 );
 
 SELECT results_eq(
-    $$SELECT progress - 'at', (progress ->> 'at')::timestamptz FROM x_jobs.job WHERE id = pg_temp.jid('prog')$$,
+    $$SELECT progress - 'at', (progress ->> 'at')::timestamptz FROM x_jobs.job WHERE id = tap_helpers.jid('prog')$$,
     $$VALUES ('{"done": 3, "total": 10, "note": "copying"}'::jsonb, '2030-01-01 10:01:00+00'::timestamptz)$$,
     'progress should store done, total, the note and the instant on the job'
 );
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:02:00+00';
 
-SELECT is(x_jobs.progress(pg_temp.jid('prog'), 'w1', 4), TRUE, 'progress with a done only should answer true');
+SELECT is(x_jobs.progress(tap_helpers.jid('prog'), 'w1', 4), TRUE, 'progress with a done only should answer true');
 
 SELECT results_eq(
-    $$SELECT progress - 'at', (progress ->> 'at')::timestamptz FROM x_jobs.job WHERE id = pg_temp.jid('prog')$$,
+    $$SELECT progress - 'at', (progress ->> 'at')::timestamptz FROM x_jobs.job WHERE id = tap_helpers.jid('prog')$$,
     $$VALUES ('{"done": 4}'::jsonb, '2030-01-01 10:02:00+00'::timestamptz)$$,
     'progress should replace the previous report, leaving out what was not given'
 );
 
 SELECT is(
-    x_jobs.progress(pg_temp.jid('prog'), 'w2', 5, 10),
+    x_jobs.progress(tap_helpers.jid('prog'), 'w2', 5, 10),
     FALSE,
     'progress by a worker that does not hold the job should answer false'
 );
@@ -771,13 +769,13 @@ SELECT is(
 SELECT is(x_jobs.progress(-1, 'w1', 5, 10), FALSE, 'progress for a job that does not exist should answer false');
 
 SELECT results_eq(
-    $$SELECT progress ->> 'done' FROM x_jobs.job WHERE id = pg_temp.jid('prog')$$,
+    $$SELECT progress ->> 'done' FROM x_jobs.job WHERE id = tap_helpers.jid('prog')$$,
     $$VALUES ('4')$$,
     'progress that answered false should have changed nothing'
 );
 
 SELECT results_eq(
-    $$SELECT * FROM tap_helpers.caught($q$ SELECT x_jobs.progress(pg_temp.jid('prog'), 'w1', 11, 10) $q$)$$,
+    $$SELECT * FROM tap_helpers.caught($q$ SELECT x_jobs.progress(tap_helpers.jid('prog'), 'w1', 11, 10) $q$)$$,
     $$VALUES ('XJ033', 'X_PROGRESS_INVALID: progress 11 of 10 is negative or past the total',
               'A note may hold up to 1000 characters.',
               'Report done and total as numbers of zero or more, with done <= total.')$$,
@@ -785,46 +783,48 @@ SELECT results_eq(
 );
 
 SELECT throws_ok(
-    $$SELECT x_jobs.progress(pg_temp.jid('prog'), 'w1', -1)$$,
+    $$SELECT x_jobs.progress(tap_helpers.jid('prog'), 'w1', -1)$$,
     'XJ033',
     'X_PROGRESS_INVALID: progress -1 of NULL is negative or past the total',
     'progress should refuse a negative done'
 );
 
 SELECT throws_ok(
-    $$SELECT x_jobs.progress(pg_temp.jid('prog'), 'w1', NULL, -2)$$,
+    $$SELECT x_jobs.progress(tap_helpers.jid('prog'), 'w1', NULL, -2)$$,
     'XJ033',
     'X_PROGRESS_INVALID: progress NULL of -2 is negative or past the total',
     'progress should refuse a negative total'
 );
 
 SELECT throws_ok(
-    pg_catalog.format('SELECT x_jobs.progress(pg_temp.jid(''prog''), ''w1'', 1, 2, %L)', pg_catalog.repeat('n', 1001)),
+    pg_catalog.format(
+        'SELECT x_jobs.progress(tap_helpers.jid(''prog''), ''w1'', 1, 2, %L)', pg_catalog.repeat('n', 1001)
+    ),
     'XJ033',
     'X_PROGRESS_INVALID: progress 1 of 2 is negative or past the total',
     'progress should refuse a note of more than 1000 characters'
 );
 
 SELECT is(
-    x_jobs.progress(pg_temp.jid('prog'), 'w1', 10, 10, pg_catalog.repeat('n', 1000)),
+    x_jobs.progress(tap_helpers.jid('prog'), 'w1', 10, 10, pg_catalog.repeat('n', 1000)),
     TRUE,
     'progress should accept done equal to total and a note of 1000 characters'
 );
 
 SELECT is(
-    x_jobs.complete(pg_temp.jid('prog'), 'w1'),
+    x_jobs.complete(tap_helpers.jid('prog'), 'w1'),
     TRUE,
     'The job should complete (setup)'
 );
 
 SELECT is(
-    x_jobs.progress(pg_temp.jid('prog'), 'w1', 1, 10),
+    x_jobs.progress(tap_helpers.jid('prog'), 'w1', 1, 10),
     FALSE,
     'progress by the worker that held a job now settled should answer false: its body should stop'
 );
 
 SELECT is(
-    x_jobs.progress(pg_temp.jid('w_before'), 'w1', 1, 10),
+    x_jobs.progress(tap_helpers.jid('w_before'), 'w1', 1, 10),
     FALSE,
     'progress on a run suspended by its worker should answer false'
 );

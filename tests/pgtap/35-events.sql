@@ -37,12 +37,6 @@ SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
 CREATE TEMP TABLE j (tag text PRIMARY KEY, id bigint NOT NULL);
 
-CREATE FUNCTION pg_temp.jid(p_tag text)
-RETURNS bigint
-LANGUAGE sql
-STABLE
-AS $$ SELECT j.id FROM j WHERE j.tag = p_tag $$;
-
 -- Claims the job of a tag (its queue is 't35-' || tag) for `p_worker`; answers the attempt it
 -- runs, or NULL when nothing was handed out.
 CREATE FUNCTION pg_temp.take(p_tag text, p_worker text)
@@ -111,23 +105,23 @@ SELECT results_eq(
     $$
     SELECT s.status::text, count(*)::integer
     FROM (
-        SELECT w.* FROM x_jobs.step_wait(pg_temp.jid('any'), 'w1', 'pay', 't35.paid') AS w
+        SELECT w.* FROM x_jobs.step_wait(tap_helpers.jid('any'), 'w1', 'pay', 't35.paid') AS w
         UNION ALL
-        SELECT w.* FROM x_jobs.step_wait(pg_temp.jid('k1'), 'w1', 'pay', 't35.paid', 'o1') AS w
+        SELECT w.* FROM x_jobs.step_wait(tap_helpers.jid('k1'), 'w1', 'pay', 't35.paid', 'o1') AS w
         UNION ALL
-        SELECT w.* FROM x_jobs.step_wait(pg_temp.jid('k2'), 'w1', 'pay', 't35.paid', 'o2') AS w
-        UNION ALL
-        SELECT w.*
-        FROM x_jobs.step_wait(pg_temp.jid('eur'), 'w1', 'pay', 't35.paid', match => '{"currency": "EUR"}') AS w
-        UNION ALL
-        SELECT w.* FROM x_jobs.step_wait(pg_temp.jid('ship'), 'w1', 'pay', 't35.shipped') AS w
+        SELECT w.* FROM x_jobs.step_wait(tap_helpers.jid('k2'), 'w1', 'pay', 't35.paid', 'o2') AS w
         UNION ALL
         SELECT w.*
-        FROM x_jobs.step_wait(pg_temp.jid('run'), 'w1', 'pay', 't35.paid', 'o1', timeout => '10 minutes') AS w
+        FROM x_jobs.step_wait(tap_helpers.jid('eur'), 'w1', 'pay', 't35.paid', match => '{"currency": "EUR"}') AS w
         UNION ALL
-        SELECT w.* FROM x_jobs.step_wait(pg_temp.jid('approve'), 'w1', 'approval', 't35.approved') AS w
+        SELECT w.* FROM x_jobs.step_wait(tap_helpers.jid('ship'), 'w1', 'pay', 't35.shipped') AS w
         UNION ALL
-        SELECT w.* FROM x_jobs.step_sleep(pg_temp.jid('sleepy'), 'w1', 'nap', '1 hour') AS w
+        SELECT w.*
+        FROM x_jobs.step_wait(tap_helpers.jid('run'), 'w1', 'pay', 't35.paid', 'o1', timeout => '10 minutes') AS w
+        UNION ALL
+        SELECT w.* FROM x_jobs.step_wait(tap_helpers.jid('approve'), 'w1', 'approval', 't35.approved') AS w
+        UNION ALL
+        SELECT w.* FROM x_jobs.step_sleep(tap_helpers.jid('sleepy'), 'w1', 'nap', '1 hour') AS w
     ) AS s
     GROUP BY s.status
     $$,
@@ -178,13 +172,14 @@ SELECT results_eq(
 SELECT is(pg_temp.take('k1', 'w3'), 1, 'A run woken by a publish should be claimed at once');
 
 SELECT results_eq(
-    $$SELECT status::text, output, event_id FROM x_jobs.step_wait(pg_temp.jid('k1'), 'w3', 'pay', 't35.paid', 'o1')$$,
+    $$SELECT status::text, output, event_id
+      FROM x_jobs.step_wait(tap_helpers.jid('k1'), 'w3', 'pay', 't35.paid', 'o1')$$,
     $$VALUES ('done', '{"amount": 5, "currency": "USD"}'::jsonb, pg_temp.eid('p1'))$$,
     'The woken run replaying its wait should get the payload of the event that resolved it'
 );
 
 SELECT results_eq(
-    $$SELECT status::text, output FROM x_jobs.steps(pg_temp.jid('run'), 'w2')$$,
+    $$SELECT status::text, output FROM x_jobs.steps(tap_helpers.jid('run'), 'w2')$$,
     $$VALUES ('done', '{"amount": 5, "currency": "USD"}'::jsonb)$$,
     'A wait resolved by a publish after its timeout passed should stay done, not time out'
 );
@@ -336,26 +331,26 @@ SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:50:00+00';
 
 SELECT results_eq(
     $$SELECT job_id, name, status::text, output, event_id, resolved_by, resolved_at
-      FROM x_jobs.resolve_step(pg_temp.jid('approve'), 'approval', '{"by": "ops"}')$$,
-    $$VALUES (pg_temp.jid('approve'), 'approval', 'done', '{"by": "ops"}'::jsonb, NULL::bigint, 'operator',
+      FROM x_jobs.resolve_step(tap_helpers.jid('approve'), 'approval', '{"by": "ops"}')$$,
+    $$VALUES (tap_helpers.jid('approve'), 'approval', 'done', '{"by": "ops"}'::jsonb, NULL::bigint, 'operator',
               '2030-01-01 10:50:00+00'::timestamptz)$$,
     'resolve_step should answer the step done with the output given, resolved by the operator now'
 );
 
 SELECT results_eq(
-    $$SELECT state::text, claimed_by, run_at FROM x_jobs.job WHERE id = pg_temp.jid('approve')$$,
+    $$SELECT state::text, claimed_by, run_at FROM x_jobs.job WHERE id = tap_helpers.jid('approve')$$,
     $$VALUES ('ready', NULL::text, '2030-01-01 10:50:00+00'::timestamptz)$$,
     'resolve_step should make the suspended run ready now'
 );
 
 SELECT results_eq(
-    $$SELECT status::text, output, resolved_by FROM x_jobs.resolve_step(pg_temp.jid('sleepy'), 'nap')$$,
+    $$SELECT status::text, output, resolved_by FROM x_jobs.resolve_step(tap_helpers.jid('sleepy'), 'nap')$$,
     $$VALUES ('done', NULL::jsonb, 'operator')$$,
     'resolve_step without an output should answer a sleep done, with no output'
 );
 
 SELECT results_eq(
-    $$SELECT state::text, run_at FROM x_jobs.job WHERE id = pg_temp.jid('sleepy')$$,
+    $$SELECT state::text, run_at FROM x_jobs.job WHERE id = tap_helpers.jid('sleepy')$$,
     $$VALUES ('ready', '2030-01-01 10:50:00+00'::timestamptz)$$,
     'resolve_step should end a sleep early: its run ready now instead of at the wake time'
 );
@@ -363,29 +358,31 @@ SELECT results_eq(
 SELECT is(pg_temp.take('approve', 'w4'), 1, 'A run resolved by the operator should be claimed at once');
 
 SELECT results_eq(
-    $$SELECT status::text, output FROM x_jobs.step_wait(pg_temp.jid('approve'), 'w4', 'approval', 't35.approved')$$,
+    $$SELECT status::text, output FROM x_jobs.step_wait(tap_helpers.jid('approve'), 'w4', 'approval', 't35.approved')$$,
     $$VALUES ('done', '{"by": "ops"}'::jsonb)$$,
     'The wait replayed after resolve_step should answer the output the operator gave'
 );
 
 SELECT results_eq(
-    $$SELECT * FROM tap_helpers.caught($q$ SELECT x_jobs.resolve_step(pg_temp.jid('approve'), 'approval') $q$)$$,
-    $$VALUES ('XJ030', pg_catalog.format('X_JOB_HELD: job %s is running on worker ''w4''', pg_temp.jid('approve')), '',
+    $$SELECT * FROM tap_helpers.caught($q$ SELECT x_jobs.resolve_step(tap_helpers.jid('approve'), 'approval') $q$)$$,
+    $$VALUES ('XJ030',
+      pg_catalog.format('X_JOB_HELD: job %s is running on worker ''w4''', tap_helpers.jid('approve')), '',
               'Resolve a step while its run is suspended; wait for the worker to suspend or settle it.')$$,
     'resolve_step should refuse a job that a worker holds, with a HINT'
 );
 
 SELECT results_eq(
-    $$SELECT * FROM tap_helpers.caught($q$ SELECT x_jobs.resolve_step(pg_temp.jid('sleepy'), 'nap') $q$)$$,
+    $$SELECT * FROM tap_helpers.caught($q$ SELECT x_jobs.resolve_step(tap_helpers.jid('sleepy'), 'nap') $q$)$$,
     $$VALUES ('XJ032',
-              pg_catalog.format('X_STEP_NOT_WAITING: step ''nap'' of job %s is done', pg_temp.jid('sleepy')), '',
+              pg_catalog.format('X_STEP_NOT_WAITING: step ''nap'' of job %s is done', tap_helpers.jid('sleepy')), '',
               'Only a waiting step (a sleep or a wait on an event) can be resolved.')$$,
     'resolve_step should refuse a step that is no longer waiting, with a HINT'
 );
 
 SELECT results_eq(
-    $$SELECT * FROM tap_helpers.caught($q$ SELECT x_jobs.resolve_step(pg_temp.jid('sleepy'), 'charge') $q$)$$,
-    $$VALUES ('XJ031', pg_catalog.format('X_STEP_NOT_FOUND: job %s has no step ''charge''', pg_temp.jid('sleepy')), '',
+    $$SELECT * FROM tap_helpers.caught($q$ SELECT x_jobs.resolve_step(tap_helpers.jid('sleepy'), 'charge') $q$)$$,
+    $$VALUES ('XJ031',
+      pg_catalog.format('X_STEP_NOT_FOUND: job %s has no step ''charge''', tap_helpers.jid('sleepy')), '',
               'List the job''s steps with `x-jobs jobs show`; a step exists once the run reached it.')$$,
     'resolve_step should refuse a step the run never reached, with a HINT'
 );
@@ -398,7 +395,8 @@ SELECT results_eq(
 );
 
 SELECT results_eq(
-    $$SELECT status::text, output, resolved_by FROM x_jobs.step WHERE job_id = pg_temp.jid('sleepy') AND name = 'nap'$$,
+    $$SELECT status::text, output, resolved_by FROM x_jobs.step
+      WHERE job_id = tap_helpers.jid('sleepy') AND name = 'nap'$$,
     $$VALUES ('done', NULL::jsonb, 'operator')$$,
     'The refused resolve_step calls should have changed nothing'
 );

@@ -10,12 +10,6 @@ SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
 CREATE TEMP TABLE j (tag text PRIMARY KEY, id bigint NOT NULL);
 
-CREATE FUNCTION pg_temp.jid(p_tag text)
-RETURNS bigint
-LANGUAGE sql
-STABLE
-AS $$ SELECT j.id FROM j WHERE j.tag = p_tag $$;
-
 -- Each job has a queue of its own, so a claim picks exactly the job it names.
 INSERT INTO j (tag, id)
 SELECT
@@ -62,13 +56,13 @@ SELECT is(
 ------------------------------------------------------------------------------------------------
 
 SELECT is(
-    x_jobs.complete(pg_temp.jid('gone'), 'w1', '{"unread": true}'),
+    x_jobs.complete(tap_helpers.jid('gone'), 'w1', '{"unread": true}'),
     TRUE,
     'complete should answer true for a keep_done => false row its worker holds'
 );
 
 SELECT is_empty(
-    $$SELECT FROM x_jobs.job WHERE id = pg_temp.jid('gone')$$,
+    $$SELECT FROM x_jobs.job WHERE id = tap_helpers.jid('gone')$$,
     'A completed keep_done => false row should be deleted'
 );
 
@@ -80,9 +74,9 @@ SELECT results_eq(
 
 SELECT bag_eq(
     $$SELECT c FROM x_jobs.complete_many(
-          ARRAY[pg_temp.jid('kept'), pg_temp.jid('many')], 'w1', ARRAY['{"a": 1}', '{"b": 2}']::jsonb[]
+          ARRAY[tap_helpers.jid('kept'), tap_helpers.jid('many')], 'w1', ARRAY['{"a": 1}', '{"b": 2}']::jsonb[]
       ) AS c$$,
-    $$VALUES (pg_temp.jid('kept')), (pg_temp.jid('many'))$$,
+    $$VALUES (tap_helpers.jid('kept')), (tap_helpers.jid('many'))$$,
     'complete_many should answer the ids it completed, kept and deleted alike'
 );
 
@@ -99,8 +93,8 @@ SELECT results_eq(
 
 SELECT is(
     ARRAY[
-        x_jobs.fail(pg_temp.jid('errs'), 'w1', 'first try', retry_delay => '0 seconds'),
-        x_jobs.fail(pg_temp.jid('other'), 'w1', 'first try', retry_delay => '0 seconds')
+        x_jobs.fail(tap_helpers.jid('errs'), 'w1', 'first try', retry_delay => '0 seconds'),
+        x_jobs.fail(tap_helpers.jid('other'), 'w1', 'first try', retry_delay => '0 seconds')
     ]::text[],
     ARRAY['ready', 'ready'],
     'A failed keep_done => false row should be retried like any other (here at once)'
@@ -114,16 +108,16 @@ SELECT is(
 
 SELECT is(
     ARRAY[
-        x_jobs.step_record(pg_temp.jid('errs'), 'w1', 'fetch', '{"n": 1}'),
-        x_jobs.step_record(pg_temp.jid('other'), 'w1', 'fetch', '{"n": 2}')
+        x_jobs.step_record(tap_helpers.jid('errs'), 'w1', 'fetch', '{"n": 1}'),
+        x_jobs.step_record(tap_helpers.jid('other'), 'w1', 'fetch', '{"n": 2}')
     ]::text[],
     ARRAY['done', 'done'],
     'Both runs should record a step'
 );
 
 SELECT bag_eq(
-    $$SELECT c FROM x_jobs.complete_many(ARRAY[pg_temp.jid('errs'), pg_temp.jid('other')], 'w1') AS c$$,
-    $$VALUES (pg_temp.jid('errs')), (pg_temp.jid('other'))$$,
+    $$SELECT c FROM x_jobs.complete_many(ARRAY[tap_helpers.jid('errs'), tap_helpers.jid('other')], 'w1') AS c$$,
+    $$VALUES (tap_helpers.jid('errs')), (tap_helpers.jid('other'))$$,
     'complete_many should complete both'
 );
 
@@ -140,25 +134,25 @@ SELECT results_eq(
 ------------------------------------------------------------------------------------------------
 
 SELECT is(
-    x_jobs.complete(pg_temp.jid('stale'), 'w2'),
+    x_jobs.complete(tap_helpers.jid('stale'), 'w2'),
     FALSE,
     'complete should answer false to a worker that does not hold the keep_done => false row'
 );
 
 SELECT results_eq(
-    $$SELECT state::text, claimed_by FROM x_jobs.job WHERE id = pg_temp.jid('stale')$$,
+    $$SELECT state::text, claimed_by FROM x_jobs.job WHERE id = tap_helpers.jid('stale')$$,
     $$VALUES ('running', 'w1')$$,
     'The row another worker tried to complete should still be running, held by its worker'
 );
 
 SELECT is(
-    x_jobs.fail(pg_temp.jid('dies'), 'w1', 'last try')::text,
+    x_jobs.fail(tap_helpers.jid('dies'), 'w1', 'last try')::text,
     'dead',
     'fail should bury a keep_done => false row out of attempts'
 );
 
 SELECT results_eq(
-    $$SELECT state::text, last_error FROM x_jobs.job WHERE id = pg_temp.jid('dies')$$,
+    $$SELECT state::text, last_error FROM x_jobs.job WHERE id = tap_helpers.jid('dies')$$,
     $$VALUES ('dead', 'last try')$$,
     'The dead keep_done => false row should be kept as a dead letter, with its error'
 );
@@ -168,13 +162,13 @@ SELECT results_eq(
 ------------------------------------------------------------------------------------------------
 
 SELECT is(
-    x_jobs.complete(pg_temp.jid('keyed'), 'w1'),
+    x_jobs.complete(tap_helpers.jid('keyed'), 'w1'),
     TRUE,
     'The keyed keep_done => false row should complete'
 );
 
 SELECT results_eq(
-    $$SELECT e.deduped, e.id <> pg_temp.jid('keyed')
+    $$SELECT e.deduped, e.id <> tap_helpers.jid('keyed')
       FROM x_jobs.enqueue('t37_keyed', queue => 't37-keyed', idempotency_key => 't37-key') AS e$$,
     $$VALUES (FALSE, TRUE)$$,
     'The key of a deleted row should be free: a new enqueue makes a new row'

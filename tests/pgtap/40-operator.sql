@@ -8,12 +8,6 @@ SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
 CREATE TEMP TABLE j (tag text PRIMARY KEY, id bigint NOT NULL);
 
-CREATE FUNCTION pg_temp.jid(p_tag text)
-RETURNS bigint
-LANGUAGE sql
-STABLE
-AS $$ SELECT j.id FROM j WHERE j.tag = p_tag $$;
-
 -- Each job has a queue of its own, so a claim picks exactly the jobs it names.
 INSERT INTO j (tag, id)
 SELECT
@@ -53,13 +47,13 @@ FROM x_jobs.claim(
 -- dead fails twice (two job_error rows); failed and k_dead fail their only attempt.
 DO $$
 BEGIN
-    PERFORM x_jobs.complete(pg_temp.jid('done'), 'w1');
-    PERFORM x_jobs.complete(pg_temp.jid('r_done'), 'w1');
-    PERFORM x_jobs.fail(pg_temp.jid('dead'), 'w1', 'first error', retry_delay => '0');
+    PERFORM x_jobs.complete(tap_helpers.jid('done'), 'w1');
+    PERFORM x_jobs.complete(tap_helpers.jid('r_done'), 'w1');
+    PERFORM x_jobs.fail(tap_helpers.jid('dead'), 'w1', 'first error', retry_delay => '0');
     PERFORM x_jobs.claim(ARRAY['t40-dead'], 'w2');
-    PERFORM x_jobs.fail(pg_temp.jid('dead'), 'w2', 'second error');
-    PERFORM x_jobs.fail(pg_temp.jid('failed'), 'w1', 'only error');
-    PERFORM x_jobs.fail(pg_temp.jid('k_dead'), 'w1', 'only error');
+    PERFORM x_jobs.fail(tap_helpers.jid('dead'), 'w2', 'second error');
+    PERFORM x_jobs.fail(tap_helpers.jid('failed'), 'w1', 'only error');
+    PERFORM x_jobs.fail(tap_helpers.jid('k_dead'), 'w1', 'only error');
 END
 $$;
 
@@ -78,11 +72,11 @@ SELECT results_eq(
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:05+00';
 
-SELECT is(x_jobs.cancel(pg_temp.jid('ready')), TRUE, 'cancel should answer true for a ready row');
+SELECT is(x_jobs.cancel(tap_helpers.jid('ready')), TRUE, 'cancel should answer true for a ready row');
 
-SELECT is(x_jobs.cancel(pg_temp.jid('delayed')), TRUE, 'cancel should answer true for a delayed row');
+SELECT is(x_jobs.cancel(tap_helpers.jid('delayed')), TRUE, 'cancel should answer true for a delayed row');
 
-SELECT is(x_jobs.cancel(pg_temp.jid('running')), TRUE, 'cancel should answer true for a running row');
+SELECT is(x_jobs.cancel(tap_helpers.jid('running')), TRUE, 'cancel should answer true for a running row');
 
 SELECT results_eq(
     $$SELECT j.tag, k.state::text, k.claimed_by, k.visible_at, k.finished_at
@@ -94,18 +88,18 @@ SELECT results_eq(
 );
 
 SELECT is(
-    x_jobs.complete(pg_temp.jid('running'), 'w1', '{"late": true}'),
+    x_jobs.complete(tap_helpers.jid('running'), 'w1', '{"late": true}'),
     FALSE,
     'The worker of a cancelled running row should not be able to complete it'
 );
 
 SELECT is_empty(
-    $$SELECT * FROM x_jobs.extend_lease(ARRAY[pg_temp.jid('running')], 'w1')$$,
+    $$SELECT * FROM x_jobs.extend_lease(ARRAY[tap_helpers.jid('running')], 'w1')$$,
     'The heartbeat of the worker of a cancelled row should not list it (the signal to stop)'
 );
 
 SELECT results_eq(
-    $$SELECT state::text, output FROM x_jobs.job WHERE id = pg_temp.jid('running')$$,
+    $$SELECT state::text, output FROM x_jobs.job WHERE id = tap_helpers.jid('running')$$,
     $$VALUES ('cancelled', NULL::jsonb)$$,
     'A cancelled row should stay cancelled after its old worker tried to settle it'
 );
@@ -142,7 +136,7 @@ SELECT throws_ok(
 
 DO $$
 BEGIN
-    PERFORM x_jobs.cancel(pg_temp.jid('cancelled'));
+    PERFORM x_jobs.cancel(tap_helpers.jid('cancelled'));
 END
 $$;
 
@@ -162,31 +156,31 @@ SELECT results_eq(
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:10+00';
 
-SELECT is(x_jobs.retry(pg_temp.jid('dead')), TRUE, 'retry should answer true for a dead row');
+SELECT is(x_jobs.retry(tap_helpers.jid('dead')), TRUE, 'retry should answer true for a dead row');
 
 SELECT results_eq(
     $$SELECT k.state::text, k.attempt, k.run_at, k.finished_at, k.claimed_by, k.visible_at, k.run_id = s.run_id
-      FROM x_jobs.job AS k JOIN snap AS s ON s.id = k.id WHERE k.id = pg_temp.jid('dead')$$,
+      FROM x_jobs.job AS k JOIN snap AS s ON s.id = k.id WHERE k.id = tap_helpers.jid('dead')$$,
     $$VALUES ('ready', 0, '2030-01-01 10:00:10+00'::timestamptz, NULL::timestamptz, NULL::text,
               NULL::timestamptz, TRUE)$$,
     'A retried row should be ready now, at attempt 0, unfinished, unheld, with the same run_id'
 );
 
 SELECT results_eq(
-    $$SELECT attempt, worker, error FROM x_jobs.job_error WHERE job_id = pg_temp.jid('dead') ORDER BY attempt$$,
+    $$SELECT attempt, worker, error FROM x_jobs.job_error WHERE job_id = tap_helpers.jid('dead') ORDER BY attempt$$,
     $$VALUES (1, 'w1', 'first error'), (2, 'w2', 'second error')$$,
     'A retried row should keep its error history'
 );
 
 SELECT results_eq(
     $$SELECT id, attempt FROM x_jobs.claim(ARRAY['t40-dead'], 'w3')$$,
-    $$VALUES (pg_temp.jid('dead'), 1)$$,
+    $$VALUES (tap_helpers.jid('dead'), 1)$$,
     'A retried row should be claimable at once, starting again from attempt 1'
 );
 
-SELECT is(x_jobs.retry(pg_temp.jid('failed')), TRUE, 'retry should answer true for a failed row');
+SELECT is(x_jobs.retry(tap_helpers.jid('failed')), TRUE, 'retry should answer true for a failed row');
 
-SELECT is(x_jobs.retry(pg_temp.jid('cancelled')), TRUE, 'retry should answer true for a cancelled row');
+SELECT is(x_jobs.retry(tap_helpers.jid('cancelled')), TRUE, 'retry should answer true for a cancelled row');
 
 SELECT results_eq(
     $$SELECT j.tag, k.state::text, k.attempt, k.run_at, k.finished_at
@@ -204,30 +198,30 @@ WHERE id IN (
 );
 
 SELECT throws_ok(
-    pg_catalog.format('SELECT x_jobs.retry(%s)', pg_temp.jid('r_ready')),
+    pg_catalog.format('SELECT x_jobs.retry(%s)', tap_helpers.jid('r_ready')),
     'XJ015',
-    pg_catalog.format('X_JOB_NOT_RETRYABLE: job %s is ready', pg_temp.jid('r_ready')),
+    pg_catalog.format('X_JOB_NOT_RETRYABLE: job %s is ready', tap_helpers.jid('r_ready')),
     'retry should refuse a ready row'
 );
 
 SELECT throws_ok(
-    pg_catalog.format('SELECT x_jobs.retry(%s)', pg_temp.jid('r_delayed')),
+    pg_catalog.format('SELECT x_jobs.retry(%s)', tap_helpers.jid('r_delayed')),
     'XJ015',
-    pg_catalog.format('X_JOB_NOT_RETRYABLE: job %s is delayed', pg_temp.jid('r_delayed')),
+    pg_catalog.format('X_JOB_NOT_RETRYABLE: job %s is delayed', tap_helpers.jid('r_delayed')),
     'retry should refuse a delayed row'
 );
 
 SELECT throws_ok(
-    pg_catalog.format('SELECT x_jobs.retry(%s)', pg_temp.jid('r_running')),
+    pg_catalog.format('SELECT x_jobs.retry(%s)', tap_helpers.jid('r_running')),
     'XJ015',
-    pg_catalog.format('X_JOB_NOT_RETRYABLE: job %s is running', pg_temp.jid('r_running')),
+    pg_catalog.format('X_JOB_NOT_RETRYABLE: job %s is running', tap_helpers.jid('r_running')),
     'retry should refuse a running row'
 );
 
 SELECT throws_ok(
-    pg_catalog.format('SELECT x_jobs.retry(%s)', pg_temp.jid('r_done')),
+    pg_catalog.format('SELECT x_jobs.retry(%s)', tap_helpers.jid('r_done')),
     'XJ015',
-    pg_catalog.format('X_JOB_NOT_RETRYABLE: job %s is done', pg_temp.jid('r_done')),
+    pg_catalog.format('X_JOB_NOT_RETRYABLE: job %s is done', tap_helpers.jid('r_done')),
     'retry should refuse a done row'
 );
 
@@ -246,7 +240,7 @@ SELECT
 FROM x_jobs.enqueue('t40_k_live', queue => 't40-k_live', idempotency_key => 't40-key') AS e;
 
 SELECT throws_ok(
-    pg_catalog.format('SELECT x_jobs.retry(%s)', pg_temp.jid('k_dead')),
+    pg_catalog.format('SELECT x_jobs.retry(%s)', tap_helpers.jid('k_dead')),
     'XJ017',
     'X_IDEMPOTENCY_CONFLICT: a live job already holds key ''t40-key''',
     'retry should refuse a dead row whose idempotency key another live row now holds'
@@ -260,7 +254,7 @@ SELECT set_eq(
 );
 
 SELECT results_eq(
-    $$SELECT state::text, attempt FROM x_jobs.job WHERE id = pg_temp.jid('k_live')$$,
+    $$SELECT state::text, attempt FROM x_jobs.job WHERE id = tap_helpers.jid('k_live')$$,
     $$VALUES ('ready', 0)$$,
     'The live row holding the key should be untouched by the refused retry'
 );
@@ -289,14 +283,14 @@ SELECT is_empty(
 
 SELECT set_eq(
     $$SELECT id FROM x_jobs.claim(ARRAY['t40-p', 't40-p2'], 'w1', qty => 10)$$,
-    ARRAY[pg_temp.jid('p2')],
+    ARRAY[tap_helpers.jid('p2')],
     'A claim over a paused and an open queue should take only the open queue''s row'
 );
 
 SELECT is(
     (
         SELECT state::text FROM x_jobs.job
-        WHERE id = pg_temp.jid('p')
+        WHERE id = tap_helpers.jid('p')
     ),
     'ready',
     'The row of a paused queue should stay ready'
@@ -308,7 +302,7 @@ SELECT is(x_jobs.resume_queue('t40-p'), FALSE, 'resume_queue should answer false
 
 SELECT set_eq(
     $$SELECT id FROM x_jobs.claim(ARRAY['t40-p'], 'w1')$$,
-    ARRAY[pg_temp.jid('p')],
+    ARRAY[tap_helpers.jid('p')],
     'A claim should take the row of a resumed queue'
 );
 

@@ -161,12 +161,6 @@ SELECT throws_ok(
 
 CREATE TEMP TABLE j (tag text PRIMARY KEY, id bigint NOT NULL);
 
-CREATE FUNCTION pg_temp.jid(p_tag text)
-RETURNS bigint
-LANGUAGE sql
-STABLE
-AS $$ SELECT j.id FROM j WHERE j.tag = p_tag $$;
-
 CREATE FUNCTION pg_temp.demand(p_queue text)
 RETURNS bigint
 LANGUAGE sql
@@ -218,7 +212,7 @@ BEGIN
     PERFORM pg_temp.put('a_suspended_due', 'dq-a');
     PERFORM pg_temp.put('a_suspended_future', 'dq-a');
     PERFORM pg_temp.put('a_cancelled', 'dq-a');
-    PERFORM x_jobs.cancel(pg_temp.jid('a_cancelled'));
+    PERFORM x_jobs.cancel(tap_helpers.jid('a_cancelled'));
 
     PERFORM x_jobs.announce_worker('t50-drainer', ARRAY['dq-b'], draining => TRUE, ttl => '10 minutes');
     PERFORM x_jobs.announce_worker('t50-steady', ARRAY['dq-b', 'dq-p'], ttl => '10 minutes');
@@ -242,7 +236,7 @@ BEGIN
 
     PERFORM pg_temp.put('f_done', 'dq-f');
     PERFORM pg_temp.take('dq-f', 't50-steady', 1);
-    PERFORM x_jobs.complete(pg_temp.jid('f_done'), 't50-steady');
+    PERFORM x_jobs.complete(tap_helpers.jid('f_done'), 't50-steady');
 END
 $$;
 
@@ -250,12 +244,12 @@ $$;
 UPDATE x_jobs.job SET
     state = 'suspended',
     run_at = '2030-01-01 09:45:00+00'
-WHERE id = pg_temp.jid('a_suspended_due');
+WHERE id = tap_helpers.jid('a_suspended_due');
 
 UPDATE x_jobs.job SET
     state = 'suspended',
     run_at = '2030-01-01 11:00:00+00'
-WHERE id = pg_temp.jid('a_suspended_future');
+WHERE id = tap_helpers.jid('a_suspended_future');
 
 SELECT results_eq(
     $$SELECT c.worker, count(*)::integer FROM claims AS c GROUP BY c.worker ORDER BY c.worker$$,

@@ -8,12 +8,6 @@ SELECT plan(42);
 
 CREATE TEMP TABLE j (tag text PRIMARY KEY, id bigint NOT NULL);
 
-CREATE FUNCTION pg_temp.jid(p_tag text)
-RETURNS bigint
-LANGUAGE sql
-STABLE
-AS $$ SELECT j.id FROM j WHERE j.tag = p_tag $$;
-
 -- The tags of the rows of this test that are still in x_jobs.job.
 CREATE FUNCTION pg_temp.left_tags()
 RETURNS text[]
@@ -59,11 +53,11 @@ FROM x_jobs.claim(ARRAY['t60-d1', 't60-f1', 't60-x1', 't60-l_running', 't60-l_re
 
 DO $$
 BEGIN
-    PERFORM x_jobs.step_record(pg_temp.jid('d1'), 'w1', 'fetch', '{"d1": 1}');
-    PERFORM x_jobs.step_record(pg_temp.jid('d1'), 'w1', 'fetch', '{"undo": 1}', compensation => TRUE);
-    PERFORM x_jobs.step_record(pg_temp.jid('l_running'), 'w1', 'fetch', '{"l_running": 1}');
-    PERFORM x_jobs.complete(pg_temp.jid('d1'), 'w1');
-    PERFORM x_jobs.fail(pg_temp.jid('l_retried'), 'w1', 'retried error', retry_delay => '0');
+    PERFORM x_jobs.step_record(tap_helpers.jid('d1'), 'w1', 'fetch', '{"d1": 1}');
+    PERFORM x_jobs.step_record(tap_helpers.jid('d1'), 'w1', 'fetch', '{"undo": 1}', compensation => TRUE);
+    PERFORM x_jobs.step_record(tap_helpers.jid('l_running'), 'w1', 'fetch', '{"l_running": 1}');
+    PERFORM x_jobs.complete(tap_helpers.jid('d1'), 'w1');
+    PERFORM x_jobs.fail(tap_helpers.jid('l_retried'), 'w1', 'retried error', retry_delay => '0');
 END
 $$;
 
@@ -71,7 +65,7 @@ SET LOCAL "x_jobs.fake_now" = '2030-01-02 00:00:00+00';
 
 DO $$
 BEGIN
-    PERFORM x_jobs.fail(pg_temp.jid('f1'), 'w1', 'f1 error');
+    PERFORM x_jobs.fail(tap_helpers.jid('f1'), 'w1', 'f1 error');
 END
 $$;
 
@@ -79,7 +73,7 @@ SET LOCAL "x_jobs.fake_now" = '2030-01-03 00:00:00+00';
 
 DO $$
 BEGIN
-    PERFORM x_jobs.fail(pg_temp.jid('x1'), 'w1', 'x1 error');
+    PERFORM x_jobs.fail(tap_helpers.jid('x1'), 'w1', 'x1 error');
 END
 $$;
 
@@ -87,7 +81,7 @@ SET LOCAL "x_jobs.fake_now" = '2030-01-04 00:00:00+00';
 
 DO $$
 BEGIN
-    PERFORM x_jobs.cancel(pg_temp.jid('c1'));
+    PERFORM x_jobs.cancel(tap_helpers.jid('c1'));
 END
 $$;
 
@@ -104,8 +98,8 @@ SELECT c.id FROM x_jobs.claim(ARRAY['t60-r1'], 'w1') AS c;
 
 DO $$
 BEGIN
-    PERFORM x_jobs.step_record(pg_temp.jid('r1'), 'w1', 'fetch', '{"r1": 1}');
-    PERFORM x_jobs.complete(pg_temp.jid('r1'), 'w1');
+    PERFORM x_jobs.step_record(tap_helpers.jid('r1'), 'w1', 'fetch', '{"r1": 1}');
+    PERFORM x_jobs.complete(tap_helpers.jid('r1'), 'w1');
 END
 $$;
 
@@ -203,7 +197,7 @@ SET LOCAL "x_jobs.fake_now" = '2030-01-21 00:00:00+00';
 
 DO $$
 BEGIN
-    PERFORM x_jobs.complete(pg_temp.jid('o2'), 'w1');
+    PERFORM x_jobs.complete(tap_helpers.jid('o2'), 'w1');
 END
 $$;
 
@@ -211,13 +205,13 @@ SET LOCAL "x_jobs.fake_now" = '2030-01-22 00:00:00+00';
 
 DO $$
 BEGIN
-    PERFORM x_jobs.complete(pg_temp.jid('o1'), 'w1');
+    PERFORM x_jobs.complete(tap_helpers.jid('o1'), 'w1');
 END
 $$;
 
 SET LOCAL "x_jobs.fake_now" = '2030-02-01 00:00:00+00';
 
-SELECT cmp_ok(pg_temp.jid('o1'), '<', pg_temp.jid('o2'), 'o1 should have the lower id of the two');
+SELECT cmp_ok(tap_helpers.jid('o1'), '<', tap_helpers.jid('o2'), 'o1 should have the lower id of the two');
 
 SELECT is(x_jobs.purge('1 day', 1), 1::bigint, 'purge with batch_size 1 should delete one row');
 

@@ -20,3 +20,13 @@ EXCEPTION
         RETURN NEXT;
 END
 $$;
+
+-- The id of the job a file tagged. A file that names its jobs by tag keeps them in a temporary
+-- table of its own, j (tag, id); the body is checked when it runs, once that table exists.
+SET check_function_bodies = off;
+CREATE FUNCTION tap_helpers.jid(p_tag text)
+RETURNS bigint
+LANGUAGE sql
+STABLE
+AS $$ SELECT j.id FROM pg_temp.j AS j WHERE j.tag = p_tag $$;
+RESET check_function_bodies;
