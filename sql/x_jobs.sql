@@ -404,18 +404,44 @@ SELECT pg_catalog.pg_extension_config_dump('x_jobs.webhook_ledger', '');
 -- Functions: helpers
 ------------------------------------------------------------------------------------------------
 
--- The clock. Tests move it with SET x_jobs.fake_now = '...'; everything else gets now(), the
--- transaction's start. No SET search_path here: it would stop this tiny function from inlining.
+-- The test clock: x_jobs.fake_now, for a session whose login role is a superuser, and for no
+-- other. Any role can set a custom setting, and a clock moved forward makes every other worker's
+-- lease look lapsed to the mover's claims, which would take those jobs while they run. By
+-- session_user: SET ROLE and SECURITY DEFINER functions change current_user, not the login.
+CREATE FUNCTION x_jobs._fake_now()
+RETURNS timestamptz
+LANGUAGE plpgsql
+STABLE
+PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_setting text := pg_catalog.current_setting('x_jobs.fake_now', true);
+BEGIN
+    IF NOT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles AS r WHERE r.rolname = session_user), FALSE) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ038',
+            MESSAGE = pg_catalog.format('X_CLOCK_REFUSED: x_jobs.fake_now is set to %L, and role %I may not move the clock',
+                v_setting, session_user),
+            HINT = 'x_jobs.fake_now is a test clock for superuser sessions: RESET x_jobs.fake_now (or ALTER ROLE ... RESET).';
+    END IF;
+    RETURN v_setting::timestamptz;
+END
+$$;
+
+-- The clock: now(), the transaction's start, unless a test moved it (x_jobs._fake_now). One
+-- expression, and no SET search_path, so that the planner inlines it: the check costs nothing
+-- while the setting is unset.
 CREATE FUNCTION x_jobs.now()
 RETURNS timestamptz
 LANGUAGE sql
 STABLE
 PARALLEL SAFE
 AS $$
-    SELECT coalesce(
-        nullif(pg_catalog.current_setting('x_jobs.fake_now', true), '')::timestamptz,
-        pg_catalog.now()
-    )
+    SELECT CASE
+        WHEN coalesce(pg_catalog.current_setting('x_jobs.fake_now', true), '') = '' THEN pg_catalog.now()
+        ELSE x_jobs._fake_now()
+    END
 $$;
 
 -- The catalogue of refusals: every SQLSTATE an x_jobs function raises, its X_ code, what it
@@ -465,6 +491,7 @@ AS $$
         ('XJ035', 'X_MESSAGE_INVALID', 'An outbox message has no payload, headers that are not an object of strings, or is not an object.'),
         ('XJ036', 'X_RELAY_INVALID', 'A relay id is missing or empty.'),
         ('XJ037', 'X_WEBHOOK_INVALID', 'receive_webhook got no source or no webhook id.'),
+        ('XJ038', 'X_CLOCK_REFUSED', 'x_jobs.fake_now (the test clock) is set in a session whose login role is not a superuser.'),
         ('40001', 'X_ENQUEUE_RACE', 'An idempotency key kept changing hands during enqueue; retry the call.')
 $$;
 
@@ -479,7 +506,7 @@ IMMUTABLE
 PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT '0.3.2'::text
+    SELECT '0.3.3'::text
 $$;
 
 -- The bucket a settling statement adds to: its minute, in UTC whatever the session's TimeZone.
@@ -3296,6 +3323,7 @@ GRANT USAGE ON SCHEMA x_jobs TO x_jobs_producer, pg_monitor;
 
 -- Producers: enqueue. The functions run as the caller, so the caller needs the rows they touch.
 GRANT EXECUTE ON FUNCTION x_jobs.now() TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs._fake_now() TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs.error_codes() TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs.version() TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs._max_payload_bytes() TO x_jobs_producer;
@@ -3347,6 +3375,8 @@ GRANT SELECT ON x_jobs.worker, x_jobs.counter, x_jobs.job_error TO x_jobs_admin;
 
 -- Monitoring: demand counts only (queue_demand is SECURITY DEFINER, see above).
 GRANT EXECUTE ON FUNCTION x_jobs.queue_demand(), x_jobs.now(), x_jobs.version() TO pg_monitor;
+-- Whoever may read the clock may reach its refusal (a monitor's session cannot move it).
+GRANT EXECUTE ON FUNCTION x_jobs._fake_now() TO pg_monitor;
 
 -- Steps and events (0.2.0). A producer publishes; publish runs as its owner (see there).
 GRANT EXECUTE ON FUNCTION x_jobs.publish(text, jsonb, text) TO x_jobs_producer;

@@ -186,6 +186,12 @@ class WebhookInvalid(InvalidArgument):
     code, sqlstate = "X_WEBHOOK_INVALID", "XJ037"
 
 
+class ClockRefused(XJobsError):
+    """``x_jobs.fake_now`` (the test clock) is set in a session that is not a superuser's."""
+
+    code, sqlstate = "X_CLOCK_REFUSED", "XJ038"
+
+
 class EnqueueRace(XJobsError):
     """The call lost a race it cannot settle by itself; calling it again succeeds."""
 

@@ -2,7 +2,7 @@
 -- volatile it is, whose rights it runs with, which settings it pins, and who may use what.
 -- A change to any of these is a change to the API: it shows up here first, on purpose.
 BEGIN;
-SELECT plan(568);
+SELECT plan(576);
 
 -- The functions of the API, one row each, with what 00-schema pins about them. `args` is how
 -- pgTAP's catalog view spells the argument types (regtype output: 'timestamp with time zone',
@@ -18,6 +18,7 @@ CREATE TEMP TABLE api (
 
 INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUES
 ('now', '{}', 'timestamp with time zone', 'STABLE', NULL),
+('_fake_now', '{}', 'timestamp with time zone', 'STABLE', NULL),
 ('error_codes', '{}', 'setof record', 'IMMUTABLE', NULL),
 ('version', '{}', 'text', 'IMMUTABLE', NULL),
 ('_minute', '{timestamp with time zone}', 'timestamp with time zone', 'IMMUTABLE', NULL),
@@ -97,6 +98,7 @@ CREATE TEMP TABLE api_grant (
 
 INSERT INTO api_grant (fn, lowest_role, to_pg_monitor) VALUES
 ('now', 'x_jobs_producer', TRUE),
+('_fake_now', 'x_jobs_producer', TRUE),
 ('error_codes', 'x_jobs_producer', FALSE),
 ('version', 'x_jobs_producer', TRUE),
 ('_max_payload_bytes', 'x_jobs_producer', FALSE),

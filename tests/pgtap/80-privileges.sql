@@ -4,9 +4,10 @@
 -- operate; an admin operates (resolves steps, redrives messages, runs every retention); a role
 -- without a grant cannot reach the schema, and pg_monitor reads demand counts but not the jobs,
 -- steps, events, messages or webhooks. Each role is created here and rolled back with the test; each block
--- runs under SET ROLE and ends with RESET ROLE. The clock is moved with SET LOCAL "x_jobs.fake_now".
+-- runs under SET ROLE and ends with RESET ROLE. The clock is moved with SET LOCAL "x_jobs.fake_now",
+-- which only a superuser's session may do (the last block).
 BEGIN;
-SELECT plan(85);
+SELECT plan(89);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
@@ -737,6 +738,50 @@ SELECT is_empty(
       SELECT FROM x_jobs.step WHERE job_id NOT IN (SELECT id FROM x_jobs.job)$$,
     'The worker role''s complete should have deleted the row and its steps'
 );
+
+------------------------------------------------------------------------------------------------
+-- The test clock: only a superuser's session moves it
+------------------------------------------------------------------------------------------------
+
+SET LOCAL "x_jobs.fake_now" = '2030-01-02 00:00:00+00';
+
+-- SET ROLE leaves the login as it was: this file's superuser session still moves the clock.
+SET ROLE t80_worker;
+
+SELECT is(
+    x_jobs.now(),
+    '2030-01-02 00:00:00+00'::timestamptz,
+    'A superuser''s session under SET ROLE should still read the test clock'
+);
+
+RESET ROLE;
+
+-- A session that logged in as a worker cannot: the first call that reads the clock refuses.
+SET SESSION AUTHORIZATION t80_worker;
+
+SELECT throws_ok(
+    $$SELECT x_jobs.now()$$,
+    'XJ038',
+    'X_CLOCK_REFUSED: x_jobs.fake_now is set to ''2030-01-02 00:00:00+00'', and role t80_worker may not move the clock',
+    'A worker''s session should not be able to move the clock'
+);
+
+SELECT throws_ok(
+    $$SELECT * FROM x_jobs.claim(ARRAY['t80-q'], 't80-w4')$$,
+    'XJ038',
+    NULL,
+    'A worker''s session with the test clock set should not be able to claim'
+);
+
+SET LOCAL "x_jobs.fake_now" = '';
+
+SELECT is(
+    x_jobs.now(),
+    pg_catalog.now(),
+    'A worker''s session without the test clock should read the transaction''s start'
+);
+
+RESET SESSION AUTHORIZATION;
 
 SELECT * FROM finish();
 ROLLBACK;

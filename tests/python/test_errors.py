@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import LiteralString
 
 import psycopg
@@ -127,3 +128,28 @@ def test_errors_that_are_no_refusal_come_back_unchanged(conn: Conn) -> None:
     )
     assert errors.translate(headless) is headless
     assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_the_test_clock_is_refused_to_a_session_that_is_not_a_superusers(
+    dsn: str, admin: Conn
+) -> None:
+    """x_jobs.fake_now moved forward would make other workers' leases look lapsed to this
+    session's claims: a worker's login that sets it gets X_CLOCK_REFUSED, typed, with a hint."""
+    role = f"x_jobs_test_clock_{os.getpid()}"
+    admin.execute(f'CREATE ROLE "{role}" LOGIN IN ROLE x_jobs_worker')
+    try:
+        with psycopg.connect(
+            f"{dsn} user={role}", options="-c x_jobs.fake_now=2099-01-01", autocommit=True
+        ) as moved:
+            err = _refusal(moved, "SELECT * FROM x_jobs.claim(ARRAY['default'], 'w1')")
+        with psycopg.connect(f"{dsn} user={role}", autocommit=True) as plain:
+            assert plain.execute("SELECT x_jobs.now() = now()").fetchone() == (True,)
+    finally:
+        admin.execute(f'DROP ROLE "{role}"')
+
+    typed = errors.translate(err)
+    assert type(typed) is errors.ClockRefused
+    assert typed.sqlstate == "XJ038"
+    assert typed.message.startswith("X_CLOCK_REFUSED: x_jobs.fake_now is set to '2099-01-01'")
+    assert role in typed.message
+    assert typed.hint and "RESET x_jobs.fake_now" in typed.hint
