@@ -5,6 +5,10 @@
 --     superuser; any other session that sets it gets XJ038 X_CLOCK_REFUSED from the first call
 --     that reads the clock. Any role can set a custom setting, and a clock moved forward made
 --     every other worker's lease look lapsed to the mover's claims.
+--   * purge, purge_outbox and outbox_redrive keep to their batch size. They picked the batch
+--     with `id IN (SELECT ... LIMIT n FOR UPDATE ...)`, which the planner may rescan per row;
+--     each rescan passed over the rows the statement had already changed and locked the next
+--     ones, so that one call could take every eligible row. The batch is now one array.
 
 -- The test clock: x_jobs.fake_now, for a session whose login role is a superuser, and for no
 -- other. Any role can set a custom setting, and a clock moved forward makes every other worker's
@@ -98,6 +102,128 @@ AS $$
         ('XJ037', 'X_WEBHOOK_INVALID', 'receive_webhook got no source or no webhook id.'),
         ('XJ038', 'X_CLOCK_REFUSED', 'x_jobs.fake_now (the test clock) is set in a session whose login role is not a superuser.'),
         ('40001', 'X_ENQUEUE_RACE', 'An idempotency key kept changing hands during enqueue; retry the call.')
+$$;
+
+-- The three batch takers: each picks its batch once, as an array (see the header).
+CREATE OR REPLACE FUNCTION x_jobs.outbox_redrive(
+    ids bigint[] DEFAULT NULL,
+    topic text DEFAULT NULL,
+    max_rows integer DEFAULT 1000
+)
+RETURNS bigint
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := x_jobs.now();
+    v_count bigint;
+    v_topics text[];
+BEGIN
+    IF outbox_redrive.max_rows IS NULL OR outbox_redrive.max_rows < 1 OR outbox_redrive.max_rows > 100000 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ013',
+            MESSAGE = pg_catalog.format('X_QTY_INVALID: max_rows %s is outside 1..100000',
+                coalesce(outbox_redrive.max_rows::text, 'NULL')),
+            HINT = 'Redrive in batches of up to 100000, and call again for more.';
+    END IF;
+
+    -- Picked once, as an array: see purge (a rescan would pass over the rows already redriven
+    -- and take more than max_rows).
+    WITH redriven AS (
+        UPDATE x_jobs.outbox AS o
+        SET state = 'pending', attempt = 0, available_at = v_now, relay = NULL
+        WHERE o.id = ANY (ARRAY(
+            SELECT d.id FROM x_jobs.outbox AS d
+            WHERE d.state = 'dead'
+                AND (outbox_redrive.ids IS NULL OR d.id = ANY (outbox_redrive.ids))
+                AND (outbox_redrive.topic IS NULL OR d.topic = outbox_redrive.topic)
+            ORDER BY d.id
+            LIMIT outbox_redrive.max_rows
+            FOR UPDATE
+        ))
+        RETURNING o.topic
+    )
+    SELECT count(*), pg_catalog.array_agg(DISTINCT r.topic) INTO v_count, v_topics FROM redriven AS r;
+
+    PERFORM pg_catalog.pg_notify('x_jobs_outbox', t.topic) FROM unnest(v_topics) AS t (topic);
+    RETURN v_count;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION x_jobs.purge_outbox(older_than interval, batch_size integer DEFAULT 10000)
+RETURNS bigint
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_count bigint;
+BEGIN
+    PERFORM x_jobs._require_retention('outbox', purge_outbox.older_than, purge_outbox.batch_size,
+        'such as ''7 days''');
+
+    -- Picked once, as an array: see purge.
+    DELETE FROM x_jobs.outbox AS o
+    WHERE o.id = ANY (ARRAY(
+        SELECT k.id
+        FROM x_jobs.outbox AS k
+        WHERE k.state = 'delivered'
+            AND k.delivered_at < x_jobs.now() - purge_outbox.older_than
+        ORDER BY k.id
+        LIMIT purge_outbox.batch_size
+        FOR UPDATE SKIP LOCKED
+    ));
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION x_jobs.purge(older_than interval, batch_size integer DEFAULT 10000)
+RETURNS bigint
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_cutoff timestamptz;
+    v_ids bigint[];
+BEGIN
+    IF purge.older_than IS NULL OR purge.older_than < interval '0'
+        OR purge.batch_size IS NULL OR purge.batch_size < 1 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ020',
+            MESSAGE = pg_catalog.format('X_RETENTION_INVALID: purge older than %s in batches of %s',
+                coalesce(purge.older_than::text, 'NULL'), coalesce(purge.batch_size::text, 'NULL')),
+            HINT = 'Pass an age of zero or more, such as ''7 days'', and a batch size of 1 or more.';
+    END IF;
+    v_cutoff := x_jobs.now() - purge.older_than;
+
+    -- The batch is picked once, as an array: under `id IN (subquery)` the planner may rescan the
+    -- subquery per row, and each rescan skips the rows this statement already deleted and locks
+    -- the next ones, so that one call deleted every eligible row whatever batch_size said.
+    WITH gone AS (
+        DELETE FROM x_jobs.job AS j
+        WHERE j.id = ANY (ARRAY(
+            SELECT k.id
+            FROM x_jobs.job AS k
+            WHERE k.state IN ('done', 'failed', 'dead', 'cancelled')
+                AND k.finished_at < v_cutoff
+            ORDER BY k.id
+            LIMIT purge.batch_size
+            FOR UPDATE SKIP LOCKED
+        ))
+        RETURNING j.id
+    )
+    SELECT coalesce(pg_catalog.array_agg(g.id), '{}') INTO v_ids FROM gone AS g;
+
+    DELETE FROM x_jobs.job_error AS e WHERE e.job_id = ANY (v_ids);
+    DELETE FROM x_jobs.step AS s WHERE s.job_id = ANY (v_ids);
+    RETURN pg_catalog.cardinality(v_ids)::bigint;
+END
 $$;
 
 -- The version of the SQL API installed here. Clients check it before they speak to the database

@@ -2669,10 +2669,12 @@ BEGIN
             HINT = 'Redrive in batches of up to 100000, and call again for more.';
     END IF;
 
+    -- Picked once, as an array: see purge (a rescan would pass over the rows already redriven
+    -- and take more than max_rows).
     WITH redriven AS (
         UPDATE x_jobs.outbox AS o
         SET state = 'pending', attempt = 0, available_at = v_now, relay = NULL
-        WHERE o.id IN (
+        WHERE o.id = ANY (ARRAY(
             SELECT d.id FROM x_jobs.outbox AS d
             WHERE d.state = 'dead'
                 AND (outbox_redrive.ids IS NULL OR d.id = ANY (outbox_redrive.ids))
@@ -2680,7 +2682,7 @@ BEGIN
             ORDER BY d.id
             LIMIT outbox_redrive.max_rows
             FOR UPDATE
-        )
+        ))
         RETURNING o.topic
     )
     SELECT count(*), pg_catalog.array_agg(DISTINCT r.topic) INTO v_count, v_topics FROM redriven AS r;
@@ -2705,8 +2707,9 @@ BEGIN
     PERFORM x_jobs._require_retention('outbox', purge_outbox.older_than, purge_outbox.batch_size,
         'such as ''7 days''');
 
+    -- Picked once, as an array: see purge.
     DELETE FROM x_jobs.outbox AS o
-    WHERE o.id IN (
+    WHERE o.id = ANY (ARRAY(
         SELECT k.id
         FROM x_jobs.outbox AS k
         WHERE k.state = 'delivered'
@@ -2714,7 +2717,7 @@ BEGIN
         ORDER BY k.id
         LIMIT purge_outbox.batch_size
         FOR UPDATE SKIP LOCKED
-    );
+    ));
     GET DIAGNOSTICS v_count = ROW_COUNT;
     RETURN v_count;
 END
@@ -3276,9 +3279,12 @@ BEGIN
     END IF;
     v_cutoff := x_jobs.now() - purge.older_than;
 
+    -- The batch is picked once, as an array: under `id IN (subquery)` the planner may rescan the
+    -- subquery per row, and each rescan skips the rows this statement already deleted and locks
+    -- the next ones, so that one call deleted every eligible row whatever batch_size said.
     WITH gone AS (
         DELETE FROM x_jobs.job AS j
-        WHERE j.id IN (
+        WHERE j.id = ANY (ARRAY(
             SELECT k.id
             FROM x_jobs.job AS k
             WHERE k.state IN ('done', 'failed', 'dead', 'cancelled')
@@ -3286,7 +3292,7 @@ BEGIN
             ORDER BY k.id
             LIMIT purge.batch_size
             FOR UPDATE SKIP LOCKED
-        )
+        ))
         RETURNING j.id
     )
     SELECT coalesce(pg_catalog.array_agg(g.id), '{}') INTO v_ids FROM gone AS g;

@@ -53,7 +53,7 @@ COMMIT;
 
 RESET default_transaction_isolation;
 BEGIN;
-SELECT plan(154);
+SELECT plan(158);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:00:00+00';
 
@@ -1220,6 +1220,62 @@ SELECT results_eq(
        CROSS JOIN wh_old AS o WHERE o.webhook_id = 'old-a' $$,
     $$ VALUES (FALSE, FALSE) $$,
     'A webhook redelivered after its ledger row was purged should become a second job (retention must outlast retries)'
+);
+
+-- outbox_redrive and purge_outbox keep to their batch whatever the plan: these planner settings
+-- make the batch's subquery the inner side of a nested loop, rescanned per row, under which
+-- (before 0.3.3) a batch of 2 took all five messages. DISCARD PLANS: planned anew.
+CREATE TEMP TABLE bound AS
+SELECT p.id
+FROM x_jobs.outbox_put_many(
+    (
+        SELECT pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object('topic', 't36.bound', 'payload', g))
+        FROM pg_catalog.generate_series(1, 5) AS g
+    )
+) AS p;
+
+UPDATE x_jobs.outbox SET state = 'dead'
+WHERE id IN (SELECT b.id FROM bound AS b);
+
+SET LOCAL enable_hashjoin = off;
+SET LOCAL enable_mergejoin = off;
+SET LOCAL enable_material = off;
+SET LOCAL enable_hashagg = off;
+SET LOCAL enable_sort = off;
+DISCARD PLANS;
+
+SELECT is(
+    x_jobs.outbox_redrive(topic => 't36.bound', max_rows => 2),
+    2::bigint,
+    'outbox_redrive should redrive max_rows messages and no more, under a plan that rescans the batch'
+);
+
+SELECT results_eq(
+    $$ SELECT o.state::text, count(*)::integer FROM x_jobs.outbox AS o
+       WHERE o.id IN (SELECT b.id FROM bound AS b) GROUP BY 1 ORDER BY 1 $$,
+    $$ VALUES ('dead', 3), ('pending', 2) $$,
+    'outbox_redrive with max_rows 2 should leave three of the five dead messages dead'
+);
+
+UPDATE x_jobs.outbox SET state = 'delivered', delivered_at = x_jobs.now() - interval '30 days'
+WHERE id IN (SELECT b.id FROM bound AS b);
+DELETE FROM x_jobs.outbox
+WHERE state = 'delivered' AND id NOT IN (SELECT b.id FROM bound AS b);
+
+SELECT is(
+    x_jobs.purge_outbox('1 day', 2),
+    2::bigint,
+    'purge_outbox should delete batch_size messages and no more, under a plan that rescans the batch'
+);
+
+SELECT is(
+    (
+        SELECT count(*)::integer
+        FROM x_jobs.outbox AS o
+        WHERE o.id IN (SELECT b.id FROM bound AS b)
+    ),
+    3,
+    'purge_outbox with a batch of 2 should leave three of the five old messages'
 );
 
 SELECT * FROM finish();

@@ -4,7 +4,7 @@
 -- older_than. x_jobs.rollup_counters folds old minute buckets into hours, old hours into days,
 -- and drops old days, keeping the sums. The clock is moved with SET LOCAL "x_jobs.fake_now".
 BEGIN;
-SELECT plan(42);
+SELECT plan(44);
 
 CREATE TEMP TABLE j (tag text PRIMARY KEY, id bigint NOT NULL);
 
@@ -478,6 +478,52 @@ SELECT throws_ok(
         interval '2 days', interval '400 days'
     ),
     'rollup_counters should refuse a missing age rather than fold nothing'
+);
+
+------------------------------------------------------------------------------------------------
+-- purge keeps to its batch whatever the plan
+------------------------------------------------------------------------------------------------
+
+-- Five done rows and nothing else to purge. The planner settings below make the batch's
+-- subquery the inner side of a nested loop, rescanned per row: under that plan, before 0.3.3,
+-- purge with a batch of 2 deleted all five. DISCARD PLANS: purge's statements are planned anew.
+SET LOCAL "x_jobs.fake_now" = '2031-01-01 00:00:00+00';
+
+DO $$
+BEGIN
+    PERFORM x_jobs.purge('0 seconds', 100000);
+    PERFORM x_jobs.enqueue_many(
+        (SELECT pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object('name', 't60_bound', 'queue', 't60-bound'))
+         FROM pg_catalog.generate_series(1, 5))
+    );
+    PERFORM x_jobs.complete_many(
+        ARRAY(SELECT c.id FROM x_jobs.claim(ARRAY['t60-bound'], 'w-bound', qty => 10) AS c), 'w-bound'
+    );
+END
+$$;
+
+SET LOCAL "x_jobs.fake_now" = '2031-01-02 00:00:00+00';
+SET LOCAL enable_hashjoin = off;
+SET LOCAL enable_mergejoin = off;
+SET LOCAL enable_material = off;
+SET LOCAL enable_hashagg = off;
+SET LOCAL enable_sort = off;
+DISCARD PLANS;
+
+SELECT is(
+    x_jobs.purge('1 hour', 2),
+    2::bigint,
+    'purge should delete batch_size rows and no more, under a plan that rescans the batch'
+);
+
+SELECT is(
+    (
+        SELECT count(*)::integer
+        FROM x_jobs.job
+        WHERE queue = 't60-bound'
+    ),
+    3,
+    'purge with a batch of 2 should leave three of the five old rows'
 );
 
 SELECT * FROM finish();
