@@ -475,7 +475,7 @@ AS $$
         ('XJ019', 'X_TTL_INVALID', 'A worker announce ttl is missing or not positive.'),
         ('XJ020', 'X_RETENTION_INVALID', 'A purge or rollup_counters got a missing or negative age, or a batch below 1.'),
         ('XJ021', 'X_OUTPUTS_INVALID', 'complete_many got a different number of outputs than ids.'),
-        ('XJ022', 'X_ISOLATION_UNSUPPORTED', 'claim, publish, relay_outbox or receive_webhook ran in a REPEATABLE READ or SERIALIZABLE transaction.'),
+        ('XJ022', 'X_ISOLATION_UNSUPPORTED', 'claim, publish, step_wait, relay_outbox or receive_webhook ran in a REPEATABLE READ or SERIALIZABLE transaction.'),
         ('XJ023', 'X_ERROR_MISSING', 'fail or outbox_nack was called without an error message.'),
         ('XJ024', 'X_STEP_INVALID', 'A step name is missing, empty or longer than 200 characters.'),
         ('XJ025', 'X_TIMEOUT_INVALID', 'A sleep is missing or negative, or a wait timeout is negative.'),
@@ -1594,10 +1594,14 @@ BEGIN
             last_error_stack = fail.error_stack,
             updated_at = v_now
         FROM (
+            -- In seconds: an interval times 2^40 overflows ("interval out of range") once the base
+            -- is above 8.4 s, and a job that could not fail would run until its lease lapsed.
             SELECT coalesce(
                 fail.retry_delay,
-                least(k.backoff_max, k.backoff_base * pg_catalog.power(2, least(k.attempt - 1, 40)))
-                * (0.5 + pg_catalog.random() / 2)
+                pg_catalog.make_interval(secs => least(
+                    extract(EPOCH FROM k.backoff_max)::float8,
+                    extract(EPOCH FROM k.backoff_base)::float8 * pg_catalog.power(2, least(k.attempt - 1, 60))
+                ) * (0.5 + pg_catalog.random() / 2))
             ) AS delay
             FROM x_jobs.job AS k
             WHERE k.id = fail.id
@@ -1661,17 +1665,17 @@ $$;
 -- event that may come before the run reaches its wait). `published_at` is the clock at the
 -- publish, taken under the lock, so "before" and "after" are the order the locks gave.
 
--- The clock for events and first-reached instants: x_jobs.fake_now when a test set it, else the
--- wall clock (not the transaction start: see "The wait and the publish" above).
+-- The clock for events and first-reached instants: the wall clock (not the transaction start:
+-- see "The wait and the publish" above), or the test clock as x_jobs.now() allows it.
 CREATE FUNCTION x_jobs._clock()
 RETURNS timestamptz
 LANGUAGE sql
 VOLATILE
 AS $$
-    SELECT coalesce(
-        nullif(pg_catalog.current_setting('x_jobs.fake_now', true), '')::timestamptz,
-        pg_catalog.clock_timestamp()
-    )
+    SELECT CASE
+        WHEN coalesce(pg_catalog.current_setting('x_jobs.fake_now', true), '') = '' THEN pg_catalog.clock_timestamp()
+        ELSE x_jobs._fake_now()
+    END
 $$;
 
 -- The refusals shared by the step functions: the worker must hold the job (it is running and
@@ -1938,6 +1942,16 @@ DECLARE
     v_reached timestamptz;
     v_event record;
 BEGIN
+    -- The event lookup below must see every publish that committed before the lock: a snapshot
+    -- taken at the transaction's start would miss one that came while the lock was awaited, and
+    -- that publish found no step to wake, so the run would sleep past its event.
+    IF pg_catalog.current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ022',
+            MESSAGE = pg_catalog.format('X_ISOLATION_UNSUPPORTED: step_wait cannot run at isolation level %s',
+                pg_catalog.current_setting('transaction_isolation')),
+            HINT = 'Wait from a READ COMMITTED transaction (the default).';
+    END IF;
     v_job := x_jobs._require_held(step_wait.id, step_wait.worker, coalesce(step_wait.step, ''));
     PERFORM x_jobs._require_event(step_wait.event);
     IF step_wait.timeout < interval '0' THEN

@@ -4,7 +4,7 @@
 -- failed). Every failure is kept in x_jobs.job_error; anyone else's fail changes nothing.
 -- The clock is moved with SET LOCAL "x_jobs.fake_now" (quoted so that sqlfluff parses it).
 BEGIN;
-SELECT plan(39);
+SELECT plan(42);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
@@ -417,6 +417,54 @@ SELECT results_eq(
     $$SELECT sum(retried)::bigint FROM x_jobs.counter WHERE job = 't31_b1'$$,
     $$VALUES (20::bigint)$$,
     'Twenty retried failures of one job name should add up to retried = 20'
+);
+
+-- A long backoff far into its attempts: base times 2^40 does not fit an interval once the base is
+-- above 8.4 s, and fail used to raise "interval out of range", so the job could not fail at all.
+SET LOCAL "x_jobs.fake_now" = '2030-01-02 00:00:00+00';
+
+INSERT INTO j (tag, id)
+SELECT
+    t.tag,
+    e.id
+FROM (VALUES ('long', 100), ('long_last', 34)) AS t (tag, max_attempts)
+CROSS JOIN LATERAL x_jobs.enqueue(
+    't31_' || t.tag, queue => 't31-' || t.tag, max_attempts => t.max_attempts,
+    backoff_base => '1 hour', backoff_max => '1 day'
+) AS e;
+
+-- As if 44 and 33 attempts had run: the next claim runs the 45th and the 34th (the last).
+UPDATE x_jobs.job SET attempt = 44
+WHERE id = tap_helpers.jid('long');
+UPDATE x_jobs.job SET attempt = 33
+WHERE id = tap_helpers.jid('long_last');
+
+SELECT results_eq(
+    $$
+    SELECT c.attempt FROM x_jobs.claim(ARRAY['t31-long', 't31-long_last'], 'w9', qty => 2) AS c
+    ORDER BY c.attempt
+    $$,
+    $$VALUES (34), (45)$$,
+    'The long-backoff jobs should be claimed for their 34th and 45th attempts'
+);
+
+SELECT results_eq(
+    $$
+    SELECT x_jobs.fail(tap_helpers.jid('long'), 'w9', 'still failing')::text,
+           x_jobs.fail(tap_helpers.jid('long_last'), 'w9', 'failing for good', retryable => FALSE)::text
+    $$,
+    $$VALUES ('delayed', 'dead')$$,
+    'fail far into a long backoff should settle the row (delayed, or dead when not retryable)'
+);
+
+SELECT is(
+    (
+        SELECT k.run_at BETWEEN x_jobs.now() + interval '12 hours' AND x_jobs.now() + interval '1 day'
+        FROM x_jobs.job AS k
+        WHERE k.id = tap_helpers.jid('long')
+    ),
+    TRUE,
+    'A backoff far past backoff_max should wait backoff_max (1 day) times a factor in [0.5, 1.0]'
 );
 
 SELECT * FROM finish();

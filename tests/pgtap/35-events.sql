@@ -29,9 +29,28 @@ SELECT
 FROM tap_helpers.caught($$ SELECT * FROM x_jobs.publish('t35.isolation', '{}', 'k') $$) AS c;
 COMMIT;
 
+-- step_wait refuses those levels too, before it looks at its arguments.
+SET default_transaction_isolation = 'repeatable read';
+BEGIN;
+CREATE TEMP TABLE wait_refusal AS
+SELECT
+    'repeatable read' AS iso_level,
+    c.*
+FROM tap_helpers.caught($$ SELECT * FROM x_jobs.step_wait(-1, 'w', 'wait', 't35.isolation') $$) AS c;
+COMMIT;
+
+SET default_transaction_isolation = 'serializable';
+BEGIN;
+INSERT INTO wait_refusal
+SELECT
+    'serializable' AS iso_level,
+    c.*
+FROM tap_helpers.caught($$ SELECT * FROM x_jobs.step_wait(-1, 'w', 'wait', 't35.isolation') $$) AS c;
+COMMIT;
+
 RESET default_transaction_isolation;
 BEGIN;
-SELECT plan(40);
+SELECT plan(41);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
@@ -271,6 +290,19 @@ SELECT results_eq(
 SELECT is_empty(
     $$SELECT * FROM x_jobs.event WHERE name = 't35.isolation'$$,
     'The refused publishes should have recorded no event'
+);
+
+-- A wait that looked for its event in the snapshot its transaction began with would miss a
+-- publish that committed while it waited for the event's lock: that publish found no step to
+-- wake, and the run would sleep past its event.
+SELECT results_eq(
+    $$SELECT iso_level, err_state, err_message, err_hint FROM wait_refusal ORDER BY iso_level$$,
+    $$VALUES
+        ('repeatable read', 'XJ022', 'X_ISOLATION_UNSUPPORTED: step_wait cannot run at isolation level repeatable read',
+         'Wait from a READ COMMITTED transaction (the default).'),
+        ('serializable', 'XJ022', 'X_ISOLATION_UNSUPPORTED: step_wait cannot run at isolation level serializable',
+         'Wait from a READ COMMITTED transaction (the default).')$$,
+    'step_wait should refuse to run at REPEATABLE READ and SERIALIZABLE, with a HINT'
 );
 
 SELECT results_eq(

@@ -7,7 +7,7 @@
 -- runs under SET ROLE and ends with RESET ROLE. The clock is moved with SET LOCAL "x_jobs.fake_now",
 -- which only a superuser's session may do (the last block).
 BEGIN;
-SELECT plan(89);
+SELECT plan(90);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
@@ -771,6 +771,13 @@ SELECT throws_ok(
     'XJ038',
     NULL,
     'A worker''s session with the test clock set should not be able to claim'
+);
+
+SELECT throws_ok(
+    $$SELECT x_jobs._clock()$$,
+    'XJ038',
+    NULL,
+    'A worker''s session should not be able to move the wall clock that dates steps and events'
 );
 
 SET LOCAL "x_jobs.fake_now" = '';
