@@ -9,6 +9,9 @@
 --     lookup must see every publish that committed before its lock, and a snapshot taken at
 --     the transaction's start missed one that came while the lock was awaited (the run slept
 --     past its event).
+--   * claim no longer waits for a concurrency key's lock in its second or third pass: those
+--     passes hold the keys of the first, and waiting for a lower key could close a cycle with
+--     another claim (40P01, one claim aborted). They try the lock and leave a busy key's rows.
 --   * fail computes the backoff in seconds: base times 2^40 overflowed an interval once the
 --     base was above 8.4 s ("interval out of range"), and such a job could not fail at all.
 --   * purge, purge_outbox and outbox_redrive keep to their batch size. They picked the batch
@@ -110,6 +113,304 @@ AS $$
         ('XJ037', 'X_WEBHOOK_INVALID', 'receive_webhook got no source or no webhook id.'),
         ('XJ038', 'X_CLOCK_REFUSED', 'x_jobs.fake_now (the test clock) is set in a session whose login role is not a superuser.'),
         ('40001', 'X_ENQUEUE_RACE', 'An idempotency key kept changing hands during enqueue; retry the call.')
+$$;
+
+CREATE OR REPLACE FUNCTION x_jobs.claim(
+    queues text[],
+    worker text,
+    lease interval DEFAULT '30 seconds',
+    qty integer DEFAULT 1
+)
+RETURNS SETOF x_jobs.job
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+-- Every call would otherwise be planned afresh: the generic plans are costed above the custom
+-- ones (LIMIT of a parameter), so the plan cache keeps re-planning, which cost 2 ms a call here
+-- (measured 2026-11-29: 3.0 ms against 1.0 ms for qty 10). The generic plans are the same seeks.
+SET plan_cache_mode = force_generic_plan
+-- A generic plan costs the LIMIT as if every due row were read, which is above the JIT
+-- thresholds on a big table: each call then compiled its plan with LLVM (70-880 ms against 1 ms,
+-- 1.1M rows). The seeks read a few rows; compiling never pays.
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := x_jobs.now();
+    v_queues text[];
+    v_pass integer := 0;
+    v_want integer;
+    v_got integer := 0;
+    v_seen bigint[] := ARRAY[]::bigint[];
+    v_picked integer;
+    v_take bigint[];
+    v_take_at tid[];
+    v_bury bigint[];
+    v_keyed bigint[];
+    v_lapsed bigint[];
+    v_lapsed_attempt integer[];
+    v_lapsed_worker text[];
+    v_granted integer;
+    v_busy_keys text[] := ARRAY[]::text[];
+    v_claimed x_jobs.job[];
+    v_buried x_jobs.job[];
+    v_buried_all x_jobs.job[] := ARRAY[]::x_jobs.job[];
+BEGIN
+    IF claim.queues IS NULL OR pg_catalog.cardinality(claim.queues) = 0
+        OR EXISTS (SELECT FROM unnest(claim.queues) AS q WHERE q IS NULL OR q = '') THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ010',
+            MESSAGE = pg_catalog.format('X_QUEUES_INVALID: queue list %s names no queue',
+                coalesce(claim.queues::text, 'NULL')),
+            HINT = 'Pass the queues to serve, such as ARRAY[''default''].';
+    END IF;
+    PERFORM x_jobs._require_worker(
+        claim.worker, 'Pass an id unique to the worker process, such as host:pid:random.'
+    );
+    IF claim.lease IS NULL OR claim.lease <= interval '0' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ012',
+            MESSAGE = pg_catalog.format('X_LEASE_INVALID: lease %s is not positive',
+                coalesce(claim.lease::text, 'NULL')),
+            HINT = 'Pass a lease longer than the heartbeat interval, such as ''30 seconds''.';
+    END IF;
+    IF claim.qty IS NULL OR claim.qty < 1 OR claim.qty > 1000 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ013',
+            MESSAGE = pg_catalog.format('X_QTY_INVALID: qty %s is outside 1..1000',
+                coalesce(claim.qty::text, 'NULL')),
+            HINT = 'Pass how many jobs the worker has free slots for, from 1 to 1000.';
+    END IF;
+    -- READ UNCOMMITTED runs as READ COMMITTED in PostgreSQL, so only these two are refused.
+    IF pg_catalog.current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ022',
+            MESSAGE = pg_catalog.format('X_ISOLATION_UNSUPPORTED: claim cannot run at isolation level %s',
+                pg_catalog.current_setting('transaction_isolation')),
+            HINT = 'Call claim in its own READ COMMITTED transaction (autocommit).';
+    END IF;
+
+    -- A queue named twice would be two scans over one queue, and rows this statement locked are
+    -- not skipped by itself: the repeat would spend slots on rows already picked.
+    v_queues := ARRAY(
+        SELECT DISTINCT q.queue
+        FROM unnest(claim.queues) AS q (queue)
+        WHERE NOT EXISTS (SELECT FROM x_jobs.queue_pause AS p WHERE p.queue = q.queue)
+    );
+
+    WHILE v_pass < 3 AND v_got < claim.qty AND pg_catalog.cardinality(v_queues) > 0 LOOP
+        v_pass := v_pass + 1;
+        v_want := claim.qty - v_got;
+        v_granted := NULL;
+
+        SELECT count(*)::integer,
+               coalesce(pg_catalog.array_agg(c.id) FILTER (
+                   WHERE NOT c.exhausted AND (c.lapsed OR c.concurrency_key IS NULL)), '{}'),
+               coalesce(pg_catalog.array_agg(c.at) FILTER (
+                   WHERE NOT c.exhausted AND (c.lapsed OR c.concurrency_key IS NULL)), '{}'),
+               coalesce(pg_catalog.array_agg(c.id) FILTER (WHERE c.exhausted), '{}'),
+               coalesce(pg_catalog.array_agg(c.id) FILTER (
+                   WHERE NOT c.lapsed AND c.concurrency_key IS NOT NULL), '{}'),
+               coalesce(pg_catalog.array_agg(c.id) FILTER (WHERE c.lapsed), '{}'),
+               coalesce(pg_catalog.array_agg(c.attempt) FILTER (WHERE c.lapsed), '{}'),
+               coalesce(pg_catalog.array_agg(c.claimed_by) FILTER (WHERE c.lapsed), '{}')
+        INTO v_picked, v_take, v_take_at, v_bury, v_keyed, v_lapsed, v_lapsed_attempt, v_lapsed_worker
+        FROM (
+            SELECT arm.*
+            FROM unnest(v_queues) AS o (queue)
+            CROSS JOIN LATERAL (
+                SELECT j.id, j.priority, j.run_at, FALSE AS lapsed, FALSE AS exhausted,
+                       j.concurrency_key, j.attempt, j.claimed_by, j.ctid AS at
+                FROM x_jobs.job AS j
+                WHERE j.queue = o.queue
+                    AND j.state = 'ready'
+                    AND j.run_at <= v_now
+                    AND j.id <> ALL (v_seen)
+                    AND (j.concurrency_key IS NULL OR j.concurrency_limit > (
+                        SELECT count(*) FROM x_jobs.job AS h
+                        WHERE h.concurrency_key = j.concurrency_key AND h.state = 'running'))
+                ORDER BY j.priority, j.run_at, j.id
+                LIMIT v_want
+                FOR UPDATE SKIP LOCKED
+            ) AS arm
+            UNION ALL
+            SELECT arm.*
+            FROM unnest(v_queues) AS o (queue)
+            CROSS JOIN LATERAL (
+                SELECT j.id, j.priority, j.run_at, FALSE AS lapsed, FALSE AS exhausted,
+                       j.concurrency_key, j.attempt, j.claimed_by, j.ctid AS at
+                FROM x_jobs.job AS j
+                WHERE j.queue = o.queue
+                    AND j.state IN ('delayed', 'suspended')
+                    AND j.run_at <= v_now
+                    AND j.id <> ALL (v_seen)
+                    AND (j.concurrency_key IS NULL OR j.concurrency_limit > (
+                        SELECT count(*) FROM x_jobs.job AS h
+                        WHERE h.concurrency_key = j.concurrency_key AND h.state = 'running'))
+                ORDER BY j.run_at, j.id
+                LIMIT v_want
+                FOR UPDATE SKIP LOCKED
+            ) AS arm
+            UNION ALL
+            SELECT arm.*
+            FROM unnest(v_queues) AS o (queue)
+            CROSS JOIN LATERAL (
+                SELECT j.id, j.priority, j.run_at, TRUE AS lapsed,
+                       j.attempt >= j.max_attempts AS exhausted,
+                       j.concurrency_key, j.attempt, j.claimed_by, j.ctid AS at
+                FROM x_jobs.job AS j
+                WHERE j.queue = o.queue
+                    AND j.state = 'running'
+                    AND j.visible_at <= v_now
+                ORDER BY j.visible_at, j.id
+                LIMIT v_want
+                FOR UPDATE SKIP LOCKED
+            ) AS arm
+            ORDER BY 2, 3, 1
+            LIMIT v_want
+        ) AS c;
+
+        EXIT WHEN v_picked = 0;
+
+        IF pg_catalog.cardinality(v_keyed) > 0 THEN
+            -- Serialize the claimers of each key, then count its running rows afresh: this
+            -- statement's snapshot is taken after the locks, so it sees every claim that held
+            -- them before. The rows not granted stay locked, unclaimed, until this call ends.
+            -- The first pass waits for its keys, in key order. A later pass still holds the keys
+            -- of the earlier ones, so waiting then, for a key below one of those, could close a
+            -- cycle with a claimer that holds it and waits for ours (two claims deadlocked so):
+            -- it only tries, and leaves the rows of a key it cannot have now to other claims.
+            IF v_pass = 1 THEN
+                PERFORM pg_catalog.pg_advisory_xact_lock(2024061701, pg_catalog.hashtext(k.key))
+                FROM (
+                    SELECT DISTINCT j.concurrency_key AS key
+                    FROM x_jobs.job AS j
+                    WHERE j.id = ANY (v_keyed)
+                    ORDER BY 1
+                ) AS k;
+            ELSE
+                v_busy_keys := ARRAY(
+                    SELECT k.key
+                    FROM (
+                        SELECT DISTINCT j.concurrency_key AS key
+                        FROM x_jobs.job AS j
+                        WHERE j.id = ANY (v_keyed)
+                        ORDER BY 1
+                    ) AS k
+                    WHERE NOT pg_catalog.pg_try_advisory_xact_lock(2024061701, pg_catalog.hashtext(k.key))
+                );
+            END IF;
+
+            v_granted := pg_catalog.cardinality(v_take);
+            SELECT v_take || coalesce(pg_catalog.array_agg(g.id), '{}'),
+                   v_take_at || coalesce(pg_catalog.array_agg(g.at), '{}')
+            INTO v_take, v_take_at
+            FROM (
+                    SELECT j.id, j.ctid AS at,
+                           pg_catalog.row_number() OVER (
+                               PARTITION BY j.concurrency_key ORDER BY j.priority, j.run_at, j.id
+                           ) AS rank,
+                           j.concurrency_limit - (
+                               SELECT count(*) FROM x_jobs.job AS h
+                               WHERE h.concurrency_key = j.concurrency_key AND h.state = 'running'
+                           ) AS room
+                    FROM x_jobs.job AS j
+                    WHERE j.id = ANY (v_keyed)
+                        AND j.concurrency_key <> ALL (v_busy_keys)
+                ) AS g
+            WHERE g.rank <= g.room;
+            v_granted := pg_catalog.cardinality(v_take) - v_granted;
+            v_seen := v_seen || v_keyed;
+        END IF;
+
+        IF pg_catalog.cardinality(v_lapsed) = 0 THEN
+            -- The common case, nothing lapsed and so nothing to bury, log or count: one update.
+            -- By ctid: this call holds the picked rows locked, so they cannot have moved, and a
+            -- TID scan reaches each at once where `id = ANY` descends the primary key per row.
+            RETURN QUERY
+            WITH claimed AS (
+                UPDATE x_jobs.job AS j
+                SET state = 'running',
+                    attempt = j.attempt + 1,
+                    claims = j.claims + 1,
+                    claimed_by = claim.worker,
+                    visible_at = v_now + claim.lease,
+                    started_at = v_now,
+                    updated_at = v_now
+                WHERE j.ctid = ANY (v_take_at)
+                RETURNING j.*
+            )
+            SELECT * FROM claimed AS c ORDER BY c.priority, c.run_at, c.id;
+        ELSE
+            -- Buried rows are answered after every claimed one, so they wait for the last pass.
+            WITH buried AS (
+                UPDATE x_jobs.job AS j
+                SET state = CASE WHEN j.dead_letter THEN 'dead' ELSE 'failed' END::x_jobs.job_state,
+                    visible_at = NULL,
+                    claimed_by = NULL,
+                    last_error = 'lease lapsed on the final attempt',
+                    last_error_stack = NULL,
+                    finished_at = v_now,
+                    updated_at = v_now
+                WHERE j.id = ANY (v_bury)
+                RETURNING j.*
+            ),
+            -- A lapsed lease is an attempt that ended without a word: keep it in the error history.
+            lapse_logged AS (
+                INSERT INTO x_jobs.job_error (job_id, attempt, failed_at, worker, error)
+                SELECT l.id, l.attempt, v_now, l.worker,
+                       'lease lapsed: the worker stopped heartbeating before it settled the job'
+                FROM unnest(v_lapsed, v_lapsed_attempt, v_lapsed_worker) AS l (id, attempt, worker)
+            ),
+            counted AS (
+                INSERT INTO x_jobs.counter AS c (job, bucket_seconds, bucket_start, shard, retried, failed, dead)
+                SELECT l.name, 60, x_jobs._minute(v_now), x_jobs._shard(),
+                       count(*) FILTER (WHERE l.state = 'running'),
+                       count(*) FILTER (WHERE l.state = 'failed'),
+                       count(*) FILTER (WHERE l.state = 'dead')
+                FROM (
+                    SELECT b.name, b.state FROM buried AS b
+                    UNION ALL
+                    SELECT j.name, j.state FROM x_jobs.job AS j
+                    WHERE j.id = ANY (v_lapsed) AND NOT j.id = ANY (v_bury)
+                ) AS l
+                GROUP BY l.name
+                ON CONFLICT (job, bucket_seconds, bucket_start, shard) DO UPDATE
+                SET retried = c.retried + excluded.retried,
+                    failed = c.failed + excluded.failed,
+                    dead = c.dead + excluded.dead
+            ),
+            claimed AS (
+                UPDATE x_jobs.job AS j
+                SET state = 'running',
+                    attempt = j.attempt + 1,
+                    claims = j.claims + 1,
+                    claimed_by = claim.worker,
+                    visible_at = v_now + claim.lease,
+                    started_at = v_now,
+                    updated_at = v_now
+                WHERE j.id = ANY (v_take)
+                RETURNING j.*
+            )
+            SELECT (SELECT pg_catalog.array_agg(ROW(c.*)::x_jobs.job ORDER BY c.priority, c.run_at, c.id) FROM claimed AS c),
+                   (SELECT pg_catalog.array_agg(ROW(b.*)::x_jobs.job) FROM buried AS b)
+            INTO v_claimed, v_buried;
+
+            RETURN QUERY SELECT * FROM unnest(v_claimed);
+            v_buried_all := v_buried_all || coalesce(v_buried, ARRAY[]::x_jobs.job[]);
+        END IF;
+
+        v_got := v_got + pg_catalog.cardinality(v_take);
+        -- Another pass only when this one spent slots on rows it could not hand out (buried, or
+        -- denied by a key), since that may have freed a key or left due rows behind; a pick that
+        -- came back short with nothing spent means the queues are drained.
+        EXIT WHEN v_picked < v_want
+            AND pg_catalog.cardinality(v_bury) = 0
+            AND pg_catalog.cardinality(v_keyed) = coalesce(v_granted, 0);
+    END LOOP;
+
+    RETURN QUERY SELECT * FROM unnest(v_buried_all);
+END
 $$;
 
 CREATE OR REPLACE FUNCTION x_jobs.fail(

@@ -1086,6 +1086,7 @@ DECLARE
     v_lapsed_attempt integer[];
     v_lapsed_worker text[];
     v_granted integer;
+    v_busy_keys text[] := ARRAY[]::text[];
     v_claimed x_jobs.job[];
     v_buried x_jobs.job[];
     v_buried_all x_jobs.job[] := ARRAY[]::x_jobs.job[];
@@ -1210,13 +1211,30 @@ BEGIN
             -- Serialize the claimers of each key, then count its running rows afresh: this
             -- statement's snapshot is taken after the locks, so it sees every claim that held
             -- them before. The rows not granted stay locked, unclaimed, until this call ends.
-            PERFORM pg_catalog.pg_advisory_xact_lock(2024061701, pg_catalog.hashtext(k.key))
-            FROM (
-                SELECT DISTINCT j.concurrency_key AS key
-                FROM x_jobs.job AS j
-                WHERE j.id = ANY (v_keyed)
-                ORDER BY 1
-            ) AS k;
+            -- The first pass waits for its keys, in key order. A later pass still holds the keys
+            -- of the earlier ones, so waiting then, for a key below one of those, could close a
+            -- cycle with a claimer that holds it and waits for ours (two claims deadlocked so):
+            -- it only tries, and leaves the rows of a key it cannot have now to other claims.
+            IF v_pass = 1 THEN
+                PERFORM pg_catalog.pg_advisory_xact_lock(2024061701, pg_catalog.hashtext(k.key))
+                FROM (
+                    SELECT DISTINCT j.concurrency_key AS key
+                    FROM x_jobs.job AS j
+                    WHERE j.id = ANY (v_keyed)
+                    ORDER BY 1
+                ) AS k;
+            ELSE
+                v_busy_keys := ARRAY(
+                    SELECT k.key
+                    FROM (
+                        SELECT DISTINCT j.concurrency_key AS key
+                        FROM x_jobs.job AS j
+                        WHERE j.id = ANY (v_keyed)
+                        ORDER BY 1
+                    ) AS k
+                    WHERE NOT pg_catalog.pg_try_advisory_xact_lock(2024061701, pg_catalog.hashtext(k.key))
+                );
+            END IF;
 
             v_granted := pg_catalog.cardinality(v_take);
             SELECT v_take || coalesce(pg_catalog.array_agg(g.id), '{}'),
@@ -1233,6 +1251,7 @@ BEGIN
                            ) AS room
                     FROM x_jobs.job AS j
                     WHERE j.id = ANY (v_keyed)
+                        AND j.concurrency_key <> ALL (v_busy_keys)
                 ) AS g
             WHERE g.rank <= g.room;
             v_granted := pg_catalog.cardinality(v_take) - v_granted;
