@@ -14,6 +14,9 @@
 --     another claim (40P01, one claim aborted). They try the lock and leave a busy key's rows.
 --   * fail computes the backoff in seconds: base times 2^40 overflowed an interval once the
 --     base was above 8.4 s ("interval out of range"), and such a job could not fail at all.
+--   * relay_outbox makes a message dead when its lease lapses on its final attempt, as claim
+--     buries a job: it handed such a message out again and again, past max_attempts, holding
+--     its key back each time.
 --   * purge, purge_outbox and outbox_redrive keep to their batch size. They picked the batch
 --     with `id IN (SELECT ... LIMIT n FOR UPDATE ...)`, which the planner may rescan per row;
 --     each rescan passed over the rows the statement had already changed and locked the next
@@ -623,6 +626,146 @@ BEGIN
         PERFORM x_jobs._suspend(step_wait.id, coalesce(v_step.timeout_at, 'infinity'));
     END IF;
     RETURN v_step;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION x_jobs.relay_outbox(
+    relay text,
+    qty integer DEFAULT 100,
+    lease interval DEFAULT '30 seconds',
+    topics text[] DEFAULT NULL
+)
+RETURNS TABLE (id bigint, topic text, key text, payload jsonb, headers jsonb, attempt integer)
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+-- Before the outbox has statistics (a new table, a burst after a quiet spell) the planner chose
+-- a bitmap scan of every pending message and a sort: 80 ms a call at 10,000 pending against
+-- 3 ms for the ordered index walk (measured 2026-11-29). The walk is right at any size.
+SET enable_bitmapscan = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := x_jobs.now();
+    v_picked bigint[];
+    v_keys text[];
+BEGIN
+    IF relay_outbox.relay IS NULL OR relay_outbox.relay = '' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ036',
+            MESSAGE = pg_catalog.format('X_RELAY_INVALID: relay id %s is empty',
+                coalesce(pg_catalog.quote_literal(relay_outbox.relay), 'NULL')),
+            HINT = 'Pass an id unique to the relay process, such as host:pid:random.';
+    END IF;
+    IF relay_outbox.lease IS NULL OR relay_outbox.lease <= interval '0' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ012',
+            MESSAGE = pg_catalog.format('X_LEASE_INVALID: lease %s is not positive',
+                coalesce(relay_outbox.lease::text, 'NULL')),
+            HINT = 'Pass a lease longer than a delivery takes, such as ''30 seconds''.';
+    END IF;
+    IF relay_outbox.qty IS NULL OR relay_outbox.qty < 1 OR relay_outbox.qty > 1000 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ013',
+            MESSAGE = pg_catalog.format('X_QTY_INVALID: qty %s is outside 1..1000',
+                coalesce(relay_outbox.qty::text, 'NULL')),
+            HINT = 'Pass how many messages the relay can deliver at once, from 1 to 1000.';
+    END IF;
+    IF pg_catalog.current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ022',
+            MESSAGE = pg_catalog.format('X_ISOLATION_UNSUPPORTED: relay_outbox cannot run at isolation level %s',
+                pg_catalog.current_setting('transaction_isolation')),
+            HINT = 'Call relay_outbox in its own READ COMMITTED transaction (autocommit).';
+    END IF;
+
+    SELECT coalesce(pg_catalog.array_agg(p.id), '{}'),
+           coalesce(pg_catalog.array_agg(DISTINCT p.key) FILTER (WHERE p.key IS NOT NULL), '{}')
+    INTO v_picked, v_keys
+    FROM (
+        WITH due AS (
+            SELECT o.id, o.key, o.available_at
+            FROM x_jobs.outbox AS o
+            WHERE o.state = 'pending'
+                AND o.available_at <= v_now
+                AND (relay_outbox.topics IS NULL OR o.topic = ANY (relay_outbox.topics))
+                AND (o.key IS NULL OR NOT EXISTS (
+                    SELECT FROM x_jobs.outbox AS e
+                    WHERE e.key = o.key
+                        AND e.state IN ('pending', 'inflight')
+                        AND (e.id < o.id OR e.state = 'inflight')
+                ))
+            ORDER BY o.available_at, o.id
+            LIMIT relay_outbox.qty
+            FOR UPDATE SKIP LOCKED
+        ),
+        lapsed AS (
+            SELECT o.id, o.key, o.available_at
+            FROM x_jobs.outbox AS o
+            WHERE o.state = 'inflight'
+                AND o.available_at <= v_now
+                AND (relay_outbox.topics IS NULL OR o.topic = ANY (relay_outbox.topics))
+            ORDER BY o.available_at, o.id
+            LIMIT relay_outbox.qty
+            FOR UPDATE SKIP LOCKED
+        )
+        -- Rows an arm locked and this LIMIT drops stay locked until the call's transaction ends.
+        SELECT d.id, d.key, d.available_at FROM due AS d
+        UNION ALL
+        SELECT l.id, l.key, l.available_at FROM lapsed AS l
+        ORDER BY 3, 1
+        LIMIT relay_outbox.qty
+    ) AS p;
+
+    IF pg_catalog.cardinality(v_keys) > 0 THEN
+        -- A relay whose snapshot predates another relay's claim of the same key could see that
+        -- key free (two producers on one key, the lower id committing last). So: lock the keys,
+        -- in key order (no deadlock), and check them again in a statement whose snapshot comes
+        -- after the locks, which sees every claim of these keys that held them before.
+        PERFORM pg_catalog.pg_advisory_xact_lock(2024061705, pg_catalog.hashtext(k.key))
+        FROM unnest(v_keys) AS k (key)
+        ORDER BY k.key;
+
+        v_picked := ARRAY(
+            SELECT o.id
+            FROM x_jobs.outbox AS o
+            WHERE o.id = ANY (v_picked)
+                AND (o.key IS NULL OR o.state = 'inflight' OR NOT EXISTS (
+                    SELECT FROM x_jobs.outbox AS e
+                    WHERE e.key = o.key
+                        AND e.id <> o.id
+                        AND e.state IN ('pending', 'inflight')
+                        AND (e.id < o.id OR e.state = 'inflight')
+                ))
+        );
+    END IF;
+
+    -- A message whose lease lapsed on its final attempt is not handed out again: a relay died
+    -- (or outlived its lease) delivering it max_attempts times, and each redelivery could do the
+    -- same while its key waited behind it. It is dead, for outbox_redrive, as a job is buried.
+    UPDATE x_jobs.outbox AS o
+    SET state = 'dead',
+        available_at = v_now,
+        relay = NULL,
+        last_error = 'lease lapsed on the final attempt'
+    WHERE o.id = ANY (v_picked)
+        AND o.state = 'inflight'
+        AND o.attempt >= o.max_attempts;
+
+    RETURN QUERY
+    WITH taken AS (
+        UPDATE x_jobs.outbox AS o
+        SET state = 'inflight',
+            attempt = o.attempt + 1,
+            relay = relay_outbox.relay,
+            available_at = v_now + relay_outbox.lease
+        WHERE o.id = ANY (v_picked)
+            AND o.state <> 'dead'
+        RETURNING o.id, o.topic, o.key, o.payload, o.headers, o.attempt
+    )
+    SELECT t.id, t.topic, t.key, t.payload, t.headers, t.attempt FROM taken AS t ORDER BY t.id;
 END
 $$;
 

@@ -2451,7 +2451,8 @@ $$;
 -- Hand `relay` up to `qty` messages to deliver, for `lease`: the oldest due pending messages
 -- that head their key (nothing earlier of the key is pending, and nothing of the key is in
 -- flight: a redriven or late-committed message with a lower id waits for the one out), and the
--- messages whose lease lapsed (a relay that died). Locked rows are skipped, so relays never
+-- messages whose lease lapsed (a relay that died; dead instead on their final attempt). Locked
+-- rows are skipped, so relays never
 -- wait for each other. `topics` restricts the claim to the topics this relay has sinks for
 -- (NULL: all).
 --
@@ -2576,6 +2577,18 @@ BEGIN
         );
     END IF;
 
+    -- A message whose lease lapsed on its final attempt is not handed out again: a relay died
+    -- (or outlived its lease) delivering it max_attempts times, and each redelivery could do the
+    -- same while its key waited behind it. It is dead, for outbox_redrive, as a job is buried.
+    UPDATE x_jobs.outbox AS o
+    SET state = 'dead',
+        available_at = v_now,
+        relay = NULL,
+        last_error = 'lease lapsed on the final attempt'
+    WHERE o.id = ANY (v_picked)
+        AND o.state = 'inflight'
+        AND o.attempt >= o.max_attempts;
+
     RETURN QUERY
     WITH taken AS (
         UPDATE x_jobs.outbox AS o
@@ -2584,6 +2597,7 @@ BEGIN
             relay = relay_outbox.relay,
             available_at = v_now + relay_outbox.lease
         WHERE o.id = ANY (v_picked)
+            AND o.state <> 'dead'
         RETURNING o.id, o.topic, o.key, o.payload, o.headers, o.attempt
     )
     SELECT t.id, t.topic, t.key, t.payload, t.headers, t.attempt FROM taken AS t ORDER BY t.id;

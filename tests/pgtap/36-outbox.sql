@@ -53,7 +53,7 @@ COMMIT;
 
 RESET default_transaction_isolation;
 BEGIN;
-SELECT plan(158);
+SELECT plan(164);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:00:00+00';
 
@@ -770,6 +770,37 @@ SELECT is(
     'inflight',
     'The stranger''s ack should leave the message in flight'
 );
+
+-- A message whose lease lapses on its final attempt is dead, not handed out again (its relay
+-- died delivering it max_attempts times); redriven, it goes out again.
+SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:10:00+00';
+DO $$
+BEGIN
+    PERFORM pg_temp.put('t36-bury', 'bur1', 'bk', 2);
+    PERFORM pg_temp.put('t36-bury', 'bur2', 'bk');
+END
+$$;
+
+SELECT is(pg_temp.relay('r1', 't36-bury'), ARRAY['bur1'], 'r1 should take the message, attempt 1 of 2');
+SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:10:31+00';
+SELECT is(pg_temp.relay('r2', 't36-bury'), ARRAY['bur1'], 'Its lease lapsed: r2 should take it, attempt 2 of 2');
+SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:11:02+00';
+SELECT is(
+    pg_temp.relay('r3', 't36-bury'),
+    '{}',
+    'Its lease lapsed on the final attempt: no relay should get it again (nor the next of its key, in that call)'
+);
+SELECT results_eq(
+    $$ SELECT h.* FROM pg_temp.held('bur1') AS h $$,
+    $$ VALUES ('dead', 2, NULL::text, timestamptz '2030-01-01 12:11:02+00', 'lease lapsed on the final attempt') $$,
+    'The message should be dead, with why'
+);
+SELECT is(
+    pg_temp.relay('r3', 't36-bury'),
+    ARRAY['bur2'],
+    'The dead message should no longer hold its key back'
+);
+SELECT is(x_jobs.outbox_redrive(ARRAY[pg_temp.mid('bur1')]), 1::bigint, 'The dead message should be redriven');
 
 ------------------------------------------------------------------------------------------------
 -- outbox_nack: backoff, retry_at, dead
