@@ -1,6 +1,6 @@
 \echo Use "ALTER EXTENSION x_jobs UPDATE TO '0.3.3'" to load this file. \quit
 
--- 0.3.2 -> 0.3.3: what every function takes and answers is unchanged, but for two refusals.
+-- 0.3.2 -> 0.3.3: what every function takes and answers is unchanged, but for new refusals.
 --   * The test clock (x_jobs.fake_now) is honoured only in a session whose login role is a
 --     superuser; any other session that sets it gets XJ038 X_CLOCK_REFUSED from the first call
 --     that reads the clock (now() or _clock()). Any role can set a custom setting, and a clock
@@ -14,6 +14,9 @@
 --     another claim (40P01, one claim aborted). They try the lock and leave a busy key's rows.
 --   * fail computes the backoff in seconds: base times 2^40 overflowed an interval once the
 --     base was above 8.4 s ("interval out of range"), and such a job could not fail at all.
+--   * outbox_put_many refuses (XJ035) a message with a field outbox_put has no parameter for
+--     (it dropped it: a misspelt key put the message unordered), a key that is not a string,
+--     and a max_attempts that is not a whole number (a bare cast error before).
 --   * relay_outbox makes a message dead when its lease lapses on its final attempt, as claim
 --     buries a job: it handed such a message out again and again, past max_attempts, holding
 --     its key back each time.
@@ -111,7 +114,7 @@ AS $$
         ('XJ032', 'X_STEP_NOT_WAITING', 'resolve_step was asked of a step that is not waiting.'),
         ('XJ033', 'X_PROGRESS_INVALID', 'Progress is negative, past its total, or its note is too long.'),
         ('XJ034', 'X_TOPIC_INVALID', 'An outbox topic is missing, empty or longer than 200 characters.'),
-        ('XJ035', 'X_MESSAGE_INVALID', 'An outbox message has no payload, headers that are not an object of strings, or is not an object.'),
+        ('XJ035', 'X_MESSAGE_INVALID', 'An outbox message has no payload, headers that are not an object of strings, an unknown field or one of the wrong type, or is not an object.'),
         ('XJ036', 'X_RELAY_INVALID', 'A relay id is missing or empty.'),
         ('XJ037', 'X_WEBHOOK_INVALID', 'receive_webhook got no source or no webhook id.'),
         ('XJ038', 'X_CLOCK_REFUSED', 'x_jobs.fake_now (the test clock) is set in a session whose login role is not a superuser.'),
@@ -626,6 +629,94 @@ BEGIN
         PERFORM x_jobs._suspend(step_wait.id, coalesce(v_step.timeout_at, 'infinity'));
     END IF;
     RETURN v_step;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION x_jobs.outbox_put_many(messages jsonb)
+RETURNS TABLE (ord integer, id bigint)
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := x_jobs.now();
+    v_bad record;
+BEGIN
+    IF outbox_put_many.messages IS NULL OR pg_catalog.jsonb_typeof(outbox_put_many.messages) <> 'array'
+        OR EXISTS (
+            SELECT FROM pg_catalog.jsonb_array_elements(outbox_put_many.messages) AS m (value)
+            WHERE pg_catalog.jsonb_typeof(m.value) <> 'object'
+        ) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ035',
+            MESSAGE = pg_catalog.format('X_MESSAGE_INVALID: messages %s are not an array of objects',
+                pg_catalog.left(coalesce(outbox_put_many.messages::text, 'NULL'), 200)),
+            HINT = 'Pass a JSON array of objects such as [{"topic": "t", "payload": {}, "key": "k"}].';
+    END IF;
+
+    -- The first message with a field outbox_put has no parameter for (a misspelt "key" would put
+    -- the message unordered), or a key or max_attempts of the wrong JSON type.
+    SELECT m.ord, m.value,
+           (SELECT f.name FROM pg_catalog.jsonb_object_keys(m.value) AS f (name)
+            WHERE f.name NOT IN ('topic', 'payload', 'key', 'headers', 'max_attempts')
+            ORDER BY f.name LIMIT 1) AS unknown
+    INTO v_bad
+    FROM pg_catalog.jsonb_array_elements(outbox_put_many.messages) WITH ORDINALITY AS m (value, ord)
+    WHERE EXISTS (
+            SELECT FROM pg_catalog.jsonb_object_keys(m.value) AS f (name)
+            WHERE f.name NOT IN ('topic', 'payload', 'key', 'headers', 'max_attempts')
+        )
+        OR pg_catalog.jsonb_typeof(m.value -> 'key') NOT IN ('string', 'null')
+        OR pg_catalog.jsonb_typeof(m.value -> 'max_attempts') NOT IN ('number', 'null')
+        OR (pg_catalog.jsonb_typeof(m.value -> 'max_attempts') = 'number'
+            AND ((m.value ->> 'max_attempts')::numeric % 1 <> 0
+                OR abs((m.value ->> 'max_attempts')::numeric) > 2147483647))
+    ORDER BY m.ord
+    LIMIT 1;
+    IF FOUND AND v_bad.unknown IS NOT NULL THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ035',
+            MESSAGE = pg_catalog.format('X_MESSAGE_INVALID: message %s has an unknown field %L', v_bad.ord, v_bad.unknown),
+            HINT = 'A message has topic, payload, key, headers and max_attempts: check the spelling of the others.';
+    ELSIF FOUND AND pg_catalog.jsonb_typeof(v_bad.value -> 'key') NOT IN ('string', 'null') THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ035',
+            MESSAGE = pg_catalog.format('X_MESSAGE_INVALID: key %s of message %s is not a string', v_bad.value -> 'key', v_bad.ord),
+            HINT = 'Pass the key as a string, such as "order-42", or leave it out.';
+    ELSIF FOUND THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ035',
+            MESSAGE = pg_catalog.format('X_MESSAGE_INVALID: max_attempts %s of message %s is not a whole number of attempts',
+                v_bad.value -> 'max_attempts', v_bad.ord),
+            HINT = 'Pass max_attempts as a whole number of 1 or more, or leave it out for 10.';
+    END IF;
+
+    PERFORM x_jobs._require_message(m.value ->> 'topic', m.value -> 'payload', m.value -> 'headers',
+        (m.value ->> 'max_attempts')::integer)
+    FROM pg_catalog.jsonb_array_elements(outbox_put_many.messages) AS m (value);
+
+    RETURN QUERY
+    WITH input AS (
+        SELECT m.ord::integer AS ord, m.value
+        FROM pg_catalog.jsonb_array_elements(outbox_put_many.messages) WITH ORDINALITY AS m (value, ord)
+    ),
+    put AS (
+        INSERT INTO x_jobs.outbox AS o (created_at, max_attempts, topic, key, headers, payload, state, available_at)
+        SELECT v_now, coalesce((i.value ->> 'max_attempts')::integer, 10), i.value ->> 'topic',
+               i.value ->> 'key', coalesce(i.value -> 'headers', '{}'), i.value -> 'payload', 'pending', v_now
+        FROM input AS i
+        ORDER BY i.ord
+        RETURNING o.id
+    )
+    -- Identity values are drawn in insert order, which is input order: rank them back.
+    SELECT (pg_catalog.row_number() OVER (ORDER BY p.id))::integer, p.id FROM put AS p ORDER BY p.id;
+
+    PERFORM x_jobs._notify('x_jobs_outbox', t.topic)
+    FROM (
+        SELECT DISTINCT m.value ->> 'topic' AS topic
+        FROM pg_catalog.jsonb_array_elements(outbox_put_many.messages) AS m (value)
+    ) AS t;
 END
 $$;
 

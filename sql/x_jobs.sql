@@ -488,7 +488,7 @@ AS $$
         ('XJ032', 'X_STEP_NOT_WAITING', 'resolve_step was asked of a step that is not waiting.'),
         ('XJ033', 'X_PROGRESS_INVALID', 'Progress is negative, past its total, or its note is too long.'),
         ('XJ034', 'X_TOPIC_INVALID', 'An outbox topic is missing, empty or longer than 200 characters.'),
-        ('XJ035', 'X_MESSAGE_INVALID', 'An outbox message has no payload, headers that are not an object of strings, or is not an object.'),
+        ('XJ035', 'X_MESSAGE_INVALID', 'An outbox message has no payload, headers that are not an object of strings, an unknown field or one of the wrong type, or is not an object.'),
         ('XJ036', 'X_RELAY_INVALID', 'A relay id is missing or empty.'),
         ('XJ037', 'X_WEBHOOK_INVALID', 'receive_webhook got no source or no webhook id.'),
         ('XJ038', 'X_CLOCK_REFUSED', 'x_jobs.fake_now (the test clock) is set in a session whose login role is not a superuser.'),
@@ -2407,6 +2407,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := x_jobs.now();
+    v_bad record;
 BEGIN
     IF outbox_put_many.messages IS NULL OR pg_catalog.jsonb_typeof(outbox_put_many.messages) <> 'array'
         OR EXISTS (
@@ -2418,6 +2419,43 @@ BEGIN
             MESSAGE = pg_catalog.format('X_MESSAGE_INVALID: messages %s are not an array of objects',
                 pg_catalog.left(coalesce(outbox_put_many.messages::text, 'NULL'), 200)),
             HINT = 'Pass a JSON array of objects such as [{"topic": "t", "payload": {}, "key": "k"}].';
+    END IF;
+
+    -- The first message with a field outbox_put has no parameter for (a misspelt "key" would put
+    -- the message unordered), or a key or max_attempts of the wrong JSON type.
+    SELECT m.ord, m.value,
+           (SELECT f.name FROM pg_catalog.jsonb_object_keys(m.value) AS f (name)
+            WHERE f.name NOT IN ('topic', 'payload', 'key', 'headers', 'max_attempts')
+            ORDER BY f.name LIMIT 1) AS unknown
+    INTO v_bad
+    FROM pg_catalog.jsonb_array_elements(outbox_put_many.messages) WITH ORDINALITY AS m (value, ord)
+    WHERE EXISTS (
+            SELECT FROM pg_catalog.jsonb_object_keys(m.value) AS f (name)
+            WHERE f.name NOT IN ('topic', 'payload', 'key', 'headers', 'max_attempts')
+        )
+        OR pg_catalog.jsonb_typeof(m.value -> 'key') NOT IN ('string', 'null')
+        OR pg_catalog.jsonb_typeof(m.value -> 'max_attempts') NOT IN ('number', 'null')
+        OR (pg_catalog.jsonb_typeof(m.value -> 'max_attempts') = 'number'
+            AND ((m.value ->> 'max_attempts')::numeric % 1 <> 0
+                OR abs((m.value ->> 'max_attempts')::numeric) > 2147483647))
+    ORDER BY m.ord
+    LIMIT 1;
+    IF FOUND AND v_bad.unknown IS NOT NULL THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ035',
+            MESSAGE = pg_catalog.format('X_MESSAGE_INVALID: message %s has an unknown field %L', v_bad.ord, v_bad.unknown),
+            HINT = 'A message has topic, payload, key, headers and max_attempts: check the spelling of the others.';
+    ELSIF FOUND AND pg_catalog.jsonb_typeof(v_bad.value -> 'key') NOT IN ('string', 'null') THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ035',
+            MESSAGE = pg_catalog.format('X_MESSAGE_INVALID: key %s of message %s is not a string', v_bad.value -> 'key', v_bad.ord),
+            HINT = 'Pass the key as a string, such as "order-42", or leave it out.';
+    ELSIF FOUND THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ035',
+            MESSAGE = pg_catalog.format('X_MESSAGE_INVALID: max_attempts %s of message %s is not a whole number of attempts',
+                v_bad.value -> 'max_attempts', v_bad.ord),
+            HINT = 'Pass max_attempts as a whole number of 1 or more, or leave it out for 10.';
     END IF;
 
     PERFORM x_jobs._require_message(m.value ->> 'topic', m.value -> 'payload', m.value -> 'headers',
@@ -2452,9 +2490,8 @@ $$;
 -- that head their key (nothing earlier of the key is pending, and nothing of the key is in
 -- flight: a redriven or late-committed message with a lower id waits for the one out), and the
 -- messages whose lease lapsed (a relay that died; dead instead on their final attempt). Locked
--- rows are skipped, so relays never
--- wait for each other. `topics` restricts the claim to the topics this relay has sinks for
--- (NULL: all).
+-- rows are skipped, so relays never wait for each other. `topics` restricts the claim to the
+-- topics this relay has sinks for (NULL: all).
 --
 -- The keys of the picked messages are then locked and checked again under a fresh snapshot:
 -- two relays claiming at once cannot both take a message of one key, whatever order the

@@ -41,7 +41,8 @@ logger = logging.getLogger(__name__)
 
 #: The SQL API versions this client speaks to (``x_jobs.version()``). 0.3.1 and 0.3.2 changed
 #: how some functions work inside (enqueue, the settling ones), not what any of them takes or
-#: answers; 0.3.3 only refuses the test clock to sessions that are not a superuser's.
+#: answers; 0.3.3 fixes some and refuses more (the test clock outside a superuser's session,
+#: step_wait at REPEATABLE READ, an outbox message's unknown field), none that this client sends.
 SUPPORTED_VERSIONS = frozenset({"0.3.0", "0.3.1", "0.3.2", "0.3.3"})
 
 I = TypeVar("I")  # noqa: E741 - the input type, as in Job[I]

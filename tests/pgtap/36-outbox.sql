@@ -53,7 +53,7 @@ COMMIT;
 
 RESET default_transaction_isolation;
 BEGIN;
-SELECT plan(164);
+SELECT plan(168);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:00:00+00';
 
@@ -267,6 +267,35 @@ SELECT throws_ok(
     $$ SELECT * FROM x_jobs.outbox_put_many('[{"payload": {}}]') $$,
     'XJ034', 'X_TOPIC_INVALID: topic NULL is missing, empty or longer than 200 characters',
     'outbox_put_many with a message without a topic should be refused'
+);
+-- A field outbox_put has no parameter for is refused, not dropped: a misspelt key would put the
+-- message unordered. So is a key or max_attempts of the wrong JSON type.
+SELECT results_eq(
+    $$
+    SELECT c.err_state, c.err_message, c.err_hint
+    FROM tap_helpers.caught($q$
+        SELECT * FROM x_jobs.outbox_put_many('[{"topic": "t36-refused", "payload": {}},
+                                               {"topic": "t36-refused", "payload": {}, "kye": "k"}]')
+    $q$) AS c
+    $$,
+    $$ VALUES ('XJ035', 'X_MESSAGE_INVALID: message 2 has an unknown field ''kye''',
+               'A message has topic, payload, key, headers and max_attempts: check the spelling of the others.') $$,
+    'outbox_put_many with a misspelt field should be refused, naming the message and the field, with a HINT'
+);
+SELECT throws_ok(
+    $$ SELECT * FROM x_jobs.outbox_put_many('[{"topic": "t36-refused", "payload": {}, "key": 7}]') $$,
+    'XJ035', 'X_MESSAGE_INVALID: key 7 of message 1 is not a string',
+    'outbox_put_many with a key that is not a string should be refused'
+);
+SELECT throws_ok(
+    $$ SELECT * FROM x_jobs.outbox_put_many('[{"topic": "t36-refused", "payload": {}, "max_attempts": "abc"}]') $$,
+    'XJ035', 'X_MESSAGE_INVALID: max_attempts "abc" of message 1 is not a whole number of attempts',
+    'outbox_put_many with a max_attempts that is not a number should be refused with its code, not a cast error'
+);
+SELECT throws_ok(
+    $$ SELECT * FROM x_jobs.outbox_put_many('[{"topic": "t36-refused", "payload": {}, "max_attempts": 2.5}]') $$,
+    'XJ035', 'X_MESSAGE_INVALID: max_attempts 2.5 of message 1 is not a whole number of attempts',
+    'outbox_put_many with a fractional max_attempts should be refused'
 );
 SELECT is_empty(
     $$ SELECT * FROM x_jobs.outbox AS o WHERE o.topic = 't36-refused' $$,
