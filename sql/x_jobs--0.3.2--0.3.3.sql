@@ -742,6 +742,7 @@ DECLARE
     v_now timestamptz := x_jobs.now();
     v_picked bigint[];
     v_keys text[];
+    v_lapsed boolean;
 BEGIN
     IF relay_outbox.relay IS NULL OR relay_outbox.relay = '' THEN
         RAISE EXCEPTION USING
@@ -773,8 +774,9 @@ BEGIN
     END IF;
 
     SELECT coalesce(pg_catalog.array_agg(p.id), '{}'),
-           coalesce(pg_catalog.array_agg(DISTINCT p.key) FILTER (WHERE p.key IS NOT NULL), '{}')
-    INTO v_picked, v_keys
+           coalesce(pg_catalog.array_agg(DISTINCT p.key) FILTER (WHERE p.key IS NOT NULL), '{}'),
+           coalesce(pg_catalog.bool_or(p.lapsed), FALSE)
+    INTO v_picked, v_keys, v_lapsed
     FROM (
         WITH due AS (
             SELECT o.id, o.key, o.available_at
@@ -803,9 +805,9 @@ BEGIN
             FOR UPDATE SKIP LOCKED
         )
         -- Rows an arm locked and this LIMIT drops stay locked until the call's transaction ends.
-        SELECT d.id, d.key, d.available_at FROM due AS d
+        SELECT d.id, d.key, d.available_at, FALSE AS lapsed FROM due AS d
         UNION ALL
-        SELECT l.id, l.key, l.available_at FROM lapsed AS l
+        SELECT l.id, l.key, l.available_at, TRUE AS lapsed FROM lapsed AS l
         ORDER BY 3, 1
         LIMIT relay_outbox.qty
     ) AS p;
@@ -836,14 +838,16 @@ BEGIN
     -- A message whose lease lapsed on its final attempt is not handed out again: a relay died
     -- (or outlived its lease) delivering it max_attempts times, and each redelivery could do the
     -- same while its key waited behind it. It is dead, for outbox_redrive, as a job is buried.
-    UPDATE x_jobs.outbox AS o
-    SET state = 'dead',
-        available_at = v_now,
-        relay = NULL,
-        last_error = 'lease lapsed on the final attempt'
-    WHERE o.id = ANY (v_picked)
-        AND o.state = 'inflight'
-        AND o.attempt >= o.max_attempts;
+    IF v_lapsed THEN
+        UPDATE x_jobs.outbox AS o
+        SET state = 'dead',
+            available_at = v_now,
+            relay = NULL,
+            last_error = 'lease lapsed on the final attempt'
+        WHERE o.id = ANY (v_picked)
+            AND o.state = 'inflight'
+            AND o.attempt >= o.max_attempts;
+    END IF;
 
     RETURN QUERY
     WITH taken AS (
