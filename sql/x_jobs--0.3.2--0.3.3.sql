@@ -658,15 +658,10 @@ BEGIN
     -- The first message with a field outbox_put has no parameter for (a misspelt "key" would put
     -- the message unordered), or a key or max_attempts of the wrong JSON type.
     SELECT m.ord, m.value,
-           (SELECT f.name FROM pg_catalog.jsonb_object_keys(m.value) AS f (name)
-            WHERE f.name NOT IN ('topic', 'payload', 'key', 'headers', 'max_attempts')
-            ORDER BY f.name LIMIT 1) AS unknown
+           m.value - ARRAY['topic', 'payload', 'key', 'headers', 'max_attempts'] AS unknown
     INTO v_bad
     FROM pg_catalog.jsonb_array_elements(outbox_put_many.messages) WITH ORDINALITY AS m (value, ord)
-    WHERE EXISTS (
-            SELECT FROM pg_catalog.jsonb_object_keys(m.value) AS f (name)
-            WHERE f.name NOT IN ('topic', 'payload', 'key', 'headers', 'max_attempts')
-        )
+    WHERE m.value - ARRAY['topic', 'payload', 'key', 'headers', 'max_attempts'] <> '{}'::jsonb
         OR pg_catalog.jsonb_typeof(m.value -> 'key') NOT IN ('string', 'null')
         OR pg_catalog.jsonb_typeof(m.value -> 'max_attempts') NOT IN ('number', 'null')
         OR (pg_catalog.jsonb_typeof(m.value -> 'max_attempts') = 'number'
@@ -674,10 +669,11 @@ BEGIN
                 OR abs((m.value ->> 'max_attempts')::numeric) > 2147483647))
     ORDER BY m.ord
     LIMIT 1;
-    IF FOUND AND v_bad.unknown IS NOT NULL THEN
+    IF FOUND AND v_bad.unknown <> '{}'::jsonb THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ035',
-            MESSAGE = pg_catalog.format('X_MESSAGE_INVALID: message %s has an unknown field %L', v_bad.ord, v_bad.unknown),
+            MESSAGE = pg_catalog.format('X_MESSAGE_INVALID: message %s has an unknown field %L', v_bad.ord,
+                (SELECT min(f.name) FROM pg_catalog.jsonb_object_keys(v_bad.unknown) AS f (name))),
             HINT = 'A message has topic, payload, key, headers and max_attempts: check the spelling of the others.';
     ELSIF FOUND AND pg_catalog.jsonb_typeof(v_bad.value -> 'key') NOT IN ('string', 'null') THEN
         RAISE EXCEPTION USING
