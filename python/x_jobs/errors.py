@@ -254,6 +254,12 @@ class ResultTimeout(ClientError, TimeoutError):
     code = "X_RESULT_TIMEOUT"
 
 
+def storable(text: str) -> str:
+    """``text`` as PostgreSQL can store it: it refuses NUL, which an exception's message may
+    hold (and a refused error text would leave its job or message unsettled)."""
+    return text.replace("\x00", "\\x00")
+
+
 def _subclasses(cls: type[XJobsError]) -> list[type[XJobsError]]:
     found: list[type[XJobsError]] = []
     for sub in cls.__subclasses__():

@@ -34,6 +34,7 @@ import psycopg
 
 from x_jobs._listen import DB_GONE, listen
 from x_jobs.app import App, Seconds, interval, seconds
+from x_jobs.errors import storable
 from x_jobs.outbox import BatchSink, DeliveryError, OutboxMessage
 
 logger = logging.getLogger(__name__)
@@ -291,16 +292,27 @@ class Relay:
             for result in results:
                 if result.ok:
                     continue
-                row = conn.execute(
-                    NACK,
-                    [
-                        result.message.id,
-                        self.relay_id,
-                        result.error or "delivery failed",
-                        result.retry_at,
-                        result.retryable,
-                    ],
-                ).fetchone()
+                try:
+                    row = conn.execute(
+                        NACK,
+                        [
+                            result.message.id,
+                            self.relay_id,
+                            storable(result.error or "delivery failed"),
+                            result.retry_at,
+                            result.retryable,
+                        ],
+                    ).fetchone()
+                except DB_GONE:
+                    raise
+                except psycopg.Error as err:
+                    # One refused nack must not stop the relay: the message's lease lapses and
+                    # it goes out again.
+                    logger.error(
+                        "could not record a failed delivery; its lease will lapse",
+                        extra={"message_id": result.message.id, "error": str(err).strip()},
+                    )
+                    continue
                 state = row[0] if row else None
                 logger.warning(
                     "delivery failed",

@@ -44,7 +44,7 @@ from psycopg.types.json import Jsonb
 
 from x_jobs._listen import DB_GONE, listen
 from x_jobs.app import App, Job, Seconds, interval, seconds
-from x_jobs.errors import JobNotHeld, OutputInvalid
+from x_jobs.errors import JobNotHeld, OutputInvalid, storable
 from x_jobs.metrics import WorkerMetrics
 from x_jobs.steps import AsyncSteps, Steps, StepStore, Suspended, _Journal, progress
 
@@ -383,6 +383,10 @@ class Worker:
                 if self._conn is None:
                     self._stop_now()
                     return
+                # Back: extend every lease this worker holds before it claims. A lease that
+                # lapsed meanwhile is this worker's again, and no claim of its own takes that
+                # job as lapsed, to run it a second time beside the first.
+                next_heartbeat = 0.0
             now = time.monotonic()
             if self._stop_requests >= 2:
                 self._stop_now()
@@ -398,12 +402,13 @@ class Worker:
                 self._submit_settlement()
 
             if now >= next_heartbeat:
-                if not self._heartbeat():
-                    self._pause_for_database()
-                    continue
+                if not self._heartbeat() or self._conn is None:
+                    continue  # the top of the loop reconnects, then extends the leases
                 next_heartbeat = now + self.heartbeat_interval
             if now >= next_announce:
                 self._announce()
+                if self._conn is None:
+                    continue
                 next_announce = now + self.announce_interval
 
             if self._draining:
@@ -423,7 +428,6 @@ class Worker:
                 if claim_now and (room * 2 >= self.capacity or not self._held):
                     got = self._claim(room)
                     if got is None:
-                        self._pause_for_database()
                         continue
                     # A full claim means more may wait: claim again as soon as there is room.
                     claim_now = got == room
@@ -479,6 +483,9 @@ class Worker:
                 self.metrics.settled(name, state, held=False)
                 continue
             claimed += 1
+            old = self._held.get(job_id)
+            if old is not None and (not old.done or any(o.run is old for o in self._pending)):
+                self._drop_stale(old)
             job = self.app.jobs.get(name)
             ctx = (AsyncJobContext if job is not None and job.is_async else JobContext)(
                 id=job_id,
@@ -509,6 +516,20 @@ class Worker:
         for name, count in per_job.items():
             self.metrics.claimed(name, count)
         return claimed
+
+    def _drop_stale(self, old: _Run) -> None:
+        """This worker claimed a job it still ran, or whose outcome it had yet to send: its
+        lease had lapsed (the database was away past it). The old attempt is over: its handler
+        is told to stop, and its outcome must not settle the new attempt. (A failed attempt
+        whose settlement is out, made due again at once, is claimed again in the normal way.)"""
+        with self._start_lock:
+            old.done = True
+        self._tell_stop(old, "lost")
+        self._pending = [o for o in self._pending if o.run is not old]
+        logger.warning(
+            "job claimed again by this worker after its lease lapsed; the old attempt is dropped",
+            extra={"job_id": old.ctx.id, "job": old.job.name, "attempt": old.ctx.attempt},
+        )
 
     def _collect(self, now: float) -> None:
         """Take the outcomes the handlers left, and queue each one for its settlement."""
@@ -646,6 +667,52 @@ class Worker:
             conn.close()
 
     def _settle_batch(self, conn: psycopg.Connection[Any], batch: list[_Outcome]) -> _Settlement:
+        """Settle a batch together; when the database refuses it (an output over
+        x_jobs.max_payload_bytes, text it cannot store), one by one, so that one outcome cannot
+        stop the others, nor this thread."""
+        try:
+            return self._settle_together(conn, batch)
+        except DB_GONE:
+            raise
+        except psycopg.Error as err:
+            logger.warning(
+                "settling a batch was refused; settling its jobs one by one",
+                extra={"jobs": len(batch), "error": str(err).strip()},
+            )
+        completed: set[int] = set()
+        states: dict[int, str | None] = {}
+        for outcome in batch:
+            try:
+                settled = self._settle_together(conn, [outcome])
+            except DB_GONE:
+                raise
+            except psycopg.Error as err:
+                if not outcome.ok:
+                    logger.error(
+                        "could not settle a failed job; its lease will lapse",
+                        extra={"job_id": outcome.id, "error": str(err).strip()},
+                    )
+                    states[outcome.id] = None
+                    continue
+                # The job's output was refused: the job fails for good, saying why.
+                outcome.ok, outcome.output, outcome.retryable = False, None, False
+                outcome.error = f"its output was refused: {str(err).strip()}"
+                try:
+                    settled = self._settle_together(conn, [outcome])
+                except DB_GONE:
+                    raise
+                except psycopg.Error as again:
+                    logger.error(
+                        "could not settle a job whose output was refused; its lease will lapse",
+                        extra={"job_id": outcome.id, "error": str(again).strip()},
+                    )
+                    states[outcome.id] = None
+                    continue
+            completed |= settled.completed
+            states.update(settled.states)
+        return _Settlement(batch, completed, states)
+
+    def _settle_together(self, conn: psycopg.Connection[Any], batch: list[_Outcome]) -> _Settlement:
         completions = [o for o in batch if o.ok]
         completed: set[int] = set()
         if completions:
@@ -670,8 +737,8 @@ class Worker:
                 [
                     outcome.id,
                     self.worker_id,
-                    outcome.error or "error",
-                    outcome.stack,
+                    storable(outcome.error) or "error",
+                    None if outcome.stack is None else storable(outcome.stack),
                     None,
                     outcome.retryable,
                 ],
@@ -707,8 +774,13 @@ class Worker:
                     extra={"job_id": run.ctx.id, "job": run.job.name, "grace_s": self.grace},
                 )
             else:
+                with self._start_lock:
+                    if run.compensating:
+                        # It failed for good on its own and undoes its steps: that outcome
+                        # settles the job, not a timeout that would retry it, undone.
+                        continue
+                    run.done = True
                 self._tell_stop(run, "timeout")
-                run.done = True
             if not self._pending:
                 self._pending_since = now
             self._pending.append(
@@ -717,20 +789,22 @@ class Worker:
 
     def _heartbeat(self) -> bool:
         """Extend the leases of the held jobs; stop those that were lost. False when the
-        database did not answer."""
-        live = [job_id for job_id, run in self._held.items() if not run.done]
-        if not live:
+        database did not answer. A finished job whose outcome waits for its settlement is
+        extended too: were its lease to lapse first, a claim could run it again."""
+        if not self._held:
             return True
         assert self._conn is not None
         try:
             rows = self._conn.execute(
-                EXTEND, [_ids(live), self.worker_id, interval(self.lease)]
+                EXTEND, [_ids(self._held), self.worker_id, interval(self.lease)]
             ).fetchall()
         except DB_GONE as err:
             self._lost_connection(err)
             return False
         held = {row[0] for row in rows}
-        gone = [job_id for job_id in live if job_id not in held]
+        # A finished one that was not extended is settled already, or its settlement will say
+        # that the worker lost it.
+        gone = [job_id for job_id, run in self._held.items() if not run.done and job_id not in held]
         if not gone:
             return True
         # Say why: an operator's cancel, or a lease another worker took over.
@@ -809,6 +883,10 @@ class Worker:
             logger.warning(
                 "could not hand jobs back; their leases will lapse", extra={"error": str(err)}
             )
+            for run in runs:  # not held any more: not extended, and not waited for
+                self._held.pop(run.ctx.id, None)
+            if isinstance(err, DB_GONE):
+                self._lost_connection(err)
             return 0
         for run in runs:
             self._held.pop(run.ctx.id, None)
@@ -926,7 +1004,14 @@ class Worker:
                 return
             if not self._begin(run):
                 continue
-            self._outbox.put(self._call(run))
+            try:
+                outcome = self._call(run)
+            except BaseException as err:
+                # _call keeps what the handler raises; this is the worker's own failure around
+                # it. The thread lives on, and the job fails with it rather than run on unsettled.
+                logger.exception("running a job failed", extra={"job_id": run.ctx.id})
+                outcome = self._failure(run, err)
+            self._outbox.put(outcome)
             self._nudge()
 
     async def _run_async(self, run: _Run) -> None:
@@ -949,7 +1034,10 @@ class Worker:
                 outcome = self._timed_out(run, outcome)
                 steps = run.ctx._steps
                 if isinstance(steps, AsyncSteps) and self._final(run, outcome, steps):
-                    self._add_compensation_errors(outcome, await steps.compensate())
+                    try:
+                        self._add_compensation_errors(outcome, await steps.compensate())
+                    except BaseException as err:
+                        outcome = self._compensations_stopped(outcome, err)
         self._outbox.put(outcome)
         self._wake.set()
 
@@ -975,7 +1063,10 @@ class Worker:
         outcome = self._timed_out(run, outcome)
         steps = run.ctx._steps
         if isinstance(steps, Steps) and self._final(run, outcome, steps):
-            self._add_compensation_errors(outcome, steps.compensate())
+            try:
+                self._add_compensation_errors(outcome, steps.compensate())
+            except BaseException as err:
+                outcome = self._compensations_stopped(outcome, err)
         return outcome
 
     @staticmethod
@@ -1017,6 +1108,17 @@ class Worker:
                 return False
             run.compensating = True
         return True
+
+    @staticmethod
+    def _compensations_stopped(outcome: _Outcome, err: BaseException) -> _Outcome:
+        """The compensations could not go on: the job was no longer held (nothing to settle
+        here), or recording one failed (the job fails, saying so)."""
+        if isinstance(err, JobNotHeld):
+            outcome.lost = True
+        stopped = f"compensations stopped: {type(err).__name__}: {err}"
+        outcome.error = f"{outcome.error}; {stopped}" if outcome.error else stopped
+        outcome.stack = "\n".join([outcome.stack or "", stopped])
+        return outcome
 
     @staticmethod
     def _add_compensation_errors(outcome: _Outcome, failures: list[str]) -> None:

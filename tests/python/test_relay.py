@@ -36,6 +36,7 @@ from conftest import DEADLINE_SECONDS, Conn, Connect, wait_for
 from psycopg.conninfo import conninfo_to_dict
 
 import x_jobs
+from x_jobs.relay import Relay
 from x_jobs.webhooks import Receiver, new_secret
 
 logger = logging.getLogger(__name__)
@@ -599,3 +600,42 @@ def test_the_job_sink_enqueues_a_batch_in_one_call_and_refuses_a_bad_input_alone
         "SELECT idempotency_key, input FROM x_jobs.job WHERE name = 'typed' ORDER BY id"
     ).fetchall()
     assert rows == [("outbox:1", {"order": 1}), ("outbox:3", {"order": 3})]
+
+
+def test_a_failure_the_database_cannot_store_does_not_stop_the_relay(dsn: str, conn: Conn) -> None:
+    """A sink's error with a NUL byte made outbox_nack raise (PostgreSQL stores no NUL): the
+    relay died with it, its delivered messages unacked and the key stuck."""
+    app = x_jobs.App(dsn)
+
+    @app.outbox.sink("nul")
+    def deliver(message: x_jobs.OutboxMessage) -> None:
+        if message.payload.get("bad"):
+            raise ValueError("upstream said \x00")
+
+    bad = app.outbox.put("nul", {"bad": True}, key="k", max_attempts=1)
+    other = app.outbox.put("nul", {"bad": False}, key="other")
+    relay = Relay(app, lease=5, poll_interval=0.1)
+    thread = threading.Thread(target=relay.run, kwargs={"install_signals": False}, daemon=True)
+    thread.start()
+    try:
+        wait_for(
+            lambda: (
+                conn.execute(
+                    "SELECT count(*) FROM x_jobs.outbox WHERE state IN ('pending', 'inflight')"
+                ).fetchone()
+                == (0,)
+            ),
+            "both messages to be settled",
+        )
+        assert thread.is_alive()
+        rows = dict(
+            (r[0], r[1:])
+            for r in conn.execute("SELECT id, state::text, last_error FROM x_jobs.outbox")
+        )
+        assert rows[bad] == ("dead", "ValueError: upstream said \\x00")
+        assert rows[other] == ("delivered", None)
+    finally:
+        relay.stop()
+        relay.stop()
+        thread.join(30)
+        app.close()

@@ -284,3 +284,32 @@ def test_the_worker_refuses_a_database_without_x_jobs(
     log = worker.log()
     assert code > 0, log
     assert "X_NOT_INSTALLED: x_jobs is not installed in this database" in log, log
+
+
+def test_an_outcome_the_database_refuses_does_not_stop_the_settling(
+    fleet: Fleet, conn: Conn, admin: Conn
+) -> None:
+    """An output over x_jobs.max_payload_bytes (XJ003) and an error text with a NUL byte made
+    complete_many and fail raise something other than a lost connection: the settler thread
+    died with it, and from then on nothing the worker ran was settled."""
+    admin.execute(f"ALTER DATABASE {fleet.dbname} SET x_jobs.max_payload_bytes = 1000")
+    big = basic.app.enqueue("big_output", {}, conn=conn).id
+    nul = basic.app.enqueue("nul_error", {}, conn=conn).id
+    before = [basic.app.enqueue("noop", {}, conn=conn).id for _ in range(3)]
+    fleet.start(concurrency=1)
+    fleet.wait_for(lambda: fleet.all_in([big, nul, *before], "dead", "done"), "every job to settle")
+
+    rows = dict(
+        (r[0], r[1:])
+        for r in conn.execute(
+            "SELECT id, state::text, last_error FROM x_jobs.job WHERE id = ANY(%s)",
+            [[big, nul, *before]],
+        )
+    )
+    assert rows[big][0] == "dead"
+    assert rows[big][1].startswith("its output was refused: X_PAYLOAD_TOO_LARGE"), rows[big]
+    assert rows[nul] == ("dead", "ValueError: upstream said \\x00 and stopped")
+    assert all(rows[job_id] == ("done", None) for job_id in before), rows
+    # The settler lives on: a job enqueued now is settled too.
+    after = basic.app.enqueue("noop", {}, conn=conn).id
+    fleet.wait_for(lambda: fleet.all_in([after], "done"), "a later job to be settled")

@@ -321,3 +321,35 @@ def test_a_step_output_that_is_not_json_fails_the_run_clearly(
     )
     # Nothing was recorded as done: a replay would run the step again.
     assert [s for s in _steps(fleet, job_id) if s[3] == "done"] == []
+
+
+def test_a_compensation_that_finds_its_job_gone_does_not_stop_the_worker(
+    fleet: Fleet, conn: Conn, client: x_jobs.App
+) -> None:
+    """Recording a compensation raised JobNotHeld (the job was cancelled meanwhile) out of the
+    handler thread: the thread died, and with it one slot of the worker for good."""
+    job_id = flows.app.enqueue(flows.cancelled_while_undoing, {}, conn=conn).id
+    # One handler thread: the next job runs only if that thread lived on.
+    after = flows.app.enqueue(flows.reporter, {}, conn=conn).id
+    fleet.start(target=TARGET, concurrency=1)
+
+    assert client.result(after, timeout=60) is True
+    assert _job(fleet, job_id)["state"] == "cancelled"
+    assert _effects(fleet, job_id) == [("book", 1), ("unbook b1", 1)]
+
+
+def test_a_failure_for_good_whose_undoing_outlasts_the_timeout_is_not_retried(
+    fleet: Fleet, conn: Conn, client: x_jobs.App
+) -> None:
+    """The handler failed for good (PermanentError) with attempts left and compensated past
+    the job's timeout: the dispatcher settled a retryable timeout instead, and the retry found
+    its booking replayed as done although it had been undone."""
+    job_id = flows.app.enqueue(flows.declined_slowly, {}, conn=conn).id
+    fleet.start(target=TARGET, grace=5.0)
+
+    with pytest.raises(x_jobs.JobFailed) as failed:
+        client.result(job_id, timeout=60)
+    assert failed.value.state == "dead"
+    assert "card declined for good" in (failed.value.error or "")
+    assert _job(fleet, job_id)["attempt"] == 1
+    assert _effects(fleet, job_id) == [("book", 1), ("unbook b1", 1)]

@@ -253,3 +253,15 @@ def flaky_unkept(input: dict[str, Any], ctx: x_jobs.JobContext) -> None:
     with Run(ctx):
         if ctx.attempt == 1:
             raise HandlerBoom("boom on attempt 1")
+
+
+@app.job(name="big_output", max_attempts=1)
+def big_output(input: dict[str, Any], ctx: x_jobs.JobContext) -> dict[str, str]:
+    """An output over x_jobs.max_payload_bytes when a test lowers it to 1,000."""
+    return {"pad": "x" * 5000}
+
+
+@app.job(name="nul_error", max_attempts=1)
+def nul_error(input: dict[str, Any], ctx: x_jobs.JobContext) -> None:
+    """Fails with a message PostgreSQL cannot store as it is (a NUL byte)."""
+    raise ValueError("upstream said \x00 and stopped")

@@ -202,3 +202,32 @@ async def async_flow(input: Keyed, ctx: x_jobs.AsyncJobContext) -> dict[str, Any
 def bad_step(input: dict[str, Any], ctx: x_jobs.JobContext) -> None:
     """A step whose output is not JSON: refused before anything is recorded."""
     ctx.step.run("ids", lambda: {1, 2, 3})
+
+
+@app.job(name="cancelled_while_undoing", max_attempts=1)
+def cancelled_while_undoing(input: dict[str, Any], ctx: x_jobs.JobContext) -> None:
+    """Fails for good after a booking; an operator cancels the job while its compensation runs,
+    so recording the compensation finds the job no longer held (JobNotHeld)."""
+
+    def unbook(out: Any) -> None:
+        effect(ctx, f"unbook {out}")
+        with psycopg.connect(app.dsn, autocommit=True) as conn:
+            conn.execute("SELECT x_jobs.cancel(id => %s)", [ctx.id])
+
+    ctx.step.run("book", lambda: _book(ctx), compensate=unbook)
+    raise Boom("declined")
+
+
+@app.job(
+    name="declined_slowly", max_attempts=3, timeout=0.5, retry=x_jobs.Retry(base=0.05, max=0.05)
+)
+def declined_slowly(input: dict[str, Any], ctx: x_jobs.JobContext) -> None:
+    """Fails for good (PermanentError) with attempts left; its compensation outlasts the job's
+    timeout. The failure, not a timeout, must settle it: dead, never retried undone."""
+
+    def unbook(out: Any) -> None:
+        time.sleep(1.5)
+        effect(ctx, f"unbook {out}")
+
+    ctx.step.run("book", lambda: _book(ctx), compensate=unbook)
+    raise x_jobs.PermanentError("card declined for good")
