@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
 from conftest import Conn, wait_for
 
@@ -85,3 +86,52 @@ def _announced(conn: Conn) -> bool:
         "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'x_jobs worker'"
     ).fetchone()
     return bool(row and row[0])
+
+
+def test_a_job_whose_lease_lapsed_in_an_outage_is_run_once_and_settled_as_it_ran(
+    app: x_jobs.App, conn: Conn, admin: Conn
+) -> None:
+    """The database is away for longer than the lease while a job runs and finishes. Back, the
+    worker claimed its own lapsed job again (a second run beside the first) and settled the
+    new attempt with the first one's outcome."""
+    runs: list[int] = []
+
+    @app.job(name="through_outage", queue="outage")
+    def through_outage(input: dict[str, Any], ctx: x_jobs.JobContext) -> str:
+        runs.append(ctx.attempt)
+        time.sleep(1.5)
+        return f"attempt {ctx.attempt}"
+
+    job = app.enqueue(through_outage, {})
+    dbname = conn.info.dbname
+    worker = x_jobs.Worker(
+        app, queues=["outage"], concurrency=2, lease=1, heartbeat_interval=0.3, poll_interval=0.1
+    )
+    thread = _run(worker)
+    try:
+        wait_for(lambda: runs == [1], "the job to start")
+        # Away for 4 s, past the 1 s lease and the job's end: no new connection, none left.
+        admin.execute(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS false')
+        try:
+            _terminate(admin, dbname)
+            time.sleep(4)
+        finally:
+            admin.execute(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS true')
+        wait_for(
+            lambda: _state(app, job.id)[0] == "done",
+            "the job to be settled once the database is back",
+        )
+        assert _state(app, job.id) == ("done", 1, "attempt 1")
+        assert runs == [1]
+    finally:
+        _stop(worker, thread)
+
+
+def _state(app: x_jobs.App, job_id: int) -> tuple[Any, ...]:
+    """Read on a connection of its own: the outage ended every connection there was."""
+    with psycopg.connect(app.dsn, autocommit=True) as db:
+        row = db.execute(
+            "SELECT state::text, attempt, output FROM x_jobs.job WHERE id = %s", [job_id]
+        ).fetchone()
+    assert row is not None
+    return tuple(row)
