@@ -444,12 +444,15 @@ class App:
                 return output
             if state in {"dead", "failed", "cancelled"}:
                 raise JobFailed(job_id, state, error)
-            if deadline is not None and time.monotonic() + pause > deadline:
-                raise ResultTimeout(
-                    f"X_RESULT_TIMEOUT: job {job_id} is still {state} "
-                    f"after {seconds(timeout or 0):g} s",
-                    hint="Wait longer, or look at the job with `x-jobs jobs show`.",
-                )
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:  # read at or after the deadline: it is live now
+                    raise ResultTimeout(
+                        f"X_RESULT_TIMEOUT: job {job_id} is still {state} "
+                        f"after {seconds(timeout or 0):g} s",
+                        hint="Wait longer, or look at the job with `x-jobs jobs show`.",
+                    )
+                pause = min(pause, left)
             time.sleep(pause)
             pause = min(pause * 2, 1.0)
 

@@ -24,6 +24,7 @@ import asyncio
 import inspect
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -99,14 +100,29 @@ def _row(values: dict[str, Any]) -> StepRow:
 
 
 def _as_json(what: str, value: Any) -> Any:
-    """``value`` as a replay will see it (through JSON), or OutputInvalid."""
+    """``value`` as a replay will see it (through JSON), or OutputInvalid. As jsonb takes it:
+    no NaN or infinity, no NUL in a string; a value it refused would fail the record after the
+    step ran, and a retry would run the step again."""
     try:
-        return json.loads(json.dumps(value))
+        copy = json.loads(json.dumps(value, allow_nan=False))
+        if _holds_nul(copy):
+            raise ValueError("a string holds a NUL character, which PostgreSQL cannot store")
+        return copy
     except (TypeError, ValueError) as err:
         raise OutputInvalid(
             f"X_OUTPUT_INVALID: {what} returned a {type(value).__name__}, which is not JSON: {err}",
             hint="Return JSON values (dict, list, str, int, float, bool, None).",
         ) from err
+
+
+def _holds_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_holds_nul(v) for v in value)
+    return False
 
 
 class StepStore:
@@ -117,18 +133,21 @@ class StepStore:
         self._dsn = dsn
         self._max_size = max(1, max_size)
         self._pool: ConnectionPool | None = None
+        # Handler threads take their first steps at once: one pool, not one each (leaked).
+        self._pool_lock = threading.Lock()
 
     def _connections(self) -> ConnectionPool:
-        if self._pool is None:
-            self._pool = ConnectionPool(
-                self._dsn,
-                min_size=1,
-                max_size=self._max_size,
-                kwargs={"autocommit": True, "application_name": "x_jobs steps"},
-                open=True,
-                name="x_jobs-steps",
-            )
-        return self._pool
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ConnectionPool(
+                    self._dsn,
+                    min_size=1,
+                    max_size=self._max_size,
+                    kwargs={"autocommit": True, "application_name": "x_jobs steps"},
+                    open=True,
+                    name="x_jobs-steps",
+                )
+            return self._pool
 
     def fetch(self, sql: LiteralString, params: list[Any]) -> list[dict[str, Any]]:
         try:

@@ -8,6 +8,8 @@ body ran, so "not executed again" is a count, not a guess.
 from __future__ import annotations
 
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from apps.workers import Fleet
 from conftest import Conn, wait_for
 
 import x_jobs
+from x_jobs.steps import StepStore
 
 TARGET = "apps.flows:app"
 
@@ -321,6 +324,52 @@ def test_a_step_output_that_is_not_json_fails_the_run_clearly(
     )
     # Nothing was recorded as done: a replay would run the step again.
     assert [s for s in _steps(fleet, job_id) if s[3] == "done"] == []
+
+
+@pytest.mark.parametrize("kind", ["nan", "nul"])
+def test_a_step_output_jsonb_cannot_hold_fails_the_run_clearly(
+    fleet: Fleet, conn: Conn, client: x_jobs.App, kind: str
+) -> None:
+    """NaN and a NUL character pass json.dumps and not jsonb: the record failed after the
+    step ran, with a bare database error, and each retry ran the step again."""
+    job_id = flows.app.enqueue(flows.unstorable_step, {"kind": kind}, conn=conn).id
+    fleet.start(target=TARGET)
+    with pytest.raises(x_jobs.JobFailed) as failed:
+        client.result(job_id, timeout=60)
+    assert "X_OUTPUT_INVALID: step 'measure' returned a" in (failed.value.error or "")
+    assert [s for s in _steps(fleet, job_id) if s[3] == "done"] == []
+
+
+def test_result_waits_the_whole_timeout_before_it_gives_up(conn: Conn, client: x_jobs.App) -> None:
+    """It gave up as soon as its next pause would pass the deadline: at 0.62 s of 1 s."""
+    job_id = flows.app.enqueue(flows.reporter, {}, conn=conn).id
+    started = time.monotonic()
+    with pytest.raises(x_jobs.ResultTimeout):
+        client.result(job_id, timeout=1.0)
+    assert time.monotonic() - started >= 1.0
+
+
+def test_the_step_store_opens_one_pool_for_threads_that_start_at_once(dsn: str) -> None:
+    """Handler threads taking their first steps together each made a pool, all but one
+    leaked (connections and threads) for the life of the worker."""
+    store = StepStore(dsn, max_size=2)
+    barrier = threading.Barrier(8)
+    pools: list[object] = []
+
+    def first_step() -> None:
+        barrier.wait()
+        pools.append(store._connections())
+
+    threads = [threading.Thread(target=first_step) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    try:
+        assert len({id(pool) for pool in pools}) == 1
+    finally:
+        for pool in {id(p): p for p in pools}.values():
+            pool.close()  # type: ignore[attr-defined]
 
 
 def test_a_compensation_that_finds_its_job_gone_does_not_stop_the_worker(

@@ -204,6 +204,17 @@ def bad_step(input: dict[str, Any], ctx: x_jobs.JobContext) -> None:
     ctx.step.run("ids", lambda: {1, 2, 3})
 
 
+class Unstorable(BaseModel):
+    kind: str
+
+
+@app.job(name="unstorable_step", max_attempts=1)
+def unstorable_step(input: Unstorable, ctx: x_jobs.JobContext) -> None:
+    """A step whose output Python's json takes and PostgreSQL's jsonb does not."""
+    value: Any = float("nan") if input.kind == "nan" else {"note": "a\x00b"}
+    ctx.step.run("measure", lambda: value)
+
+
 @app.job(name="cancelled_while_undoing", max_attempts=1)
 def cancelled_while_undoing(input: dict[str, Any], ctx: x_jobs.JobContext) -> None:
     """Fails for good after a booking; an operator cancels the job while its compensation runs,
