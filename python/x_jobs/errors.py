@@ -9,6 +9,7 @@ the original as ``__cause__``; anything else is returned unchanged.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import psycopg
 
@@ -258,6 +259,17 @@ def storable(text: str) -> str:
     """``text`` as PostgreSQL can store it: it refuses NUL, which an exception's message may
     hold (and a refused error text would leave its job or message unsettled)."""
     return text.replace("\x00", "\\x00")
+
+
+def holds_nul(value: Any) -> bool:
+    """Does a JSON value hold a NUL character in a string or a key? jsonb refuses it."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(holds_nul(k) or holds_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(holds_nul(v) for v in value)
+    return False
 
 
 def _subclasses(cls: type[XJobsError]) -> list[type[XJobsError]]:

@@ -45,7 +45,7 @@ from standardwebhooks.webhooks import (
 )
 
 from x_jobs.app import App, Job
-from x_jobs.errors import InputInvalid, PayloadTooLarge
+from x_jobs.errors import InputInvalid, PayloadTooLarge, holds_nul
 from x_jobs.outbox import DeliveryError, OutboxMessage
 
 logger = logging.getLogger(__name__)
@@ -284,8 +284,8 @@ class Receiver:
         names are case-insensitive. Nothing is written unless the signature verifies.
 
         Answers 200 ``{"job_id", "duplicate"}``; 401 (signature or timestamp refused), 400
-        (not JSON), 422 (input invalid), 413 (payload over x_jobs.max_payload_bytes) with
-        ``{"error"}``. Other database errors raise."""
+        (not JSON, or JSON that jsonb cannot hold), 422 (input invalid), 413 (payload over
+        x_jobs.max_payload_bytes) with ``{"error"}``. Other database errors raise."""
         lowered = {name.lower(): value for name, value in headers.items()}
         refusal = self.verify(lowered, body)
         if refusal is not None:
@@ -295,6 +295,11 @@ class Receiver:
             payload = json.loads(body, parse_constant=_refuse_constant)
         except ValueError as err:
             return 400, {"error": f"the body is not JSON: {err}"}
+        if holds_nul(payload):
+            # Refused for good: answered 500, the sender would send it again forever.
+            return 400, {
+                "error": "the body holds a NUL character (\\u0000), which cannot be stored"
+            }
 
         declared = self.job if isinstance(self.job, Job) else self.app.jobs.get(self.job)
         request: dict[str, Any] | None = None
