@@ -33,6 +33,7 @@ from x_jobs.errors import (
     NotInstalled,
     ResultTimeout,
     VersionUnsupported,
+    holds_nul,
     translate,
 )
 from x_jobs.outbox import Outbox
@@ -137,13 +138,20 @@ class Job(Generic[I]):
     def dump(self, value: Any) -> Any:
         """Validate an input and answer it as JSON, refusing a bad one with InputInvalid."""
         try:
-            return self.adapter.dump_python(self.adapter.validate_python(value), mode="json")
+            dumped = self.adapter.dump_python(self.adapter.validate_python(value), mode="json")
         except ValidationError as err:
             raise InputInvalid(
                 f"X_INPUT_INVALID: input of job {self.name!r} is not a {self.type_name}: "
                 f"{err.errors(include_url=False)}",
                 hint=f"Pass an input that validates as {self.type_name}.",
             ) from err
+        if holds_nul(dumped):
+            raise InputInvalid(
+                f"X_INPUT_INVALID: input of job {self.name!r} holds a NUL character (\\u0000), "
+                "which PostgreSQL cannot store",
+                hint="Remove the NUL characters, or send such bytes encoded (base64, say).",
+            )
+        return dumped
 
     @property
     def type_name(self) -> str:

@@ -10,6 +10,7 @@ import psycopg
 import pytest
 from conftest import Conn
 
+import x_jobs
 from x_jobs import errors
 
 logger = logging.getLogger(__name__)
@@ -153,3 +154,23 @@ def test_the_test_clock_is_refused_to_a_session_that_is_not_a_superusers(
     assert typed.message.startswith("X_CLOCK_REFUSED: x_jobs.fake_now is set to '2099-01-01'")
     assert role in typed.message
     assert typed.hint and "RESET x_jobs.fake_now" in typed.hint
+
+
+def test_an_input_postgresql_cannot_store_is_refused_before_the_enqueue(
+    dsn: str, conn: Conn
+) -> None:
+    """A NUL character passes Python's JSON and not jsonb: the enqueue raised the bare database
+    error (UntranslatableCharacter) where every bad input is InputInvalid."""
+    app = x_jobs.App(dsn)
+
+    @app.job(name="notes")
+    def notes(input: dict[str, str]) -> None: ...
+
+    try:
+        with pytest.raises(errors.InputInvalid) as refused:
+            app.enqueue(notes, {"text": "a\x00b"})
+    finally:
+        app.close()
+    assert "holds a NUL character" in refused.value.message
+    assert refused.value.hint
+    assert conn.execute("SELECT count(*) FROM x_jobs.job").fetchone() == (0,)
