@@ -158,14 +158,16 @@ class WebhookSink:
         body = json.dumps(
             message.payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False
         )
-        headers = {
-            **self.headers,
-            **{name.lower(): value for name, value in message.headers.items()},
-            "content-type": "application/json",
-            # The id is the message's, not the attempt's: the receiver's dedupe key.
-            **self.signature_headers(f"msg_{message.id}", body),
-        }
         with self._slots:
+            # Signed once it has a slot, not before: a delivery that queued behind slow ones
+            # would arrive with a timestamp past the receiver's tolerance, and its 401 is final.
+            headers = {
+                **self.headers,
+                **{name.lower(): value for name, value in message.headers.items()},
+                "content-type": "application/json",
+                # The id is the message's, not the attempt's: the receiver's dedupe key.
+                **self.signature_headers(f"msg_{message.id}", body),
+            }
             try:
                 with self.client.stream(
                     "POST", self.url, content=body.encode("utf-8"), headers=headers

@@ -678,3 +678,25 @@ def test_bad_arguments_are_refused_up_front() -> None:
         Receiver(app, secret="", job="orders.paid", source=SOURCE)
     with pytest.raises(ValueError, match="source"):
         Receiver(app, secret=SECRET, job="orders.paid", source="")
+
+
+def test_a_delivery_is_signed_when_it_goes_out_not_while_it_queues(endpoint: Endpoint) -> None:
+    """Signed before it waited for a free slot, a delivery queued behind slow ones carried the
+    time it was queued, and a receiver would refuse it as stale (401, final)."""
+    sink = WebhookSink(f"{endpoint.url}/hold", secret=SECRET, max_concurrent=1)
+    first = threading.Thread(target=sink.deliver, args=(_message(1),))
+    second = threading.Thread(target=sink.deliver, args=(_message(2),))
+    try:
+        first.start()
+        wait_for(lambda: len(endpoint.seen) == 1, "the first delivery to be held")
+        second.start()  # waits for the only slot
+        time.sleep(2.5)
+        released = time.time()
+        endpoint.release.set()
+        first.join(DEADLINE_SECONDS)
+        second.join(DEADLINE_SECONDS)
+    finally:
+        sink.close()
+    stamps = [int(seen.headers["webhook-timestamp"]) for seen in endpoint.seen]
+    assert len(stamps) == 2
+    assert stamps[1] >= int(released), stamps
