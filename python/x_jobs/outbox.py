@@ -22,7 +22,8 @@ Sinks, per topic (``"*"`` matches every topic without a sink of its own):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, LiteralString, Protocol, runtime_checkable
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any, LiteralString, Protocol, runtime_checkabl
 import psycopg
 from psycopg.types.json import Jsonb
 
-from x_jobs.errors import InputInvalid
+from x_jobs.errors import InputInvalid, MessageInvalid
 
 if TYPE_CHECKING:
     from x_jobs.app import App, Job
@@ -137,6 +138,20 @@ class JobSink:
         pass
 
 
+@contextmanager
+def _storable_messages() -> Iterator[None]:
+    """A payload Python's JSON takes and jsonb refuses (NaN, infinity, a NUL character) is
+    X_MESSAGE_INVALID, as the SQL's own refusals of a message are, not a bare DataError."""
+    try:
+        yield
+    except psycopg.errors.DataError as err:
+        raise MessageInvalid(
+            "X_MESSAGE_INVALID: the message is not JSON that PostgreSQL can store: "
+            f"{err.diag.message_primary or err}",
+            hint="Leave out NaN, infinity and NUL characters (send such values encoded).",
+        ) from err
+
+
 class Outbox:
     """``app.outbox``: put messages, and register the sinks a relay delivers them to."""
 
@@ -158,7 +173,7 @@ class Outbox:
     ) -> int:
         """Write one message; with ``conn=`` it is part of the caller's transaction. Answers
         its id. Messages of one ``key`` are delivered one at a time, in put order."""
-        with self.app.connection(conn) as db:
+        with self.app.connection(conn) as db, _storable_messages():
             row = db.execute(
                 PUT,
                 [
@@ -183,7 +198,7 @@ class Outbox:
         batch = [dict(m) for m in messages]
         if not batch:
             return []
-        with self.app.connection(conn) as db:
+        with self.app.connection(conn) as db, _storable_messages():
             rows = db.execute(PUT_MANY, [Jsonb(batch)]).fetchall()
         return [int(r[0]) for r in rows]
 

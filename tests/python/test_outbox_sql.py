@@ -32,6 +32,8 @@ from conftest import (
 from plans import PlanLog, nodes, rows_read
 from psycopg.types.json import Jsonb
 
+import x_jobs
+
 logger = logging.getLogger(__name__)
 
 #: A guard against a hang, not a speed target: the race takes 10-15 s alone, and several times
@@ -670,3 +672,26 @@ def test_receivers_racing_over_many_webhooks_make_one_job_each(
         "SELECT count(*) FROM x_jobs.webhook_ledger AS l JOIN x_jobs.job AS j ON j.id = l.job_id"
     ).fetchone()
     assert rows == (WEBHOOKS,)
+
+
+@pytest.mark.parametrize(
+    "payload", [{"ratio": float("nan")}, {"note": "a\x00b"}], ids=["nan", "nul"]
+)
+def test_a_payload_postgresql_cannot_store_is_a_typed_refusal(
+    dsn: str, conn: Conn, payload: dict[str, Any]
+) -> None:
+    """NaN and a NUL character pass Python's JSON and not jsonb: put and put_many raised the
+    bare DataError where every refusal of a message is X_MESSAGE_INVALID."""
+    app = x_jobs.App(dsn)
+    try:
+        with pytest.raises(x_jobs.errors.MessageInvalid) as one:
+            app.outbox.put("t.bad", payload)
+        with pytest.raises(x_jobs.errors.MessageInvalid):
+            app.outbox.put_many(
+                [{"topic": "t.ok", "payload": {}}, {"topic": "t.bad", "payload": payload}]
+            )
+    finally:
+        app.close()
+    assert one.value.message.startswith("X_MESSAGE_INVALID: the message is not JSON")
+    assert one.value.hint
+    assert conn.execute("SELECT count(*) FROM x_jobs.outbox").fetchone() == (0,)
