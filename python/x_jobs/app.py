@@ -33,8 +33,8 @@ from x_jobs.errors import (
     NotInstalled,
     ResultTimeout,
     VersionUnsupported,
-    holds_nul,
     translate,
+    unstorable_as,
 )
 from x_jobs.outbox import Outbox
 
@@ -138,20 +138,13 @@ class Job(Generic[I]):
     def dump(self, value: Any) -> Any:
         """Validate an input and answer it as JSON, refusing a bad one with InputInvalid."""
         try:
-            dumped = self.adapter.dump_python(self.adapter.validate_python(value), mode="json")
+            return self.adapter.dump_python(self.adapter.validate_python(value), mode="json")
         except ValidationError as err:
             raise InputInvalid(
                 f"X_INPUT_INVALID: input of job {self.name!r} is not a {self.type_name}: "
                 f"{err.errors(include_url=False)}",
                 hint=f"Pass an input that validates as {self.type_name}.",
             ) from err
-        if holds_nul(dumped):
-            raise InputInvalid(
-                f"X_INPUT_INVALID: input of job {self.name!r} holds a NUL character (\\u0000), "
-                "which PostgreSQL cannot store",
-                hint="Remove the NUL characters, or send such bytes encoded (base64, say).",
-            )
-        return dumped
 
     @property
     def type_name(self) -> str:
@@ -424,7 +417,12 @@ class App:
                 assert row is not None
                 now = cast(datetime, row[0])
                 requests = [_with_run_at(req, now) for req in requests]
-            rows = db.execute(ENQUEUE_MANY, {"jobs": Jsonb(requests)}).fetchall()
+            with unstorable_as(
+                InputInvalid,
+                "a job's input",
+                "Leave out NUL characters (send such bytes encoded, base64 say).",
+            ):
+                rows = db.execute(ENQUEUE_MANY, {"jobs": Jsonb(requests)}).fetchall()
         return [Enqueued(id=int(r[1]), run_id=str(r[2]), deduped=bool(r[3])) for r in rows]
 
     # --- results ------------------------------------------------------------------------------

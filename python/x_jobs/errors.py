@@ -9,7 +9,8 @@ the original as ``__cause__``; anything else is returned unchanged.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg
 
@@ -261,15 +262,22 @@ def storable(text: str) -> str:
     return text.replace("\x00", "\\x00")
 
 
-def holds_nul(value: Any) -> bool:
-    """Does a JSON value hold a NUL character in a string or a key? jsonb refuses it."""
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(holds_nul(k) or holds_nul(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(holds_nul(v) for v in value)
-    return False
+@contextmanager
+def unstorable_as(cls: type[XJobsError], what: str, hint: str) -> Iterator[None]:
+    """A value Python's JSON takes and jsonb refuses (NaN, infinity, a NUL character), raised by
+    the database as a DataError, comes out as the refusal ``cls`` naming ``what``. Translated
+    where the database says so: the common path checks nothing."""
+    try:
+        yield
+    except psycopg.errors.DataError as err:
+        why = (
+            "it holds a NUL character (\\u0000)"
+            if isinstance(err, psycopg.errors.UntranslatableCharacter)
+            else (err.diag.message_primary or str(err))
+        )
+        raise cls(
+            f"{cls.code}: {what} is not JSON that PostgreSQL can store: {why}", hint=hint
+        ) from err
 
 
 def _subclasses(cls: type[XJobsError]) -> list[type[XJobsError]]:

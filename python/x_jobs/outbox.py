@@ -22,8 +22,7 @@ Sinks, per topic (``"*"`` matches every topic without a sink of its own):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, LiteralString, Protocol, runtime_checkable
@@ -31,7 +30,7 @@ from typing import TYPE_CHECKING, Any, LiteralString, Protocol, runtime_checkabl
 import psycopg
 from psycopg.types.json import Jsonb
 
-from x_jobs.errors import InputInvalid, MessageInvalid
+from x_jobs.errors import InputInvalid, MessageInvalid, unstorable_as
 
 if TYPE_CHECKING:
     from x_jobs.app import App, Job
@@ -138,18 +137,11 @@ class JobSink:
         pass
 
 
-@contextmanager
-def _storable_messages() -> Iterator[None]:
-    """A payload Python's JSON takes and jsonb refuses (NaN, infinity, a NUL character) is
-    X_MESSAGE_INVALID, as the SQL's own refusals of a message are, not a bare DataError."""
-    try:
-        yield
-    except psycopg.errors.DataError as err:
-        raise MessageInvalid(
-            "X_MESSAGE_INVALID: the message is not JSON that PostgreSQL can store: "
-            f"{err.diag.message_primary or err}",
-            hint="Leave out NaN, infinity and NUL characters (send such values encoded).",
-        ) from err
+#: What a payload jsonb refuses (NaN, infinity, a NUL character) is called, and the fix.
+_UNSTORABLE = (
+    "the message",
+    "Leave out NaN, infinity and NUL characters (send such values encoded).",
+)
 
 
 class Outbox:
@@ -173,7 +165,7 @@ class Outbox:
     ) -> int:
         """Write one message; with ``conn=`` it is part of the caller's transaction. Answers
         its id. Messages of one ``key`` are delivered one at a time, in put order."""
-        with self.app.connection(conn) as db, _storable_messages():
+        with self.app.connection(conn) as db, unstorable_as(MessageInvalid, *_UNSTORABLE):
             row = db.execute(
                 PUT,
                 [
@@ -198,7 +190,7 @@ class Outbox:
         batch = [dict(m) for m in messages]
         if not batch:
             return []
-        with self.app.connection(conn) as db, _storable_messages():
+        with self.app.connection(conn) as db, unstorable_as(MessageInvalid, *_UNSTORABLE):
             rows = db.execute(PUT_MANY, [Jsonb(batch)]).fetchall()
         return [int(r[0]) for r in rows]
 

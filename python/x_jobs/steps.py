@@ -37,7 +37,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from x_jobs.app import Seconds, interval
-from x_jobs.errors import OutputInvalid, StepConflict, XJobsError, holds_nul, translate
+from x_jobs.errors import OutputInvalid, StepConflict, XJobsError, translate
 
 if TYPE_CHECKING:
     from x_jobs.worker import JobContext
@@ -105,7 +105,7 @@ def _as_json(what: str, value: Any) -> Any:
     step ran, and a retry would run the step again."""
     try:
         copy = json.loads(json.dumps(value, allow_nan=False))
-        if holds_nul(copy):
+        if _holds_nul(copy):
             raise ValueError("a string holds a NUL character, which PostgreSQL cannot store")
         return copy
     except (TypeError, ValueError) as err:
@@ -113,6 +113,17 @@ def _as_json(what: str, value: Any) -> Any:
             f"X_OUTPUT_INVALID: {what} returned a {type(value).__name__}, which is not JSON: {err}",
             hint="Return JSON values (dict, list, str, int, float, bool, None).",
         ) from err
+
+
+def _holds_nul(value: Any) -> bool:
+    """Does a JSON value hold a NUL character in a string or a key? jsonb refuses it."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_holds_nul(v) for v in value)
+    return False
 
 
 class StepStore:

@@ -45,7 +45,7 @@ from standardwebhooks.webhooks import (
 )
 
 from x_jobs.app import App, Job
-from x_jobs.errors import InputInvalid, PayloadTooLarge, holds_nul
+from x_jobs.errors import InputInvalid, PayloadTooLarge, unstorable_as
 from x_jobs.outbox import DeliveryError, OutboxMessage
 
 logger = logging.getLogger(__name__)
@@ -297,11 +297,6 @@ class Receiver:
             payload = json.loads(body, parse_constant=_refuse_constant)
         except ValueError as err:
             return 400, {"error": f"the body is not JSON: {err}"}
-        if holds_nul(payload):
-            # Refused for good: answered 500, the sender would send it again forever.
-            return 400, {
-                "error": "the body holds a NUL character (\\u0000), which cannot be stored"
-            }
 
         declared = self.job if isinstance(self.job, Job) else self.app.jobs.get(self.job)
         request: dict[str, Any] | None = None
@@ -318,9 +313,15 @@ class Receiver:
             payload = request.pop("input")
 
         try:
-            job_id, duplicate = self._record(lowered["webhook-id"], name, payload, queue, request)
+            with unstorable_as(InputInvalid, "the body", "Send JSON without NUL characters."):
+                job_id, duplicate = self._record(
+                    lowered["webhook-id"], name, payload, queue, request
+                )
         except PayloadTooLarge as err:
             return 413, {"error": str(err)}
+        except InputInvalid as err:
+            # Refused for good (400): answered 500, the sender would send it again for ever.
+            return 400, {"error": str(err)}
         return 200, {"job_id": job_id, "duplicate": duplicate}
 
     def verify(self, headers: Mapping[str, str], body: bytes) -> str | None:

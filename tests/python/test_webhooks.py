@@ -265,9 +265,7 @@ def test_a_webhook_becomes_one_job_and_its_redelivery_a_duplicate(
 def test_a_body_that_is_not_json_or_not_the_input_is_refused(
     app: x_jobs.App, receiver: Receiver, conn: Conn
 ) -> None:
-    # Not JSON; JSON with NaN; JSON with a NUL, which jsonb cannot hold (it was answered 500,
-    # "send it again later", so the sender retried it forever).
-    for body in (b"order 7 paid", b'{"order_id": NaN}', b'{"order_id": "7\\u0000"}'):
+    for body in (b"order 7 paid", b'{"order_id": NaN}'):
         status, answer = receiver.receive(signed(body), body)
         assert status == 400, answer
     body = b'{"order_id": "seven"}'
@@ -279,6 +277,12 @@ def test_a_body_that_is_not_json_or_not_the_input_is_refused(
     # A job this app does not declare (another service's workers run it) takes the body as
     # it is, in the receiver's queue.
     loose = Receiver(app, secret=SECRET, job="ledger.import", source=SOURCE, queue="imports")
+    # JSON with a NUL, which jsonb cannot hold: it was answered 500 ("send it again later"), so
+    # the sender retried it for ever.
+    nul = b'{"order_id": "7\\u0000"}'
+    status, answer = loose.receive(signed(nul, webhook_id="msg_nul"), nul)
+    assert status == 400, answer
+    assert written(conn) == (0, 0)
     status, answer = loose.receive(signed(body), body)
     assert status == 200
     row = conn.execute(

@@ -66,8 +66,7 @@ def test_a_connection_lost_under_the_announce_is_reconnected(
     )
     thread = _run(worker)
     try:
-        wait_for(lambda: worker._conn is not None, "the worker to connect")
-        time.sleep(0.5)
+        wait_for(lambda: worker._conn is not None and _announced(conn), "the worker to connect")
         dbname = conn.info.dbname
         _terminate(admin, dbname, "x_jobs worker")
         wait_for(
