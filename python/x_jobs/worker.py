@@ -682,35 +682,31 @@ class Worker:
         completed: set[int] = set()
         states: dict[int, str | None] = {}
         for outcome in batch:
+            settled = self._settle_alone(conn, outcome)
+            if settled is None:
+                states[outcome.id] = None
+                continue
+            completed |= settled.completed
+            states.update(settled.states)
+        return _Settlement(batch, completed, states)
+
+    def _settle_alone(self, conn: psycopg.Connection[Any], outcome: _Outcome) -> _Settlement | None:
+        """One outcome; a refused output fails its job for good, saying why. None (logged) when
+        the database refuses the settlement itself: the job's lease will lapse."""
+        while True:
             try:
-                settled = self._settle_together(conn, [outcome])
+                return self._settle_together(conn, [outcome])
             except DB_GONE:
                 raise
             except psycopg.Error as err:
                 if not outcome.ok:
                     logger.error(
-                        "could not settle a failed job; its lease will lapse",
+                        "could not settle a job; its lease will lapse",
                         extra={"job_id": outcome.id, "error": str(err).strip()},
                     )
-                    states[outcome.id] = None
-                    continue
-                # The job's output was refused: the job fails for good, saying why.
+                    return None
                 outcome.ok, outcome.output, outcome.retryable = False, None, False
                 outcome.error = f"its output was refused: {str(err).strip()}"
-                try:
-                    settled = self._settle_together(conn, [outcome])
-                except DB_GONE:
-                    raise
-                except psycopg.Error as again:
-                    logger.error(
-                        "could not settle a job whose output was refused; its lease will lapse",
-                        extra={"job_id": outcome.id, "error": str(again).strip()},
-                    )
-                    states[outcome.id] = None
-                    continue
-            completed |= settled.completed
-            states.update(settled.states)
-        return _Settlement(batch, completed, states)
 
     def _settle_together(self, conn: psycopg.Connection[Any], batch: list[_Outcome]) -> _Settlement:
         completions = [o for o in batch if o.ok]
