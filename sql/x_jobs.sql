@@ -506,7 +506,7 @@ IMMUTABLE
 PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT '0.3.3'::text
+    SELECT '0.3.4'::text
 $$;
 
 -- The bucket a settling statement adds to: its minute, in UTC whatever the session's TimeZone.
@@ -1082,6 +1082,7 @@ DECLARE
     v_take_at tid[];
     v_bury bigint[];
     v_keyed bigint[];
+    v_keys text[];
     v_lapsed bigint[];
     v_lapsed_attempt integer[];
     v_lapsed_worker text[];
@@ -1146,10 +1147,13 @@ BEGIN
                coalesce(pg_catalog.array_agg(c.id) FILTER (WHERE c.exhausted), '{}'),
                coalesce(pg_catalog.array_agg(c.id) FILTER (
                    WHERE NOT c.lapsed AND c.concurrency_key IS NOT NULL), '{}'),
+               coalesce(pg_catalog.array_agg(DISTINCT c.concurrency_key) FILTER (
+                   WHERE NOT c.lapsed AND c.concurrency_key IS NOT NULL), '{}'),
                coalesce(pg_catalog.array_agg(c.id) FILTER (WHERE c.lapsed), '{}'),
                coalesce(pg_catalog.array_agg(c.attempt) FILTER (WHERE c.lapsed), '{}'),
                coalesce(pg_catalog.array_agg(c.claimed_by) FILTER (WHERE c.lapsed), '{}')
-        INTO v_picked, v_take, v_take_at, v_bury, v_keyed, v_lapsed, v_lapsed_attempt, v_lapsed_worker
+        INTO v_picked, v_take, v_take_at, v_bury, v_keyed, v_keys, v_lapsed, v_lapsed_attempt,
+             v_lapsed_worker
         FROM (
             SELECT arm.*
             FROM unnest(v_queues) AS o (queue)
@@ -1217,21 +1221,12 @@ BEGIN
             -- it only tries, and leaves the rows of a key it cannot have now to other claims.
             IF v_pass = 1 THEN
                 PERFORM pg_catalog.pg_advisory_xact_lock(2024061701, pg_catalog.hashtext(k.key))
-                FROM (
-                    SELECT DISTINCT j.concurrency_key AS key
-                    FROM x_jobs.job AS j
-                    WHERE j.id = ANY (v_keyed)
-                    ORDER BY 1
-                ) AS k;
+                FROM unnest(v_keys) AS k (key)
+                ORDER BY k.key;
             ELSE
                 v_busy_keys := ARRAY(
                     SELECT k.key
-                    FROM (
-                        SELECT DISTINCT j.concurrency_key AS key
-                        FROM x_jobs.job AS j
-                        WHERE j.id = ANY (v_keyed)
-                        ORDER BY 1
-                    ) AS k
+                    FROM unnest(v_keys) AS k (key)
                     WHERE NOT pg_catalog.pg_try_advisory_xact_lock(2024061701, pg_catalog.hashtext(k.key))
                 );
             END IF;
@@ -1453,8 +1448,17 @@ DECLARE
     v_now timestamptz := x_jobs.now();
     v_max_payload integer := x_jobs._max_payload_bytes();
     v_big record;
-    v_done bigint[];
-    v_dropped bigint[];
+    v_ids bigint[] := complete_many.ids;
+    v_outputs jsonb[] := complete_many.outputs;
+    v_keep boolean;
+    v_turn integer := 0;
+    v_settled bigint[];
+    v_names text[];
+    v_started timestamptz[];
+    v_done bigint[] := ARRAY[]::bigint[];
+    v_done_names text[] := ARRAY[]::text[];
+    v_done_started timestamptz[] := ARRAY[]::timestamptz[];
+    v_dropped bigint[] := ARRAY[]::bigint[];
 BEGIN
     PERFORM x_jobs._require_worker(complete_many.worker, 'Pass the id the worker claimed with.');
     IF complete_many.outputs IS NOT NULL
@@ -1479,56 +1483,72 @@ BEGIN
             HINT = 'Store large results elsewhere and return a reference, or raise x_jobs.max_payload_bytes.';
     END IF;
 
-    WITH kept AS (
-        UPDATE x_jobs.job AS j
-        SET state = 'done',
-            output = o.output,
-            visible_at = NULL,
-            finished_at = v_now,
-            updated_at = v_now
-        FROM unnest(complete_many.ids, complete_many.outputs) AS o (id, output)
-        WHERE j.id = o.id
-            AND j.state::text = 'running' -- by id only: see job_running_idx
-            AND j.claimed_by = complete_many.worker
-            AND j.keep_done
-        RETURNING j.id, j.name, j.started_at
-    ),
-    -- A delete writes no new row version and no index entry: about half the work of the update
-    -- above (measured 2026-11-30: 0.63 against 1.46 ms per 100 rows, 5.8 against 23 kB of WAL).
-    -- It looks up only the ids the update did not take, so a batch of kept jobs (one job's
-    -- batch is all of one kind) reads each row once.
-    dropped AS (
-        DELETE FROM x_jobs.job AS j
-        WHERE j.id = ANY (ARRAY(
-                SELECT a.id FROM unnest(complete_many.ids) AS a (id)
-                EXCEPT ALL
-                SELECT k.id FROM kept AS k
-            ))
-            AND j.state::text = 'running' -- by id only: see job_running_idx
-            AND j.claimed_by = complete_many.worker
-            AND NOT j.keep_done
-        RETURNING j.id, j.name, j.started_at
-    ),
-    done AS (
-        SELECT k.id, k.name, k.started_at, FALSE AS dropped FROM kept AS k
-        UNION ALL
-        SELECT d.id, d.name, d.started_at, TRUE AS dropped FROM dropped AS d
-    ),
-    counted AS (
+    -- A batch is mostly of one kind (one job's), so it is settled first the way its first job
+    -- asks, kept (updated) or not (deleted), and only the ids that took no effect the other way:
+    -- a row is looked up once. Trying the update first for every batch cost a deleted row a
+    -- second lookup, a third of its settle (measured 2026-11-30: 16.8 against 11.0 us per row).
+    v_keep := coalesce((SELECT j.keep_done FROM x_jobs.job AS j WHERE j.id = complete_many.ids[1]), TRUE);
+    WHILE v_turn < 2 AND coalesce(pg_catalog.cardinality(v_ids), 0) > 0 LOOP
+        v_turn := v_turn + 1;
+        IF v_keep THEN
+            WITH kept AS (
+                UPDATE x_jobs.job AS j
+                SET state = 'done',
+                    output = o.output,
+                    visible_at = NULL,
+                    finished_at = v_now,
+                    updated_at = v_now
+                FROM unnest(v_ids, v_outputs) AS o (id, output)
+                WHERE j.id = o.id
+                    AND j.state::text = 'running' -- by id only: see job_running_idx
+                    AND j.claimed_by = complete_many.worker
+                    AND j.keep_done
+                RETURNING j.id, j.name, j.started_at
+            )
+            SELECT coalesce(pg_catalog.array_agg(k.id), '{}'), pg_catalog.array_agg(k.name),
+                   pg_catalog.array_agg(k.started_at)
+            INTO v_settled, v_names, v_started
+            FROM kept AS k;
+        ELSE
+            -- A delete writes no new row version and no index entry: about half the work of
+            -- the update (measured 2026-11-30: 0.63 against 1.46 ms per 100 rows, 5.8 against
+            -- 23 kB of WAL).
+            WITH dropped AS (
+                DELETE FROM x_jobs.job AS j
+                WHERE j.id = ANY (v_ids)
+                    AND j.state::text = 'running' -- by id only: see job_running_idx
+                    AND j.claimed_by = complete_many.worker
+                    AND NOT j.keep_done
+                RETURNING j.id, j.name, j.started_at
+            )
+            SELECT coalesce(pg_catalog.array_agg(d.id), '{}'), pg_catalog.array_agg(d.name),
+                   pg_catalog.array_agg(d.started_at)
+            INTO v_settled, v_names, v_started
+            FROM dropped AS d;
+            v_dropped := v_dropped || v_settled;
+        END IF;
+        v_done := v_done || v_settled;
+        v_done_names := v_done_names || v_names;
+        v_done_started := v_done_started || v_started;
+        EXIT WHEN pg_catalog.cardinality(v_settled) = pg_catalog.cardinality(v_ids);
+        -- Left: the other kind, and ids this worker no longer holds (which neither way takes).
+        SELECT pg_catalog.array_agg(o.id), pg_catalog.array_agg(o.output)
+        INTO v_ids, v_outputs
+        FROM unnest(v_ids, v_outputs) AS o (id, output)
+        WHERE NOT EXISTS (SELECT FROM unnest(v_settled) AS s (id) WHERE s.id = o.id);
+        v_keep := NOT v_keep;
+    END LOOP;
+
+    IF pg_catalog.cardinality(v_done) > 0 THEN
         INSERT INTO x_jobs.counter AS c (job, bucket_seconds, bucket_start, shard, completed, run_ms)
         SELECT d.name, 60, x_jobs._minute(v_now), x_jobs._shard(), count(*),
                coalesce(sum((extract(EPOCH FROM v_now - d.started_at) * 1000)::bigint), 0)
-        FROM done AS d
+        FROM unnest(v_done_names, v_done_started) AS d (name, started_at)
         GROUP BY d.name
         ON CONFLICT (job, bucket_seconds, bucket_start, shard) DO UPDATE
         SET completed = c.completed + excluded.completed,
-            run_ms = c.run_ms + excluded.run_ms
-    )
-    SELECT coalesce(pg_catalog.array_agg(d.id), '{}'),
-           coalesce(pg_catalog.array_agg(d.id) FILTER (WHERE d.dropped), '{}')
-    INTO v_done, v_dropped
-    FROM done AS d;
-
+            run_ms = c.run_ms + excluded.run_ms;
+    END IF;
     -- What purge would delete with the rows later; only when the batch deleted some, so that
     -- settling kept jobs pays nothing for it.
     IF pg_catalog.cardinality(v_dropped) > 0 THEN

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import IO, Any, LiteralString
 
 import psycopg
@@ -78,11 +78,12 @@ def wait_drained(
     check: Callable[[], None],
     *,
     stall_timeout: float = 120.0,
+    params: Mapping[str, Any] | None = None,
 ) -> float:
-    """Poll `remaining_sql` until it answers 0; the seconds from `started` to the poll that saw
-    the backlog empty. Every runner polls on this schedule (x_jobs' in bench/bench.py too):
-    a poll is a query on the server the workers share, so polling more often takes from them.
-    `check` runs after each poll and raises if a worker died.
+    """Poll `remaining_sql` (with `params`) until it answers 0; the seconds from `started` to the
+    poll that saw the backlog empty. Every runner polls on this schedule (x_jobs' in
+    bench/bench.py too): a poll is a query on the server the workers share, so polling more
+    often takes from them. `check` runs after each poll and raises if a worker died.
 
     The poll runs serially (run_graphile.mjs does the same): a count over a big table is planned
     as a parallel scan, and its two extra processes took a 2-core machine from the workers.
@@ -95,7 +96,7 @@ def wait_drained(
         # The query's snapshot is taken when it starts: an empty answer means the backlog was
         # drained by then.
         now = time.perf_counter()
-        row = conn.execute(remaining_sql).fetchone()
+        row = conn.execute(remaining_sql, params).fetchone()
         assert row is not None
         if int(row[0]) == 0:
             return now - started

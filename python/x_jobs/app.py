@@ -43,8 +43,9 @@ logger = logging.getLogger(__name__)
 #: The SQL API versions this client speaks to (``x_jobs.version()``). 0.3.1 and 0.3.2 changed
 #: how some functions work inside (enqueue, the settling ones), not what any of them takes or
 #: answers; 0.3.3 fixes some and refuses more (the test clock outside a superuser's session,
-#: step_wait at REPEATABLE READ, an outbox message's unknown field), none that this client sends.
-SUPPORTED_VERSIONS = frozenset({"0.3.0", "0.3.1", "0.3.2", "0.3.3"})
+#: step_wait at REPEATABLE READ, an outbox message's unknown field), none that this client sends;
+#: 0.3.4 changed claim and complete_many inside.
+SUPPORTED_VERSIONS = frozenset({"0.3.0", "0.3.1", "0.3.2", "0.3.3", "0.3.4"})
 
 I = TypeVar("I")  # noqa: E741 - the input type, as in Job[I]
 
@@ -178,11 +179,14 @@ class Job(Generic[I]):
             key = self.concurrency.key
             req["concurrency_key"] = key(payload) if key is not None else f"job:{self.name}"
             req["concurrency_limit"] = self.concurrency.limit
+        if unknown := options.keys() - ENQUEUE_OPTIONS:
+            raise TypeError(
+                f"unknown enqueue option {min(unknown)!r}; known: {sorted(ENQUEUE_OPTIONS)}"
+            )
+        if options.get("delay") is not None and options.get("run_at") is not None:
+            # Either would decide the due time; taking one silently loses the other.
+            raise TypeError("pass delay or run_at, not both")
         for name, value in options.items():
-            if name not in ENQUEUE_OPTIONS:
-                raise TypeError(
-                    f"unknown enqueue option {name!r}; known: {sorted(ENQUEUE_OPTIONS)}"
-                )
             if value is None:
                 continue
             if name == "delay":
@@ -384,8 +388,9 @@ class App:
         **options: Any,
     ) -> Enqueued:
         """Enqueue one job (validated first). With ``conn=`` it joins the caller's transaction:
-        a rollback leaves no job. Options: queue, run_at, delay (seconds), idempotency_key,
-        max_attempts, priority, tenant_id, traceparent, enqueued_by."""
+        a rollback leaves no job. Options: queue, run_at or delay (seconds), idempotency_key,
+        max_attempts, priority, tenant_id, traceparent, enqueued_by, keep_done. A naive run_at
+        is read in the database session's TimeZone, as psycopg sends it."""
         return self.enqueue_many(job, [input], conn=conn, **options)[0]
 
     def enqueue_many(

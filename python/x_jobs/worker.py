@@ -186,7 +186,7 @@ class _Run:
     #: When its handler began (monotonic), None while it waits in the local queue.
     started: float | None = None
     deadline: float | None = None
-    task: Any = None  # the concurrent.futures.Future of an async handler
+    task: asyncio.Task[None] | None = None  # an async handler's, made on the event loop
     #: Set once the dispatcher settled or dropped the job: a late outcome is ignored.
     done: bool = False
     #: Its final attempt timed out with compensations to run: the handler was told to stop and
@@ -307,6 +307,8 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._slots: asyncio.Semaphore | None = None
+        #: The async runs' tasks not yet done; touched on the event loop only.
+        self._async_live: set[asyncio.Task[None]] = set()
         self._stopped = threading.Event()
         #: Outcomes waiting for the next settlement batch, since _pending_since.
         self._pending: list[_Outcome] = []
@@ -462,6 +464,7 @@ class Worker:
             return None
         claimed = 0
         per_job: dict[str, int] = {}
+        async_runs: list[_Run] = []
         for (
             job_id,
             name,
@@ -509,10 +512,14 @@ class Worker:
                     _Outcome(run, ok=False, error=f"no handler for job {name!r} in this worker")
                 )
             elif job.is_async:
-                assert self._loop is not None
-                run.task = asyncio.run_coroutine_threadsafe(self._run_async(run), self._loop)
+                async_runs.append(run)
             else:
                 self._inbox.put(run)
+        if async_runs:
+            assert self._loop is not None
+            # One wake-up of the event loop for the claim's async runs: one each (a thread-safe
+            # call, a future chained to each task) cost four times the worker's CPU per job.
+            self._loop.call_soon_threadsafe(self._start_async, async_runs)
         for name, count in per_job.items():
             self.metrics.claimed(name, count)
         return claimed
@@ -897,8 +904,10 @@ class Worker:
 
     def _tell_stop(self, run: _Run, reason: str) -> None:
         run.ctx._stop(reason)
+        # The task is made on the loop (_start_async), which cancels it itself if the stop came
+        # first; either it sees the stop or this sees the task.
         if run.task is not None and self._loop is not None:
-            run.task.cancel()
+            self._loop.call_soon_threadsafe(run.task.cancel)
 
     # --- the database connection -------------------------------------------------------------
 
@@ -968,18 +977,14 @@ class Worker:
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
 
-    def _nudge(self) -> None:
+    def _nudge(self, queued: bool) -> None:
         """Wake the dispatcher for an outcome, but not for every one: waking it per job (a
         notify, a thread switch, the GIL) cost more than the job. It is woken when no work is
-        left queued, when a batch's worth is waiting, or when the settle delay has passed."""
+        left `queued`, when a batch's worth is waiting, or when the settle delay has passed."""
         if self._wake.is_set():
             return  # the dispatcher has yet to wake: setting it again is a contended no-op
         now = time.monotonic()
-        if (
-            self._inbox.empty()
-            or self._outbox.qsize() >= 64
-            or now - self._last_nudge >= self.settle_delay
-        ):
+        if not queued or self._outbox.qsize() >= 64 or now - self._last_nudge >= self.settle_delay:
             self._last_nudge = now
             self._wake.set()
 
@@ -1008,7 +1013,18 @@ class Worker:
                 logger.exception("running a job failed", extra={"job_id": run.ctx.id})
                 outcome = self._failure(run, err)
             self._outbox.put(outcome)
-            self._nudge()
+            self._nudge(queued=not self._inbox.empty())
+
+    def _start_async(self, runs: list[_Run]) -> None:
+        """On the event loop: a task for each run of a claim."""
+        assert self._loop is not None
+        for run in runs:
+            task = self._loop.create_task(self._run_async(run))
+            self._async_live.add(task)
+            task.add_done_callback(self._async_live.discard)
+            run.task = task
+            if run.ctx.is_cancelled():
+                task.cancel()  # told to stop before its task was made: see _tell_stop
 
     async def _run_async(self, run: _Run) -> None:
         assert self._slots is not None
@@ -1035,7 +1051,8 @@ class Worker:
                     except BaseException as err:
                         outcome = self._compensations_stopped(outcome, err)
         self._outbox.put(outcome)
-        self._wake.set()
+        # More live tasks than slots: some wait for one, as runs wait in the sync inbox.
+        self._nudge(queued=len(self._async_live) > self.concurrency)
 
     def _invoke(self, run: _Run) -> Any:
         value = run.job.validate_json(run.payload)

@@ -4,7 +4,7 @@
 -- and its idempotency key is free once it is gone.
 -- The clock is moved with SET LOCAL "x_jobs.fake_now" (quoted so that sqlfluff parses it).
 BEGIN;
-SELECT plan(18);
+SELECT plan(21);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
@@ -26,7 +26,9 @@ FROM (
     ('other', TRUE, 3, NULL),
     ('stale', FALSE, 25, NULL),
     ('dies', FALSE, 1, NULL),
-    ('keyed', FALSE, 25, 't37-key')
+    ('keyed', FALSE, 25, 't37-key'),
+    ('mixgone', FALSE, 25, NULL),
+    ('mixkept', TRUE, 25, NULL)
 ) AS t (tag, keep, attempts, ikey);
 
 INSERT INTO j (tag, id)
@@ -41,13 +43,14 @@ FROM x_jobs.enqueue_many(
 SELECT bag_eq(
     $$SELECT j.tag, x.keep_done FROM j JOIN x_jobs.job AS x ON x.id = j.id$$,
     $$VALUES ('dies', FALSE), ('errs', FALSE), ('gone', FALSE), ('keyed', FALSE), ('kept', TRUE),
-             ('many', FALSE), ('manykept', TRUE), ('other', TRUE), ('stale', FALSE)$$,
+             ('many', FALSE), ('manykept', TRUE), ('mixgone', FALSE), ('mixkept', TRUE), ('other', TRUE),
+             ('stale', FALSE)$$,
     'enqueue and enqueue_many should store keep_done as given, true when left out or NULL'
 );
 
 SELECT is(
     (SELECT count(*) FROM x_jobs.claim(array(SELECT 't37-' || j.tag FROM j), 'w1', qty => 100)), -- noqa: LT14
-    9::bigint,
+    11::bigint,
     'Every job of the test should be claimed by w1'
 );
 
@@ -172,6 +175,38 @@ SELECT results_eq(
       FROM x_jobs.enqueue('t37_keyed', queue => 't37-keyed', idempotency_key => 't37-key') AS e$$,
     $$VALUES (FALSE, TRUE)$$,
     'The key of a deleted row should be free: a new enqueue makes a new row'
+);
+
+------------------------------------------------------------------------------------------------
+-- a batch led by a deleted row: the kept ones after it keep their own outputs (0.3.4 settles the
+-- ids of the first row's kind first, then the rest)
+------------------------------------------------------------------------------------------------
+
+SELECT bag_eq(
+    $$SELECT c FROM x_jobs.complete_many(
+          ARRAY[tap_helpers.jid('mixgone'), tap_helpers.jid('stale'), tap_helpers.jid('mixkept'), -1],
+          'w2', ARRAY['{"n": 1}', '{"n": 2}', '{"n": 3}', '{"n": 4}']::jsonb[]
+      ) AS c$$,
+    $$SELECT 1 WHERE FALSE$$,
+    'complete_many should complete none of a batch that another worker holds'
+);
+
+SELECT bag_eq(
+    $$SELECT c FROM x_jobs.complete_many(
+          ARRAY[tap_helpers.jid('mixgone'), -1, tap_helpers.jid('mixkept'), tap_helpers.jid('mixkept')],
+          'w1', ARRAY['{"n": 1}', '{"n": 2}', '{"n": 3}', '{"n": 3}']::jsonb[]
+      ) AS c$$,
+    $$VALUES (tap_helpers.jid('mixgone')), (tap_helpers.jid('mixkept'))$$,
+    'complete_many should answer each held id once, past an unknown id and a repeated one'
+);
+
+SELECT results_eq(
+    $$SELECT j.tag, x.state::text, x.output,
+             (SELECT sum(c.completed)::integer FROM x_jobs.counter AS c WHERE c.job = 't37_' || j.tag)
+      FROM j LEFT JOIN x_jobs.job AS x ON x.id = j.id
+      WHERE j.tag IN ('mixgone', 'mixkept') ORDER BY j.tag$$,
+    $$VALUES ('mixgone', NULL, NULL, 1), ('mixkept', 'done', '{"n": 3}'::jsonb, 1)$$,
+    'The deleted row should be gone, the kept one done with its own output, each counted once'
 );
 
 SELECT * FROM finish();
