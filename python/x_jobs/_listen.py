@@ -9,6 +9,8 @@ from collections.abc import Callable, Collection
 import psycopg
 from psycopg import sql
 
+from x_jobs._conn import connect
+
 #: What a lost connection raises: a dropped socket, a server restart, a closed connection.
 DB_GONE = (psycopg.OperationalError, psycopg.InterfaceError)
 
@@ -29,7 +31,7 @@ def listen(
     delay = 0.1
     while running():
         try:
-            with psycopg.connect(dsn, autocommit=True, application_name=application_name) as conn:
+            with connect(dsn, application_name) as conn:
                 conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
                 delay = 0.1
                 while running():

@@ -25,6 +25,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 from pydantic import TypeAdapter, ValidationError
 
+from x_jobs._conn import pool_kwargs
 from x_jobs.errors import (
     InputInvalid,
     JobFailed,
@@ -324,7 +325,7 @@ class App:
                     self.dsn,
                     min_size=1,
                     max_size=self._pool_size,
-                    kwargs={"autocommit": True},
+                    kwargs=pool_kwargs("x_jobs"),
                     open=True,
                     name="x_jobs",
                 )

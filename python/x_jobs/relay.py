@@ -32,6 +32,7 @@ from typing import Any, LiteralString
 
 import psycopg
 
+from x_jobs._conn import connect
 from x_jobs._listen import DB_GONE, listen
 from x_jobs.app import App, Seconds, interval, seconds
 from x_jobs.errors import storable
@@ -335,7 +336,7 @@ class Relay:
     # --- the database connection -------------------------------------------------------------
 
     def _connect(self, *, first: bool = False) -> None:
-        conn = psycopg.connect(self.app.dsn, autocommit=True, application_name="x_jobs relay")
+        conn = connect(self.app.dsn, "x_jobs relay")
         if first and self.check_version:
             try:
                 self.app.check_version(conn)

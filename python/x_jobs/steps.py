@@ -36,6 +36,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
+from x_jobs._conn import pool_kwargs
 from x_jobs.app import Seconds, interval
 from x_jobs.errors import OutputInvalid, StepConflict, XJobsError, translate
 
@@ -144,7 +145,7 @@ class StepStore:
                     self._dsn,
                     min_size=1,
                     max_size=self._max_size,
-                    kwargs={"autocommit": True, "application_name": "x_jobs steps"},
+                    kwargs=pool_kwargs("x_jobs steps"),
                     open=True,
                     name="x_jobs-steps",
                 )

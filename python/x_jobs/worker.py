@@ -42,6 +42,7 @@ from typing import Any, LiteralString
 import psycopg
 from psycopg.types.json import Jsonb
 
+from x_jobs._conn import connect
 from x_jobs._listen import DB_GONE, listen
 from x_jobs.app import App, Job, Seconds, interval, seconds
 from x_jobs.errors import JobNotHeld, OutputInvalid, storable
@@ -650,9 +651,7 @@ class Worker:
             while True:
                 try:
                     if conn is None:
-                        conn = psycopg.connect(
-                            self.app.dsn, autocommit=True, application_name="x_jobs settler"
-                        )
+                        conn = connect(self.app.dsn, "x_jobs settler")
                     result = self._settle_batch(conn, batch)
                     break
                 except DB_GONE as err:
@@ -912,7 +911,7 @@ class Worker:
     # --- the database connection -------------------------------------------------------------
 
     def _connect(self, *, first: bool = False) -> None:
-        conn = psycopg.connect(self.app.dsn, autocommit=True, application_name="x_jobs worker")
+        conn = connect(self.app.dsn, "x_jobs worker")
         if first and self.check_version:
             try:
                 self.app.check_version(conn)

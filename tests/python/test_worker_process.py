@@ -10,6 +10,7 @@ Crashes and server restarts are in test_worker_crash.py, SIGTERM in test_worker_
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -19,6 +20,8 @@ import pytest
 from apps import basic
 from apps.workers import Fleet
 from conftest import Conn, Connect, fresh_database
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 import x_jobs
 from x_jobs.errors import JobNotFound
@@ -313,3 +316,35 @@ def test_an_outcome_the_database_refuses_does_not_stop_the_settling(
     # The settler lives on: a job enqueued now is settled too.
     after = basic.app.enqueue("noop", {}, conn=conn).id
     fleet.wait_for(lambda: fleet.all_in([after], "done"), "a later job to be settled")
+
+
+
+def test_a_sql_ascii_database_is_served_like_any_other(admin: Conn, tmp_path: Path) -> None:
+    """On a SQL_ASCII database psycopg answers text as bytes unless the connection asks for
+    UTF-8: the version check read b'0.3.4' and the worker refused to start, and app.result
+    never recognised a settled state."""
+    name = f"x_jobs_ascii_{uuid.uuid4().hex[:12]}"
+    admin.execute(
+        sql.SQL("CREATE DATABASE {} ENCODING 'SQL_ASCII' LOCALE 'C' TEMPLATE template0").format(
+            sql.Identifier(name)
+        )
+    )
+    try:
+        dsn = make_conninfo("", dbname=name)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION x_jobs")
+            row = conn.execute("SELECT (x_jobs.enqueue('noop')).id").fetchone()
+        assert row is not None
+        with Fleet(dsn, tmp_path) as fleet:
+            fleet.start()
+            fleet.wait_for(
+                lambda: fleet.scalar("SELECT count(*) FROM x_jobs.job WHERE state = 'done'") == 1,
+                "the noop job to be done",
+            )
+        app = x_jobs.App(dsn)
+        try:
+            assert app.result(row[0], timeout=5) is None
+        finally:
+            app.close()
+    finally:
+        admin.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
