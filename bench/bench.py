@@ -438,16 +438,19 @@ WORKER_ARGS = [
 ]
 
 
-def drain_with_workers(dsn: str, jobs: int, workers: int, keep_done: bool = True) -> float:
+def drain_with_workers(
+    dsn: str, jobs: int, workers: int, keep_done: bool = True, job: str = "noop"
+) -> float:
     """jobs/s of `workers` x-jobs worker processes draining `jobs` no-op jobs (enqueued with
-    keep_done => false when keep_done is False: completing them deletes them).
+    keep_done => false when keep_done is False: completing them deletes them). `job` names the
+    handler in bench/apps/noop.py: "noop" (sync) or "noop_async".
 
     The queue is paused while the workers start and resumed once all of them have announced
     themselves, so start-up is outside the clock, as in the peers' runners.
     """
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("TRUNCATE x_jobs.job, x_jobs.worker, x_jobs.counter")
-        enqueue_backlog(dsn, jobs, "bench", name="noop", keep_done=keep_done)
+        enqueue_backlog(dsn, jobs, "bench", name=job, keep_done=keep_done)
         conn.execute("VACUUM ANALYZE x_jobs.job")
         conn.execute("CHECKPOINT")
         conn.execute("SELECT x_jobs.pause_queue('bench')")
@@ -920,11 +923,21 @@ def main() -> int:
                     drains["unkept"].append(
                         drain_with_workers(dsn, sizes.drain_jobs, workers, keep_done=False)
                     )
+                    if round_ == 0:
+                        # Async handlers take another path through the worker (an event loop);
+                        # once a run, beside the sync rounds.
+                        drains["async"] = [
+                            drain_with_workers(dsn, sizes.drain_jobs, workers, job="noop_async")
+                        ]
                     for peer in peer_drains(sizes, workers, None if round_ == 0 else GRAPHILE):
                         drains.setdefault(peer["peer"], []).append(float(peer["jobs_per_s"]))
                         peer_jobs[peer["peer"]] = int(peer["jobs"])
                 ours, unkept = max(drains["kept"]), max(drains["unkept"])
-                for label, key in (("", "kept"), (", keep_done=false", "unkept")):
+                for label, key in (
+                    ("", "kept"),
+                    (", keep_done=false", "unkept"),
+                    (", async handlers", "async"),
+                ):
                     lines.append(
                         (
                             f"x_jobs worker drain, {workers} process(es), "

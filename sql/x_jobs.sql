@@ -1428,7 +1428,7 @@ $$;
 -- Complete the running rows `worker` holds among `ids`, with outputs[i] as the output of ids[i]
 -- (outputs may be NULL: no output). Answers the ids it completed; an id missing from the answer
 -- was not held by this worker (lapsed and re-claimed, cancelled, settled) and is left as it is.
--- The same statement adds to the job name's counter bucket. A job enqueued with keep_done =>
+-- The same transaction adds to the job name's counter bucket. A job enqueued with keep_done =>
 -- false is deleted instead of kept as 'done', with its steps and error history: for jobs whose
 -- result nobody reads, so that the table does not fill with rows only purge would delete.
 CREATE FUNCTION x_jobs.complete_many(ids bigint[], worker text, outputs jsonb[] DEFAULT NULL)

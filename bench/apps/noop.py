@@ -1,4 +1,4 @@
-"""The benchmark's app: one no-op job, so that a drain measures x_jobs and nothing else."""
+"""The benchmark's app: no-op jobs, so that a drain measures x_jobs and nothing else."""
 
 from __future__ import annotations
 
@@ -12,3 +12,8 @@ app = x_jobs.App()
 @app.job(name="noop", queue="bench")
 def noop(input: dict[str, Any]) -> None:
     """Does nothing."""
+
+
+@app.job(name="noop_async", queue="bench")
+async def noop_async(input: dict[str, Any]) -> None:
+    """Does nothing, on the worker's event loop."""

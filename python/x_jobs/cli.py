@@ -20,26 +20,32 @@ import dataclasses
 import importlib
 import json
 import logging
+import math
 import os
+import re
 import shlex
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Annotated, Any, LiteralString, NoReturn
 
 import psycopg
 import typer
+from psycopg.abc import Buffer
 from psycopg.rows import class_row
-from psycopg.types.json import Jsonb
+from psycopg.types.datetime import TimestamptzLoader
+from psycopg.types.json import set_json_loads
 from rich.console import Console, RenderableType
-from rich.json import JSON
+from rich.highlighter import JSONHighlighter
 from rich.table import Table
 from rich.text import Text
 
 from x_jobs import install as installer
 from x_jobs import maintenance
+from x_jobs._conn import connect
 from x_jobs.app import App
 from x_jobs.errors import (
     ClientError,
@@ -110,27 +116,84 @@ def load_app(target: str) -> App:
     return app
 
 
+#: The level names logging knows, as setup_logging hands them over (any case).
+LOG_LEVELS = ("debug", "info", "warning", "warn", "error", "critical", "fatal", "notset")
+#: The longest duration a worker or relay option takes, about 31 years: longer ones overflow
+#: timedelta (an SQL interval) or a thread's wait.
+MAX_SECONDS = 1e9
+
+
+def _log_level(value: str) -> str:
+    if value.lower() not in LOG_LEVELS:
+        raise typer.BadParameter(f"{value!r} is not a log level: use debug, info, warning or error")
+    return value.lower()
+
+
+def _log_format(value: str) -> str:
+    if value.lower() not in ("text", "json"):
+        raise typer.BadParameter(f"{value!r} is not a log format: use text or json")
+    return value.lower()
+
+
+def _seconds(least: float) -> Callable[[str | float], float]:
+    """A parser of an option in seconds: a finite number from ``least`` to MAX_SECONDS (click
+    passes the default through it too, already a float)."""
+
+    def parse(value: str | float) -> float:
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not least <= number <= MAX_SECONDS:  # NaN too
+            raise typer.BadParameter(
+                f"{value!r} is not a number of seconds from {least:g} to {MAX_SECONDS:.0f}"
+            )
+        return number
+
+    return parse
+
+
+# A lease under a second can lapse before the worker extends it (and under 1 µs is no SQL
+# interval); a poll under 10 ms is a hot loop of claims; a grace under 0 makes the first signal
+# a second one.
+LEASE_LEAST, POLL_LEAST = 1.0, 0.01
+LogLevel = Annotated[
+    str,
+    typer.Option(parser=_log_level, help="debug, info, warning, error (or critical)."),
+]
+LogFormat = Annotated[str, typer.Option(parser=_log_format, help="text or json.")]
+Poll = Annotated[
+    float, typer.Option(parser=_seconds(POLL_LEAST), help="Poll interval, seconds (0.01 or more).")
+]
+Grace = Annotated[
+    float, typer.Option(parser=_seconds(0), help="Drain grace on SIGTERM, seconds (0 or more).")
+]
+
+
 @cli.command()
 def worker(
     app_path: Annotated[str, typer.Argument(metavar="MODULE:APP", help="Where the App lives.")],
     queue: Annotated[
         list[str] | None, typer.Option("--queue", "-q", help="A queue to serve (repeatable).")
     ] = None,
-    concurrency: Annotated[int, typer.Option(help="Jobs run at once.")] = 10,
+    concurrency: Annotated[int, typer.Option(min=1, help="Jobs run at once.")] = 10,
     prefetch: Annotated[
         int | None,
-        typer.Option(help="Claimed jobs waiting in a local queue (default: concurrency)."),
+        typer.Option(min=0, help="Claimed jobs waiting in a local queue (default: concurrency)."),
     ] = None,
-    lease: Annotated[float, typer.Option(help="Lease of a claimed job, seconds.")] = 30.0,
-    poll: Annotated[float, typer.Option(help="Poll interval, seconds.")] = 1.0,
-    grace: Annotated[float, typer.Option(help="Drain grace on SIGTERM, seconds.")] = 30.0,
+    lease: Annotated[
+        float,
+        typer.Option(parser=_seconds(LEASE_LEAST), help="Lease of a claimed job, seconds (1+)."),
+    ] = 30.0,
+    poll: Poll = 1.0,
+    grace: Grace = 30.0,
     build: Annotated[str | None, typer.Option(help="Build id announced by the worker.")] = None,
     metrics_port: Annotated[
-        int | None, typer.Option(help="Serve Prometheus metrics on this port.")
+        int | None, typer.Option(min=1, max=65535, help="Serve Prometheus metrics on this port.")
     ] = None,
     dsn: Annotated[str | None, typer.Option(help="Database; default DATABASE_URL or PG*.")] = None,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
-    log_format: Annotated[str, typer.Option(help="text or json.")] = "text",
+    log_level: LogLevel = "info",
+    log_format: LogFormat = "text",
 ) -> None:
     """Run a worker: claim, run and settle the jobs of MODULE:APP until SIGTERM or SIGINT."""
     from x_jobs.worker import Worker  # noqa: PLC0415 - the other commands do not need it
@@ -159,15 +222,19 @@ def worker(
 @cli.command()
 def relay(
     app_path: Annotated[str, typer.Argument(metavar="MODULE:APP", help="Where the App lives.")],
-    concurrency: Annotated[int, typer.Option(help="Deliveries in flight at once.")] = 16,
+    concurrency: Annotated[int, typer.Option(min=1, help="Deliveries in flight at once.")] = 16,
     lease: Annotated[
-        float, typer.Option(help="Lease of a claimed message, seconds (above sink timeouts).")
+        float,
+        typer.Option(
+            parser=_seconds(LEASE_LEAST),
+            help="Lease of a claimed message, seconds (1+, above sink timeouts).",
+        ),
     ] = 60.0,
-    poll: Annotated[float, typer.Option(help="Poll interval, seconds.")] = 1.0,
-    grace: Annotated[float, typer.Option(help="Drain grace on SIGTERM, seconds.")] = 30.0,
+    poll: Poll = 1.0,
+    grace: Grace = 30.0,
     dsn: Annotated[str | None, typer.Option(help="Database; default DATABASE_URL or PG*.")] = None,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
-    log_format: Annotated[str, typer.Option(help="text or json.")] = "text",
+    log_level: LogLevel = "info",
+    log_format: LogFormat = "text",
 ) -> None:
     """Run an outbox relay: deliver the messages of the topics MODULE:APP has sinks for
     (app.outbox.webhook / to_job / sink) until SIGTERM or SIGINT."""
@@ -202,6 +269,11 @@ Dsn = Annotated[
 AsJson = Annotated[
     bool, typer.Option("--json", help="Print one JSON document on stdout instead of tables.")
 ]
+
+# The ranges of SQL's bigint and integer: a number outside them is a usage error here, not an
+# "out of range" or "function ... does not exist" from the database.
+BIGINT_MIN, BIGINT_MAX = -(2**63), 2**63 - 1
+INT_MIN, INT_MAX = -(2**31), 2**31 - 1
 
 CONNECT_HINT = (
     "Check --dsn, DATABASE_URL or the PG* variables (PGHOST, PGPORT, PGDATABASE, PGUSER), "
@@ -346,7 +418,7 @@ ENQUEUE: LiteralString = """
     SELECT id, run_id::text AS run_id, deduped
     FROM x_jobs.enqueue(
         name => %(name)s,
-        input => %(input)s,
+        input => %(input)s::jsonb,
         queue => %(queue)s,
         run_at => coalesce(%(run_at)s::timestamptz, x_jobs.now() + %(delay)s::interval),
         idempotency_key => %(idempotency_key)s,
@@ -377,6 +449,12 @@ JOB_ERRORS: LiteralString = """
 JOB_STATE: LiteralString = "SELECT state::text FROM x_jobs.job WHERE id = %(id)s"
 RETRY: LiteralString = "SELECT x_jobs.retry(id => %(id)s)"
 CANCEL: LiteralString = "SELECT x_jobs.cancel(id => %(id)s)"
+# A time without an offset, read in the session's TimeZone: does it fall in the years 1 to 9999
+# in UTC?
+SHOWABLE: LiteralString = """
+    SELECT %s::timestamp::timestamptz
+        BETWEEN '0001-01-01 00:00:00+00' AND '9999-12-31 23:59:59.999999+00'
+"""
 QUEUE_STATS: LiteralString = """
     SELECT queue, ready, delayed, suspended, running, demand, paused FROM x_jobs.queue_stats()
 """
@@ -398,12 +476,12 @@ JOB_STEPS: LiteralString = (
 # NULL payload (no --payload) is the API's default; --payload null publishes JSON null.
 PUBLISH: LiteralString = """
     SELECT event_id, woken
-    FROM x_jobs.publish(event => %(event)s, payload => %(payload)s, key => %(key)s)
+    FROM x_jobs.publish(event => %(event)s, payload => %(payload)s::jsonb, key => %(key)s)
 """
 RESOLVE_STEP: LiteralString = (
     "SELECT "
     + STEP_COLUMNS
-    + " FROM x_jobs.resolve_step(job => %(job)s, step => %(step)s, output => %(output)s)"
+    + " FROM x_jobs.resolve_step(job => %(job)s, step => %(step)s, output => %(output)s::jsonb)"
 )
 PAUSE: LiteralString = "SELECT x_jobs.pause_queue(queue => %(queue)s)"
 RESUME: LiteralString = "SELECT x_jobs.resume_queue(queue => %(queue)s)"
@@ -442,9 +520,83 @@ def _first_line(text: str) -> str:
     return lines[0] if lines else text
 
 
+#: What the CLI's connections load for a timestamp Python cannot hold: 'infinity' (a run
+#: suspended on an event without a timeout is due then) and '-infinity', years past 9999 or BC.
+INFINITY = datetime.max.replace(tzinfo=UTC)
+NEG_INFINITY = datetime.min.replace(tzinfo=UTC)
+
+
+class _TimestamptzLoader(TimestamptzLoader):
+    """psycopg's loader, with INFINITY or NEG_INFINITY where it refuses a value: one such row
+    would otherwise make a whole page unreadable."""
+
+    def load(self, data: Buffer) -> datetime:
+        try:
+            return super().load(data)
+        except psycopg.DataError:
+            text = bytes(data)
+            return NEG_INFINITY if text.startswith(b"-") or text.endswith(b"BC") else INFINITY
+
+
+def _json_int(text: str) -> int | Decimal:
+    # Python reads no int of more than 4300 digits (a guard against slow parsing); jsonb can.
+    return int(text) if len(text) <= 4000 else Decimal(text)
+
+
+def _json_loads(data: str | bytes) -> Any:
+    """jsonb as the CLI reads it: numbers with every digit jsonb holds, not rounded to floats."""
+    return json.loads(data, parse_float=Decimal, parse_int=_json_int)
+
+
+#: C0 controls but tab and newline, DEL and C1: text from the database (a job's name, an error
+#: a handler raised) must not steer the operator's terminal with ESC or CSI sequences.
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0)) if c not in (0x09, 0x0A)}
+#: json.dumps escapes C0 but, with ensure_ascii=False, leaves DEL and C1 raw; in JSON they
+#: can only be inside strings, where \u escapes say the same.
+_JSON_CONTROLS = {c: f"\\u{c:04x}" for c in range(0x7F, 0xA0)}
+# A Decimal's stand-in while json.dumps runs: NUL, which no PostgreSQL text or jsonb holds.
+_EXACT = re.compile(r'"\\u0000(\d+)\\u0000"')
+
+
+def _safe(text: str) -> str:
+    """``text`` with its control characters shown as escapes (\\x1b), for a person's terminal."""
+    return text.translate(_CONTROLS)
+
+
+def _cell(text: str) -> Text:
+    """Database text in a table cell: never markup (Text), never a terminal control."""
+    return Text(_safe(text))
+
+
+def _dumps(value: Any, indent: int | None = None) -> str:
+    """JSON for ``value`` with Decimals written as the exact numbers they are (json.dumps would
+    refuse them, or round them through float)."""
+    exact: list[str] = []
+
+    def mark(item: Any) -> Any:
+        if isinstance(item, Decimal):
+            exact.append(str(item))
+            return f"\0{len(exact) - 1}\0"
+        if isinstance(item, dict):
+            return {key: mark(inner) for key, inner in item.items()}
+        if isinstance(item, list | tuple):
+            return [mark(inner) for inner in item]
+        return item
+
+    text = json.dumps(mark(value), indent=indent, ensure_ascii=False, default=_json_default)
+    if exact:
+        text = _EXACT.sub(lambda found: exact[int(found[1])], text)
+    return text.translate(_JSON_CONTROLS)
+
+
+def _json_view(value: Any) -> Text:
+    """A JSON value for a person: indented and highlighted as rich's JSON, digits kept."""
+    return JSONHighlighter()(Text(_dumps(value, indent=2), no_wrap=True))
+
+
 def _json_default(value: object) -> object:
     if isinstance(value, datetime):
-        return value.isoformat()
+        return _infinite(value) or value.isoformat()
     if isinstance(value, timedelta):
         return value.total_seconds()
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
@@ -472,11 +624,11 @@ class Output:
 
     def emit(self, doc: Mapping[str, Any], *human: RenderableType | str) -> None:
         if self.as_json:
-            typer.echo(json.dumps(doc, indent=2, ensure_ascii=False, default=_json_default))
+            typer.echo(_dumps(doc, indent=2))
             return
         console = Console(highlight=False, markup=False, emoji=False, width=_width())
         for part in human:
-            console.print(Text(part) if isinstance(part, str) else part)
+            console.print(_cell(part) if isinstance(part, str) else part)
 
     def fail(
         self,
@@ -512,7 +664,7 @@ def database(
     Whatever goes wrong inside ends the command as one line and a hint, never a traceback."""
     app = App(dsn)
     try:
-        conn = psycopg.connect(app.dsn, autocommit=True, application_name="x-jobs")
+        conn = connect(app.dsn, "x-jobs")
     except psycopg.Error as err:
         out.fail(
             EXIT_USAGE,
@@ -520,6 +672,8 @@ def database(
             CONNECT_HINT,
             code="X_CONNECT_FAILED",
         )
+    conn.adapters.register_loader("timestamptz", _TimestamptzLoader)
+    set_json_loads(_json_loads, conn)
     try:
         with conn:
             if check_version:
@@ -546,17 +700,21 @@ def database(
         out.fail(EXIT_REFUSED, err.diag.message_primary or str(err), hint, sqlstate=err.sqlstate)
 
 
-def _json_input(value: str, option: str = "--input") -> Any:
-    """The JSON value an option gave; a usage error (exit 2) naming ``option`` otherwise."""
+def _json_input(value: str, option: str = "--input") -> str:
+    """The JSON text an option gave, checked; a usage error (exit 2) naming ``option`` otherwise.
+
+    The text itself goes to the database (``%s::jsonb``): read into Python floats, a number
+    would lose digits jsonb keeps."""
 
     # jsonb has no NaN or Infinity: refuse them here, like any other text that is not JSON.
     def no_constants(name: str) -> Any:
         raise ValueError(f"{name} is not JSON")
 
     try:
-        return json.loads(value, parse_constant=no_constants)
+        json.loads(value, parse_constant=no_constants, parse_int=len, parse_float=len)
     except ValueError as err:
         raise typer.BadParameter(f"not a JSON value ({err})", param_hint=f"'{option}'") from err
+    return value
 
 
 def _iso_datetime(value: str) -> datetime:
@@ -568,9 +726,19 @@ def _iso_datetime(value: str) -> datetime:
         ) from err
 
 
+def _infinite(value: datetime) -> str | None:
+    """ "infinity" or "-infinity" for the stand-ins of times Python cannot hold (== as asdict
+    copies them), else None."""
+    if value == INFINITY:
+        return "infinity"
+    return "-infinity" if value == NEG_INFINITY else None
+
+
 def _when(value: datetime | None) -> str:
     """A time for a person: UTC, to the second (psycopg answers in the session's TimeZone)."""
-    return "-" if value is None else value.astimezone(UTC).isoformat(sep=" ", timespec="seconds")
+    if value is None:
+        return "-"
+    return _infinite(value) or value.astimezone(UTC).isoformat(sep=" ", timespec="seconds")
 
 
 def _or_dash(value: object) -> str:
@@ -595,7 +763,7 @@ def _fields(rows: list[tuple[str, RenderableType | str]]) -> Table:
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column(overflow="fold")
     for label, value in rows:
-        grid.add_row(label, Text(value) if isinstance(value, str) else value)
+        grid.add_row(label, _cell(value) if isinstance(value, str) else value)
     return grid
 
 
@@ -632,10 +800,16 @@ def enqueue(
         ),
     ] = None,
     priority: Annotated[
-        int | None, typer.Option(help="Lower runs first; default 0.", show_default=False)
+        int | None,
+        typer.Option(
+            min=INT_MIN, max=INT_MAX, help="Lower runs first; default 0.", show_default=False
+        ),
     ] = None,
     max_attempts: Annotated[
-        int | None, typer.Option(help="Attempts before dead; default 25.", show_default=False)
+        int | None,
+        typer.Option(
+            min=INT_MIN, max=INT_MAX, help="Attempts before dead; default 25.", show_default=False
+        ),
     ] = None,
     tenant: Annotated[
         str | None, typer.Option(help="Tenant id; default 'none'.", show_default=False)
@@ -656,9 +830,17 @@ def enqueue(
     payload = _json_input(input_json)
     if run_at is not None and delay is not None:
         raise typer.BadParameter("give --run-at or --delay, not both", param_hint="'--delay'")
+    if delay is not None and not _showable_delay(delay):
+        raise typer.BadParameter(
+            f"{delay:g} seconds from now is past the year 9999, a due time x-jobs could not show"
+            " back: give a shorter delay",
+            param_hint="'--delay'",
+        )
+    if run_at is not None and not _showable_run_at(run_at):
+        raise _run_at_unshowable(run_at)
     params = {
         "name": name,
-        "input": Jsonb(payload),
+        "input": payload,
         "queue": queue,
         "run_at": run_at,
         "delay": None if delay is None else timedelta(seconds=delay),
@@ -669,6 +851,11 @@ def enqueue(
         "keep_done": keep_done,
     }
     with database(dsn, out) as conn:
+        if run_at is not None and run_at.tzinfo is None and not _naive_far_from_the_ends(run_at):
+            # Only the session's TimeZone tells whether it falls past the year 9999 in UTC.
+            found = conn.execute(SHOWABLE, [run_at]).fetchone()
+            if not (found and found[0]):
+                raise _run_at_unshowable(run_at)
         row = conn.cursor(row_factory=class_row(EnqueuedRow)).execute(ENQUEUE, params).fetchone()
     assert row is not None  # enqueue answers one row or raises
     out.emit(
@@ -680,6 +867,36 @@ def enqueue(
                 ("deduped", "yes: a live job holds this key" if row.deduped else "no"),
             ]
         ),
+    )
+
+
+def _showable_delay(delay: float) -> bool:
+    """Whether a due time ``delay`` seconds from now is one x-jobs can show back."""
+    return math.isfinite(delay) and delay <= (INFINITY - datetime.now(UTC)).total_seconds()
+
+
+def _showable_run_at(run_at: datetime) -> bool:
+    """Whether ``run_at`` (with an offset) falls in the years 1 to 9999 in UTC, the times x-jobs
+    can show back. A time without an offset is checked by the database (SHOWABLE)."""
+    if run_at.tzinfo is None:
+        return True
+    try:
+        run_at.astimezone(UTC)
+    except OverflowError:
+        return False
+    return True
+
+
+def _naive_far_from_the_ends(run_at: datetime) -> bool:
+    # No TimeZone is a day off UTC: within these, a time without an offset is showable anywhere.
+    return datetime(1, 1, 2) <= run_at <= datetime(9999, 12, 30)
+
+
+def _run_at_unshowable(run_at: datetime) -> typer.BadParameter:
+    return typer.BadParameter(
+        f"{run_at.isoformat()} is outside the years 1 to 9999 in UTC, a due time x-jobs could not"
+        " show back: give a time within them",
+        param_hint="'--run-at'",
     )
 
 
@@ -700,13 +917,13 @@ def _jobs_table(jobs: list[JobRow]) -> Table:
     table.add_column("last error", overflow="fold", min_width=10, max_width=60)
     for job in jobs:
         table.add_row(
-            Text(str(job.id)),
-            Text(job.name),
-            Text(job.queue),
-            Text(job.state),
-            Text(f"{job.attempt}/{job.max_attempts}"),
-            Text(job.run_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")),
-            Text(_first_line(job.last_error) if job.last_error else ""),
+            _cell(str(job.id)),
+            _cell(job.name),
+            _cell(job.queue),
+            _cell(job.state),
+            _cell(f"{job.attempt}/{job.max_attempts}"),
+            _cell(_utc(job.run_at)),
+            _cell(_first_line(job.last_error) if job.last_error else ""),
         )
     return table
 
@@ -719,9 +936,16 @@ def jobs_list(
     queue: Annotated[str | None, typer.Option(help="Only jobs of this queue.")] = None,
     before: Annotated[
         int | None,
-        typer.Option(metavar="ID", help="Only ids below this one: the next page's start."),
+        typer.Option(
+            metavar="ID",
+            min=BIGINT_MIN,
+            max=BIGINT_MAX,
+            help="Only ids below this one: the next page's start.",
+        ),
     ] = None,
-    limit: Annotated[int, typer.Option(help="Rows per page, 1 to 1000.")] = 50,
+    limit: Annotated[
+        int, typer.Option(min=INT_MIN, max=INT_MAX, help="Rows per page, 1 to 1000.")
+    ] = 50,
     dsn: Dsn = None,
     as_json: AsJson = False,
 ) -> None:
@@ -756,13 +980,13 @@ def _errors_table(errors: list[JobErrorRow]) -> RenderableType:
     table.add_column("worker", overflow="fold")
     table.add_column("error", overflow="fold")
     for error in errors:
-        message = Text(error.error)
+        message = Text(_safe(error.error))
         if error.error_stack:
-            message.append("\n" + error.error_stack, style="dim")
+            message.append("\n" + _safe(error.error_stack), style="dim")
         table.add_row(
-            Text(str(error.attempt)),
-            Text(_when(error.failed_at)),
-            Text(_or_dash(error.worker)),
+            _cell(str(error.attempt)),
+            _cell(_when(error.failed_at)),
+            _cell(_or_dash(error.worker)),
             message,
         )
     return table
@@ -772,7 +996,7 @@ def _number(value: object) -> str:
     """3.0 as 3: progress counts are double precision in SQL, whole numbers in practice."""
     if value is None:
         return "?"
-    if isinstance(value, float) and value.is_integer():
+    if isinstance(value, float | Decimal) and value == int(value):
         return str(int(value))
     return str(value)
 
@@ -780,16 +1004,16 @@ def _number(value: object) -> str:
 def _progress(progress: Any) -> str:
     """A job's progress for a person: ``3/10 (30%), note, at <UTC time>``; "-" when unset."""
     if not isinstance(progress, dict):
-        return "-" if progress is None else json.dumps(progress, ensure_ascii=False)
+        return "-" if progress is None else _dumps(progress)
     done, total = progress.get("done"), progress.get("total")
     parts = []
     if done is not None or total is not None:
         count = f"{_number(done)}/{_number(total)}"
-        if isinstance(done, int | float) and isinstance(total, int | float) and total > 0:
+        if isinstance(done, int | Decimal) and isinstance(total, int | Decimal) and total > 0:
             count += f" ({done / total:.0%})"
         parts.append(count)
     if progress.get("note") is not None:
-        parts.append(str(progress["note"]))
+        parts.append(_safe(str(progress["note"])))
     at = progress.get("at")
     if isinstance(at, str):
         try:
@@ -809,7 +1033,9 @@ def _shorten(text: str, limit: int = SHORT) -> str:
 
 def _utc(value: datetime | None) -> str:
     """A time in a table: UTC without the offset (the header says UTC), as `jobs list`."""
-    return "-" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+    if value is None:
+        return "-"
+    return _infinite(value) or value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _steps_table(steps: list[StepRow]) -> RenderableType:
@@ -830,26 +1056,26 @@ def _steps_table(steps: list[StepRow]) -> RenderableType:
     table.add_column("resolved (UTC)", overflow="fold", **times)
     table.add_column("output / error", overflow="fold")
     for step in steps:
-        name = Text(step.name)
+        name = Text(_safe(step.name))
         if step.compensation:
             name.append(" (compensation)", style="italic")
         event = "-"
         if step.event is not None:
             event = step.event if step.event_key is None else f"{step.event} key={step.event_key}"
         if step.error is not None:
-            result = Text(_shorten(_first_line(step.error)), style="red")
+            result = Text(_safe(_shorten(_first_line(step.error))), style="red")
         elif step.output is not None:
-            result = Text(_shorten(json.dumps(step.output, ensure_ascii=False)))
+            result = _cell(_shorten(_dumps(step.output)))
         else:
-            result = Text("-")
+            result = _cell("-")
         table.add_row(
             name,
-            Text(step.kind),
-            Text(step.status),
-            Text(str(step.attempt)),
-            Text(event),
-            Text(_utc(step.timeout_at)),
-            Text(
+            _cell(step.kind),
+            _cell(step.status),
+            _cell(str(step.attempt)),
+            _cell(event),
+            _cell(_utc(step.timeout_at)),
+            _cell(
                 "-" if step.resolved_by is None else f"{step.resolved_by} {_utc(step.resolved_at)}"
             ),
             result,
@@ -886,8 +1112,8 @@ def _job_fields(job: JobRow) -> Table:
             ("started", _when(job.started_at)),
             ("finished", _when(job.finished_at)),
             ("updated", _when(job.updated_at)),
-            ("input", JSON.from_data(job.input)),
-            ("output", "-" if job.output is None else JSON.from_data(job.output)),
+            ("input", _json_view(job.input)),
+            ("output", "-" if job.output is None else _json_view(job.output)),
             ("progress", _progress(job.progress)),
             ("last error", _or_dash(job.last_error)),
             ("stack", _or_dash(job.last_error_stack)),
@@ -903,7 +1129,9 @@ def _not_found(job_id: int) -> JobNotFound:
     )
 
 
-JobId = Annotated[int, typer.Argument(metavar="ID", help="The job's id.")]
+JobId = Annotated[
+    int, typer.Argument(metavar="ID", min=BIGINT_MIN, max=BIGINT_MAX, help="The job's id.")
+]
 
 
 @jobs_cli.command("show")
@@ -1000,7 +1228,7 @@ def events_publish(
     """Publish an event (x_jobs.publish): the waits that match it are done with its payload and
     their suspended runs are due at once. Prints the event's id and how many runs it woke."""
     out = Output(as_json)
-    payload = None if payload_json is None else Jsonb(_json_input(payload_json, "--payload"))
+    payload = None if payload_json is None else _json_input(payload_json, "--payload")
     params = {"event": name, "payload": payload, "key": key}
     with database(dsn, out) as conn, conn.transaction():
         cur = conn.cursor(row_factory=class_row(PublishedRow))
@@ -1021,7 +1249,9 @@ cli.add_typer(steps_cli, name="steps")
 
 @steps_cli.command("resolve")
 def steps_resolve(
-    job_id: Annotated[int, typer.Argument(metavar="JOB", help="The job's id.")],
+    job_id: Annotated[
+        int, typer.Argument(metavar="JOB", min=BIGINT_MIN, max=BIGINT_MAX, help="The job's id.")
+    ],
     step: Annotated[str, typer.Argument(metavar="STEP", help="The step's name.")],
     output_json: Annotated[
         str | None,
@@ -1038,7 +1268,7 @@ def steps_resolve(
     """Resolve a waiting step by hand (x_jobs.resolve_step): a sleep ends now, a wait is done
     with --output, and the suspended run is due at once. Refused while a worker holds the job."""
     out = Output(as_json)
-    output = None if output_json is None else Jsonb(_json_input(output_json, "--output"))
+    output = None if output_json is None else _json_input(output_json, "--output")
     params = {"job": job_id, "step": step, "output": output}
     with database(dsn, out) as conn, conn.transaction():
         cur = conn.cursor(row_factory=class_row(StepRow))
@@ -1054,7 +1284,7 @@ def steps_resolve(
                 ("step", row.name),
                 ("kind", row.kind),
                 ("status", row.status),
-                ("output", "-" if row.output is None else JSON.from_data(row.output)),
+                ("output", "-" if row.output is None else _json_view(row.output)),
                 ("resolved by", _or_dash(row.resolved_by)),
                 ("resolved at", _when(row.resolved_at)),
             ]
@@ -1085,7 +1315,7 @@ def queues(ctx: typer.Context, dsn: Dsn = None, as_json: AsJson = False) -> None
     for q in rows:
         counts = (q.ready, q.delayed, q.suspended, q.running, q.demand)
         table.add_row(
-            Text(q.queue), *(Text(str(n)) for n in counts), Text("yes" if q.paused else "no")
+            _cell(q.queue), *(_cell(str(n)) for n in counts), _cell("yes" if q.paused else "no")
         )
     out.emit(
         {"queues": [dataclasses.asdict(q) for q in rows]},
@@ -1158,13 +1388,13 @@ def _outbox_table(messages: list[OutboxRow]) -> Table:
     table.add_column("last error", overflow="fold", min_width=10, max_width=SHORT)
     for message in messages:
         table.add_row(
-            Text(str(message.id)),
-            Text(message.topic),
-            Text(_or_dash(message.key)),
-            Text(message.state),
-            Text(f"{message.attempt}/{message.max_attempts}"),
-            Text(_utc(message.available_at)),
-            Text(_shorten(_first_line(message.last_error)) if message.last_error else ""),
+            _cell(str(message.id)),
+            _cell(message.topic),
+            _cell(_or_dash(message.key)),
+            _cell(message.state),
+            _cell(f"{message.attempt}/{message.max_attempts}"),
+            _cell(_utc(message.available_at)),
+            _cell(_shorten(_first_line(message.last_error)) if message.last_error else ""),
         )
     return table
 
@@ -1184,7 +1414,12 @@ def outbox_list(
     key: Annotated[str | None, typer.Option(help="Only messages of this key.")] = None,
     before: Annotated[
         int | None,
-        typer.Option(metavar="ID", help="Only ids below this one: the next page's start."),
+        typer.Option(
+            metavar="ID",
+            min=BIGINT_MIN,
+            max=BIGINT_MAX,
+            help="Only ids below this one: the next page's start.",
+        ),
     ] = None,
     limit: Annotated[int, typer.Option(help="Rows per page, 1 to 1000.")] = 50,
     dsn: Dsn = None,
@@ -1231,7 +1466,10 @@ def outbox_list(
 
 @outbox_cli.command("show")
 def outbox_show(
-    message_id: Annotated[int, typer.Argument(metavar="ID", help="The message's id.")],
+    message_id: Annotated[
+        int,
+        typer.Argument(metavar="ID", min=BIGINT_MIN, max=BIGINT_MAX, help="The message's id."),
+    ],
     dsn: Dsn = None,
     as_json: AsJson = False,
 ) -> None:
@@ -1260,8 +1498,8 @@ def outbox_show(
                 ("created", _when(row.created_at)),
                 ("delivered", _when(row.delivered_at)),
                 ("last error", _or_dash(row.last_error)),
-                ("headers", JSON.from_data(row.headers)),
-                ("payload", JSON.from_data(row.payload)),
+                ("headers", _json_view(row.headers)),
+                ("payload", _json_view(row.payload)),
             ]
         ),
     )
@@ -1271,14 +1509,23 @@ def outbox_show(
 def outbox_redrive(
     message_ids: Annotated[
         list[int] | None,
-        typer.Argument(metavar="ID", help="Dead messages to send again.", show_default=False),
+        typer.Argument(
+            metavar="ID",
+            min=BIGINT_MIN,
+            max=BIGINT_MAX,
+            help="Dead messages to send again.",
+            show_default=False,
+        ),
     ] = None,
     topic: Annotated[
         str | None,
         typer.Option(help="Every dead message of this topic (with IDs: only those of it)."),
     ] = None,
     limit: Annotated[
-        int, typer.Option(help="At most this many, oldest first, 1 to 100000.")
+        int,
+        typer.Option(
+            min=INT_MIN, max=INT_MAX, help="At most this many, oldest first, 1 to 100000."
+        ),
     ] = 1000,
     dsn: Dsn = None,
     as_json: AsJson = False,
@@ -1304,7 +1551,10 @@ def outbox_redrive(
         said = "no dead message matched; nothing changed"
     else:
         said = f"{redriven} dead message{'s' if redriven > 1 else ''} sent again"
-        if ids and redriven < len(ids):
+        if ids and redriven == limit < len(ids):
+            # The ids past the limit were not looked at: dead or not, nobody knows yet.
+            said += f"; the --limit of {limit} was reached: run it again for the other ids"
+        elif ids and redriven < len(ids):
             said += f"; {len(ids) - redriven} of the ids named no dead message"
         elif not ids and redriven == limit:
             said += f"; there may be more: run it again to send the next {limit}"
@@ -1359,7 +1609,8 @@ def maintain_command(
         timedelta | None, _age_option("webhooks", "the ledger of received webhooks")
     ] = DEFAULT_RETENTION.webhooks,
     batch_size: Annotated[
-        int, typer.Option(min=1, help="Rows per purge call, each its own transaction.")
+        int,
+        typer.Option(min=1, max=INT_MAX, help="Rows per purge call, each its own transaction."),
     ] = 10_000,
     dsn: Dsn = None,
     as_json: AsJson = False,

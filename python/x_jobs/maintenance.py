@@ -34,6 +34,9 @@ ROLLUP: LiteralString = "SELECT x_jobs.rollup_counters()"
 
 _AGE = re.compile(r"(\d+)([smhdw])")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+#: The longest retention: now() minus a longer one can fall before the first timestamp SQL has,
+#: and no row is worth keeping longer.
+MAX_AGE = timedelta(days=365_250)
 
 
 def parse_age(text: str) -> timedelta | None:
@@ -44,7 +47,13 @@ def parse_age(text: str) -> timedelta | None:
     found = _AGE.fullmatch(text)
     if found is None:
         raise ValueError(f"{text!r} is not an age: use a number and s, m, h, d or w (7d), or off")
-    return timedelta(**{_UNITS[found[2]]: int(found[1])})
+    try:
+        age = timedelta(**{_UNITS[found[2]]: int(found[1])})
+    except OverflowError:
+        age = timedelta.max
+    if age > MAX_AGE:
+        raise ValueError(f"{text!r} is longer than 1000 years (365250d): keep for good with off")
+    return age
 
 
 @dataclass(frozen=True)

@@ -1050,8 +1050,13 @@ class Worker:
                     except BaseException as err:
                         outcome = self._compensations_stopped(outcome, err)
         self._outbox.put(outcome)
-        # More live tasks than slots: some wait for one, as runs wait in the sync inbox.
-        self._nudge(queued=len(self._async_live) > self.concurrency)
+        # This task is done, and its done callback runs a loop iteration later: counted, it made
+        # a burst's last outcome look queued, and the dispatcher slept through it. With this one
+        # out, as many live tasks as slots means one waits for a slot (ours is free now), as runs
+        # wait in the sync inbox.
+        if (task := asyncio.current_task()) is not None:
+            self._async_live.discard(task)
+        self._nudge(queued=len(self._async_live) >= self.concurrency)
 
     def _invoke(self, run: _Run) -> Any:
         value = run.job.validate_json(run.payload)

@@ -232,6 +232,15 @@ def test_enqueue_run_at_and_delay_make_delayed_jobs(dsn: str, conn: Conn) -> Non
         (["--input", "{}", "--run-at", "2031-01-01", "--delay", "5"], "not both"),
         (["--input", "{}", "--delay", "-1"], "--delay"),
         (["--queue", "q"], "--input"),
+        # Due past the year 9999 in UTC: no page that holds the job could be read back.
+        (["--input", "{}", "--delay", "1e12"], "'--delay'"),
+        (["--input", "{}", "--delay", "inf"], "'--delay'"),
+        (["--input", "{}", "--delay", "1e20"], "'--delay'"),
+        (["--input", "{}", "--delay", "nan"], "'--delay'"),
+        (["--input", "{}", "--run-at", "9999-12-31T23:59:59-05:00"], "'--run-at'"),
+        (["--input", "{}", "--run-at", "0001-01-01T00:00:00+05:00"], "'--run-at'"),
+        (["--input", "{}", "--priority", "99999999999"], "'--priority'"),
+        (["--input", "{}", "--max-attempts", "99999999999"], "'--max-attempts'"),
     ],
 )
 def test_enqueue_usage_errors_exit_2_and_enqueue_nothing(
@@ -240,6 +249,116 @@ def test_enqueue_usage_errors_exit_2_and_enqueue_nothing(
     result = failed(x_jobs("enqueue", "job", *args, "--dsn", dsn), 2)
     assert says in result.stderr
     assert conn.execute("SELECT count(*) FROM x_jobs.job").fetchone() == (0,)
+
+
+def test_enqueue_run_at_without_offset_is_checked_in_the_session_timezone(
+    dsn: str, conn: Conn
+) -> None:
+    # 9999-12-31T23:59:59 in New York is in the year 10000 in UTC; in UTC it is just in.
+    late = ["enqueue", "job", "--input", "{}", "--run-at", "9999-12-31T23:59:59", "--dsn", dsn]
+    result = failed(x_jobs(*late, env={"PGTZ": "America/New_York"}), 2)
+    assert "'--run-at'" in result.stderr
+    assert conn.execute("SELECT count(*) FROM x_jobs.job").fetchone() == (0,)
+    job = as_json(x_jobs(*late, "--json", env={"PGTZ": "UTC"}))
+    doc = as_json(x_jobs("jobs", "show", str(job["id"]), "--json", "--dsn", dsn))
+    assert doc["job"]["run_at"] == "9999-12-31T23:59:59+00:00"
+
+
+#: Numbers no float holds: more digits than 17, and beyond the range of a double.
+EXACT = '{"big": 123456789012345678901234567890.5, "tiny": 1.00000000000000000001, "n": 7}'
+HUGE = "1" + "0" * 400
+
+
+def test_json_options_keep_every_digit(dsn: str, conn: Conn) -> None:
+    waiting = enqueue(dsn, "approval")
+    suspend_on_wait(conn, waiting)
+    sleeping = enqueue(dsn, "nap")
+    suspend_on_sleep(conn, sleeping, "w2", "rest")
+
+    job = as_json(
+        x_jobs("enqueue", "exact", "--input", EXACT, "--queue", "q", "--json", "--dsn", dsn)
+    )
+    assert conn.execute(
+        "SELECT input::text FROM x_jobs.job WHERE id = %s", [job["id"]]
+    ).fetchone() == (
+        '{"n": 7, "big": 123456789012345678901234567890.5, "tiny": 1.00000000000000000001}',
+    )
+    payload = f'{{"amount": {HUGE}.25}}'
+    published = x_jobs(
+        "events", "publish", "approved", "--key", "k", "--payload", payload, "--dsn", dsn
+    )
+    assert succeeded(published).stdout.endswith("woke 1 run\n")
+    assert conn.execute(
+        "SELECT e.payload::text, s.output::text FROM x_jobs.event AS e, x_jobs.step AS s"
+        " WHERE s.job_id = %s",
+        [waiting],
+    ).fetchone() == (payload, payload)
+    tiny = "0.1000000000000000000001"
+    succeeded(x_jobs("steps", "resolve", str(sleeping), "rest", "--output", tiny, "--dsn", dsn))
+    assert conn.execute(
+        "SELECT output::text FROM x_jobs.step WHERE job_id = %s", [sleeping]
+    ).fetchone() == (tiny,)
+
+    # And back: --json prints the numbers jsonb holds, never Infinity (which is no JSON).
+    listed = succeeded(x_jobs("jobs", "list", "--json", "--dsn", dsn)).stdout
+    assert "123456789012345678901234567890.5" in listed
+    assert "1.00000000000000000001" in listed
+    shown = succeeded(x_jobs("jobs", "show", str(waiting), "--json", "--dsn", dsn)).stdout
+    assert f'"amount": {HUGE}.25' in shown
+    assert "Infinity" not in shown
+    human = succeeded(x_jobs("jobs", "show", str(job["id"]), "--dsn", dsn)).stdout
+    assert "123456789012345678901234567890.5" in human
+    steps = succeeded(x_jobs("jobs", "show", str(sleeping), "--dsn", dsn)).stdout
+    assert tiny in steps
+
+
+NAMES = ("forever", "far", "ancient")
+
+
+def test_times_python_cannot_hold_show_as_infinity(dsn: str, conn: Conn) -> None:
+    """'infinity' (a run suspended on an event with no timeout), and years past 9999 or BC:
+    the page that holds them is still read, the time shown as infinity or -infinity."""
+    # In a queue of their own, which suspend_on_wait's claim does not serve.
+    forever, far, ancient = (enqueue(dsn, name, "--queue", "far") for name in NAMES)
+    for job_id, run_at in [
+        (forever, "infinity"),
+        (far, "10000-01-01 04:59:59+00"),
+        (ancient, "0044-03-15 00:00:00+00 BC"),
+    ]:
+        conn.execute(
+            "UPDATE x_jobs.job SET run_at = %s::timestamptz, state = 'delayed' WHERE id = %s",
+            [run_at, job_id],
+        )
+    suspend_on_wait(conn, enqueue(dsn, "approval"))
+    conn.execute("UPDATE x_jobs.step SET timeout_at = 'infinity', since = '-infinity'")
+    message = put(conn, "audit", {})
+    conn.execute("UPDATE x_jobs.outbox SET available_at = 'infinity'")
+
+    table = succeeded(x_jobs("jobs", "list", "--dsn", dsn)).stdout
+    due = {line.split()[1]: line.split()[5] for line in table.splitlines()[1:]}
+    assert (due["forever"], due["far"], due["ancient"]) == (
+        "infinity",
+        "infinity",
+        "-infinity",
+    )
+    jobs = as_json(x_jobs("jobs", "list", "--json", "--dsn", dsn))["jobs"]
+    assert {j["name"]: j["run_at"] for j in jobs if j["name"] != "approval"} == {
+        "forever": "infinity",
+        "far": "infinity",
+        "ancient": "-infinity",
+    }
+    shown = succeeded(x_jobs("jobs", "show", str(forever), "--dsn", dsn)).stdout
+    assert re.search(r"^run at\s+infinity\s*$", shown, re.MULTILINE), shown
+    approval = next(j["id"] for j in jobs if j["name"] == "approval")
+    steps = succeeded(x_jobs("jobs", "show", str(approval), "--dsn", dsn)).stdout
+    assert "infinity" in steps
+    [step] = as_json(x_jobs("jobs", "show", str(approval), "--json", "--dsn", dsn))["steps"]
+    assert (step["timeout_at"], step["since"]) == ("infinity", "-infinity")
+
+    outbox = succeeded(x_jobs("outbox", "list", "--dsn", dsn)).stdout
+    assert "infinity" in outbox
+    doc = as_json(x_jobs("outbox", "show", str(message), "--json", "--dsn", dsn))
+    assert doc["message"]["available_at"] == "infinity"
 
 
 def test_jobs_list_pages_with_before(dsn: str, conn: Conn) -> None:
@@ -751,6 +870,20 @@ def test_outbox_redrive_by_topic_goes_oldest_first_up_to_the_limit(dsn: str, con
     assert (outbox_row(conn, a3)[0], outbox_row(conn, other)[0]) == ("pending", "dead")
 
 
+def test_outbox_redrive_by_ids_says_when_the_limit_cut_them_off(dsn: str, conn: Conn) -> None:
+    a1, a2, a3 = (put(conn, "audit", {"n": n}) for n in range(3))
+    relay_once(conn, dead={a1: "e1", a2: "e2", a3: "e3"})
+    ids = [str(a1), str(a2), str(a3)]
+    said = succeeded(x_jobs("outbox", "redrive", *ids, "--limit", "2", "--dsn", dsn))
+    assert said.stdout.strip() == (
+        "2 dead messages sent again; the --limit of 2 was reached: run it again for the other ids"
+    )
+    assert [outbox_row(conn, i)[0] for i in (a1, a2, a3)] == ["pending", "pending", "dead"]
+    # Under the limit, ids that sent nothing named no dead message.
+    said = succeeded(x_jobs("outbox", "redrive", *ids, "--limit", "5", "--dsn", dsn))
+    assert said.stdout.strip() == "1 dead message sent again; 2 of the ids named no dead message"
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [
@@ -761,6 +894,10 @@ def test_outbox_redrive_by_topic_goes_oldest_first_up_to_the_limit(dsn: str, con
         (["outbox", "show"], "ID"),
         (["outbox", "list", "--before", "x"], "'--before'"),
         (["outbox", "list", "--limit", "many"], "'--limit'"),
+        (["outbox", "redrive", "99999999999999999999"], "'ID'"),
+        (["outbox", "redrive", "--topic", "audit", "--limit", "3000000000"], "'--limit'"),
+        (["outbox", "show", "99999999999999999999"], "'ID'"),
+        (["outbox", "list", "--before", "99999999999999999999"], "'--before'"),
     ],
 )
 def test_outbox_usage_errors_exit_2_and_change_nothing(
@@ -1377,14 +1514,24 @@ def test_maintain_ages_and_off_choose_what_goes(dsn: str, conn: Conn) -> None:
 
 @pytest.mark.parametrize(
     "args",
-    [["--jobs", "7x"], ["--events", "7 days"], ["--outbox", "-1d"], ["--batch-size", "0"]],
+    [
+        ["--jobs", "7x"],
+        ["--events", "7 days"],
+        ["--outbox", "-1d"],
+        ["--batch-size", "0"],
+        # Past timedelta, past SQL's first timestamp, past SQL's integer.
+        ["--jobs", "99999999999d"],
+        ["--webhooks", "1000000w"],
+        ["--batch-size", "3000000000"],
+    ],
 )
 def test_maintain_usage_errors_exit_2_and_delete_nothing(
     dsn: str, conn: Conn, args: list[str]
 ) -> None:
     make_aged_rows(conn)
     before = age_rows(conn)
-    failed(x_jobs("maintain", *args, "--dsn", dsn), 2)
+    result = failed(x_jobs("maintain", *args, "--dsn", dsn), 2)
+    assert f"'{args[0]}'" in result.stderr
     assert age_rows(conn) == before
 
 
@@ -1400,3 +1547,102 @@ def test_maintain_needs_x_jobs_admin(dsn: str, conn: Conn, admin: Conn) -> None:
     finally:
         admin.execute(f'DROP ROLE "{role}"')
     assert len(age_rows(conn)["jobs"]) == 7
+
+
+BIG_ID = "99999999999999999999"  # past bigint
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["jobs", "retry", BIG_ID], "'ID'"),
+        (["jobs", "cancel", BIG_ID], "'ID'"),
+        (["jobs", "show", BIG_ID], "'ID'"),
+        (["jobs", "list", "--before", BIG_ID], "'--before'"),
+        (["jobs", "list", "--limit", "99999999999"], "'--limit'"),
+        (["steps", "resolve", BIG_ID, "approve"], "'JOB'"),
+    ],
+)
+def test_numbers_sql_cannot_carry_are_usage_errors(dsn: str, args: list[str], says: str) -> None:
+    result = failed(x_jobs(*args, "--dsn", dsn), 2)
+    assert says in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("command", "args", "says"),
+    [
+        ("worker", ["--concurrency", "0"], "'--concurrency'"),
+        ("worker", ["--prefetch", "-1"], "'--prefetch'"),
+        ("worker", ["--log-level", "bogus"], "'--log-level'"),
+        ("worker", ["--log-format", "yaml"], "'--log-format'"),
+        ("worker", ["--metrics-port", "99999"], "'--metrics-port'"),
+        ("worker", ["--lease", "nan"], "'--lease'"),
+        ("worker", ["--lease", "0"], "'--lease'"),
+        ("worker", ["--lease", "1e20"], "'--lease'"),
+        ("worker", ["--poll", "0"], "'--poll'"),
+        ("worker", ["--poll", "-1"], "'--poll'"),
+        ("worker", ["--grace", "-5"], "'--grace'"),
+        ("worker", ["--grace", "inf"], "'--grace'"),
+        ("relay", ["--concurrency", "0"], "'--concurrency'"),
+        ("relay", ["--log-level", "bogus"], "'--log-level'"),
+        ("relay", ["--lease", "nan"], "'--lease'"),
+        ("relay", ["--poll", "0"], "'--poll'"),
+        ("relay", ["--grace", "-5"], "'--grace'"),
+    ],
+)
+def test_worker_and_relay_refuse_bad_values_before_they_start(
+    command: str, args: list[str], says: str
+) -> None:
+    # Refused before the app is even looked for: this one does not exist.
+    result = failed(x_jobs(command, "no_such_module_of_x_jobs:app", *args), 2)
+    assert says in result.stderr
+    assert "no_such_module" not in result.stderr
+
+
+@pytest.mark.parametrize("level", ["DEBUG", "Warning", "warn", "critical"])
+def test_worker_takes_the_log_levels_it_took_in_any_case(level: str) -> None:
+    # Past the options: the app is looked for, and is missing.
+    result = failed(x_jobs("worker", "no_such_module_of_x_jobs:app", "--log-level", level), 2)
+    assert "cannot import 'no_such_module_of_x_jobs'" in result.stderr
+
+
+def test_tables_show_control_characters_as_escapes(dsn: str, conn: Conn) -> None:
+    """ESC, BEL and C1's CSI from the database (a name, a queue, a handler's error) would steer
+    the operator's terminal: tables show them as escapes, JSON as \\u escapes."""
+    name, queue = "\x1b[31mRED\x1b[0m", "q\x1b]0;TITLE\x07"
+    job_id = enqueue(dsn, name, "--queue", queue)
+    conn.execute(
+        "SELECT id FROM x_jobs.claim(queues => ARRAY[%s], worker => 'w\x1b[2J', qty => 1)",
+        [queue],
+    )
+    conn.execute(
+        "SELECT x_jobs.fail(id => %s, worker => 'w\x1b[2J', error => %s, error_stack => %s,"
+        " retry_delay => '0')",
+        [job_id, "bad\x9b2Jthing", "stack\x1b[1A"],
+    )
+    message = put(conn, "t\x1b[5m", {"k": "\x9b"}, key="k\x07")
+    outputs = [
+        succeeded(x_jobs(*command, "--dsn", dsn)).stdout
+        for command in (
+            ["jobs", "list"],
+            ["jobs", "show", str(job_id)],
+            ["queues"],
+            ["outbox", "list"],
+            ["outbox", "show", str(message)],
+        )
+    ]
+    for output in outputs:
+        assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", output), output
+    listed, shown, queues, outbox, one = outputs
+    assert "\\x1b[31mRED\\x1b[0m" in listed
+    assert "q\\x1b]0;TITLE\\x07" in queues
+    assert "bad\\x9b2Jthing" in shown
+    assert "stack\\x1b[1A" in shown
+    assert "w\\x1b[2J" in shown
+    assert "t\\x1b[5m" in outbox
+    assert '"\\u009b"' in one
+    for command in (["jobs", "show", str(job_id)], ["outbox", "show", str(message)]):
+        raw = succeeded(x_jobs(*command, "--json", "--dsn", dsn)).stdout
+        assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", raw), raw
+    doc = as_json(x_jobs("jobs", "show", str(job_id), "--json", "--dsn", dsn))
+    assert (doc["job"]["name"], doc["job"]["last_error"]) == (name, "bad\x9b2Jthing")

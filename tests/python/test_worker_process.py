@@ -9,7 +9,10 @@ Crashes and server restarts are in test_worker_crash.py, SIGTERM in test_worker_
 
 from __future__ import annotations
 
+import json
 import logging
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -318,7 +321,6 @@ def test_an_outcome_the_database_refuses_does_not_stop_the_settling(
     fleet.wait_for(lambda: fleet.all_in([after], "done"), "a later job to be settled")
 
 
-
 def test_a_sql_ascii_database_is_served_like_any_other(admin: Conn, tmp_path: Path) -> None:
     """On a SQL_ASCII database psycopg answers text as bytes unless the connection asks for
     UTF-8: the version check read b'0.3.4' and the worker refused to start, and app.result
@@ -346,5 +348,16 @@ def test_a_sql_ascii_database_is_served_like_any_other(admin: Conn, tmp_path: Pa
             assert app.result(row[0], timeout=5) is None
         finally:
             app.close()
+        listed = subprocess.run(
+            [sys.executable, "-m", "x_jobs", "jobs", "list", "--json", "--dsn", dsn],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert listed.returncode == 0, listed.stderr
+        assert [(j["id"], j["state"]) for j in json.loads(listed.stdout)["jobs"]] == [
+            (row[0], "done")
+        ]
     finally:
         admin.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
