@@ -5,6 +5,10 @@
 --     when keep_done => false), then the ids that took no effect the other way. It tried the
 --     update first for every batch, so a deleted row was looked up twice: a batch of
 --     keep_done => false jobs settles in two thirds of the time it took.
+--   * complete_many locks its rows in id order, as extend_lease and release do, and all three
+--     use index plans only (enable_seqscan off): a worker's settlement and its heartbeat, on
+--     two connections and often the same rows, could lock them in opposite orders ("deadlock
+--     detected", seen in a benchmark drain).
 --   * claim takes the distinct concurrency keys of its pick in the pick itself, and locks or
 --     tries them from that list (it looked them up again, in two spellings of one subquery).
 
@@ -334,6 +338,88 @@ BEGIN
 END
 $$;
 
+-- The heartbeat: push the lease of the running rows `worker` holds among `ids` to now + lease.
+-- Answers the ids still held; an id missing from the answer was lost (lapsed and re-claimed,
+-- cancelled, or settled), and its body should stop.
+CREATE OR REPLACE FUNCTION x_jobs.extend_lease(ids bigint[], worker text, lease interval DEFAULT '30 seconds')
+RETURNS SETOF bigint
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+-- Planned for a batch of any size, as complete_many is (see there).
+SET plan_cache_mode = force_generic_plan
+-- Index plans only: they lock the rows in id order, as complete_many does (see there).
+SET enable_seqscan = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := x_jobs.now();
+BEGIN
+    PERFORM x_jobs._require_worker(extend_lease.worker, 'Pass the id the worker claimed with.');
+    IF extend_lease.lease IS NULL OR extend_lease.lease <= interval '0' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ012',
+            MESSAGE = pg_catalog.format('X_LEASE_INVALID: lease %s is not positive',
+                coalesce(extend_lease.lease::text, 'NULL')),
+            HINT = 'Pass a lease longer than the heartbeat interval, such as ''30 seconds''.';
+    END IF;
+
+    RETURN QUERY
+    UPDATE x_jobs.job AS j
+    SET visible_at = v_now + extend_lease.lease,
+        updated_at = v_now
+    WHERE j.id = ANY (extend_lease.ids)
+        AND j.state::text = 'running' -- by id only: see job_running_idx
+        AND j.claimed_by = extend_lease.worker
+    RETURNING j.id;
+END
+$$;
+
+-- Hand running jobs back: the worker holding them stops without running them to the end (a
+-- drain whose grace ran out, a shutdown). They are due again at once, in their old place in the
+-- queue (run_at is kept), and the interrupted attempt is not counted, so that deploys cannot
+-- use up a job's attempts. Answers the ids released; those the worker no longer held are left.
+CREATE OR REPLACE FUNCTION x_jobs.release(ids bigint[], worker text)
+RETURNS SETOF bigint
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+-- Planned for a batch of any size, as complete_many is (see there).
+SET plan_cache_mode = force_generic_plan
+-- Index plans only: they lock the rows in id order, as complete_many does (see there).
+SET enable_seqscan = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := x_jobs.now();
+    v_queues text[];
+    v_ids bigint[];
+BEGIN
+    PERFORM x_jobs._require_worker(release.worker, 'Pass the id the worker claimed with.');
+
+    WITH released AS (
+        UPDATE x_jobs.job AS j
+        SET state = 'ready',
+            attempt = j.attempt - 1,
+            visible_at = NULL,
+            claimed_by = NULL,
+            updated_at = v_now
+        WHERE j.id = ANY (release.ids)
+            AND j.state::text = 'running' -- by id only: see job_running_idx
+            AND j.claimed_by = release.worker
+        RETURNING j.id, j.queue
+    )
+    SELECT coalesce(pg_catalog.array_agg(r.id), '{}'),
+           coalesce(pg_catalog.array_agg(DISTINCT r.queue), '{}')
+    INTO v_ids, v_queues
+    FROM released AS r;
+
+    -- Another worker should take them now, not at its next poll.
+    PERFORM pg_catalog.pg_notify('x_jobs', q.queue) FROM unnest(v_queues) AS q (queue);
+    RETURN QUERY SELECT unnest(v_ids);
+END
+$$;
+
 -- Complete the running rows `worker` holds among `ids`, with outputs[i] as the output of ids[i]
 -- (outputs may be NULL: no output). Answers the ids it completed; an id missing from the answer
 -- was not held by this worker (lapsed and re-claimed, cancelled, settled) and is left as it is.
@@ -351,14 +437,20 @@ SET search_path = pg_catalog, pg_temp
 -- complete_many of 500 in a table of 20,000 rows took 52-57 ms against 7 (measured
 -- 2026-11-30), so settling cost as much as the table was big.
 SET plan_cache_mode = force_generic_plan
+-- Rows are locked in id order, as extend_lease and release lock them: in another order a
+-- worker's settlement and its heartbeat (two connections, often the same rows) could each hold
+-- a row the other waits for ("deadlock detected", once in a benchmark drain, 2026-11-30). The
+-- ids are sorted below and the index plans keep their order; a sequential scan would lock in
+-- the table's order, and it is only ever chosen for a table too small to matter.
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := x_jobs.now();
     v_max_payload integer := x_jobs._max_payload_bytes();
     v_big record;
-    v_ids bigint[] := complete_many.ids;
-    v_outputs jsonb[] := complete_many.outputs;
+    v_ids bigint[];
+    v_outputs jsonb[];
     v_keep boolean;
     v_turn integer := 0;
     v_settled bigint[];
@@ -392,11 +484,15 @@ BEGIN
             HINT = 'Store large results elsewhere and return a reference, or raise x_jobs.max_payload_bytes.';
     END IF;
 
+    -- In id order, the order the rows are locked in (see enable_seqscan above).
+    SELECT pg_catalog.array_agg(o.id ORDER BY o.id), pg_catalog.array_agg(o.output ORDER BY o.id)
+    INTO v_ids, v_outputs
+    FROM unnest(complete_many.ids, complete_many.outputs) AS o (id, output);
     -- A batch is mostly of one kind (one job's), so it is settled first the way its first job
     -- asks, kept (updated) or not (deleted), and only the ids that took no effect the other way:
     -- a row is looked up once. Trying the update first for every batch cost a deleted row a
     -- second lookup, a third of its settle (measured 2026-11-30: 16.8 against 11.0 us per row).
-    v_keep := coalesce((SELECT j.keep_done FROM x_jobs.job AS j WHERE j.id = complete_many.ids[1]), TRUE);
+    v_keep := coalesce((SELECT j.keep_done FROM x_jobs.job AS j WHERE j.id = v_ids[1]), TRUE);
     WHILE v_turn < 2 AND coalesce(pg_catalog.cardinality(v_ids), 0) > 0 LOOP
         v_turn := v_turn + 1;
         IF v_keep THEN

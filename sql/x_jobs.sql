@@ -1353,6 +1353,8 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 -- Planned for a batch of any size, as complete_many is (see there).
 SET plan_cache_mode = force_generic_plan
+-- Index plans only: they lock the rows in id order, as complete_many does (see there).
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1389,6 +1391,8 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 -- Planned for a batch of any size, as complete_many is (see there).
 SET plan_cache_mode = force_generic_plan
+-- Index plans only: they lock the rows in id order, as complete_many does (see there).
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1442,14 +1446,20 @@ SET search_path = pg_catalog, pg_temp
 -- complete_many of 500 in a table of 20,000 rows took 52-57 ms against 7 (measured
 -- 2026-11-30), so settling cost as much as the table was big.
 SET plan_cache_mode = force_generic_plan
+-- Rows are locked in id order, as extend_lease and release lock them: in another order a
+-- worker's settlement and its heartbeat (two connections, often the same rows) could each hold
+-- a row the other waits for ("deadlock detected", once in a benchmark drain, 2026-11-30). The
+-- ids are sorted below and the index plans keep their order; a sequential scan would lock in
+-- the table's order, and it is only ever chosen for a table too small to matter.
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := x_jobs.now();
     v_max_payload integer := x_jobs._max_payload_bytes();
     v_big record;
-    v_ids bigint[] := complete_many.ids;
-    v_outputs jsonb[] := complete_many.outputs;
+    v_ids bigint[];
+    v_outputs jsonb[];
     v_keep boolean;
     v_turn integer := 0;
     v_settled bigint[];
@@ -1483,11 +1493,15 @@ BEGIN
             HINT = 'Store large results elsewhere and return a reference, or raise x_jobs.max_payload_bytes.';
     END IF;
 
+    -- In id order, the order the rows are locked in (see enable_seqscan above).
+    SELECT pg_catalog.array_agg(o.id ORDER BY o.id), pg_catalog.array_agg(o.output ORDER BY o.id)
+    INTO v_ids, v_outputs
+    FROM unnest(complete_many.ids, complete_many.outputs) AS o (id, output);
     -- A batch is mostly of one kind (one job's), so it is settled first the way its first job
     -- asks, kept (updated) or not (deleted), and only the ids that took no effect the other way:
     -- a row is looked up once. Trying the update first for every batch cost a deleted row a
     -- second lookup, a third of its settle (measured 2026-11-30: 16.8 against 11.0 us per row).
-    v_keep := coalesce((SELECT j.keep_done FROM x_jobs.job AS j WHERE j.id = complete_many.ids[1]), TRUE);
+    v_keep := coalesce((SELECT j.keep_done FROM x_jobs.job AS j WHERE j.id = v_ids[1]), TRUE);
     WHILE v_turn < 2 AND coalesce(pg_catalog.cardinality(v_ids), 0) > 0 LOOP
         v_turn := v_turn + 1;
         IF v_keep THEN

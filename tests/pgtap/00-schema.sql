@@ -655,7 +655,8 @@ SELECT is_empty(
 -- generic plan (the same seeks, without re-planning every call) and never compile it with JIT
 -- (the generic plan's LIMIT is costed above the JIT thresholds on a big table); relay_outbox
 -- walks its index in order even before the outbox has statistics (no bitmap scan and sort);
--- the settling functions that take a batch of ids seek each id whatever the batch's size.
+-- the settling functions that take a batch of ids seek each id whatever the batch's size, and
+-- lock the rows in id order (index plans only, 0.3.4).
 SELECT set_eq(
     $$
     SELECT p.proname::text COLLATE "default", s.setting
@@ -671,8 +672,11 @@ SELECT set_eq(
         ('relay_outbox', 'jit=off'),
         ('relay_outbox', 'enable_bitmapscan=off'),
         ('complete_many', 'plan_cache_mode=force_generic_plan'),
+        ('complete_many', 'enable_seqscan=off'),
         ('extend_lease', 'plan_cache_mode=force_generic_plan'),
-        ('release', 'plan_cache_mode=force_generic_plan')
+        ('extend_lease', 'enable_seqscan=off'),
+        ('release', 'plan_cache_mode=force_generic_plan'),
+        ('release', 'enable_seqscan=off')
     $$,
     'Only claim, relay_outbox and the batch settlers should pin settings besides search_path'
 );
