@@ -36,7 +36,7 @@ import psycopg
 import typer
 from psycopg.abc import Buffer
 from psycopg.rows import class_row
-from psycopg.types.datetime import TimestamptzLoader
+from psycopg.types.datetime import IntervalLoader, TimestamptzLoader
 from psycopg.types.json import set_json_loads
 from rich.console import Console, RenderableType
 from rich.highlighter import JSONHighlighter
@@ -538,6 +538,18 @@ class _TimestamptzLoader(TimestamptzLoader):
             return NEG_INFINITY if text.startswith(b"-") or text.endswith(b"BC") else INFINITY
 
 
+class _IntervalLoader(IntervalLoader):
+    """psycopg's loader, with the longest timedelta where an interval is longer (PostgreSQL's
+    reach 178 million years, Python's 2.7 million): a job enqueued with backoff_max => '100000000
+    years' made every page that listed it unreadable."""
+
+    def load(self, data: Buffer) -> timedelta:
+        try:
+            return super().load(data)
+        except psycopg.DataError:
+            return -timedelta.max if bytes(data).lstrip().startswith(b"-") else timedelta.max
+
+
 def _json_int(text: str) -> int | Decimal:
     # Python reads no int of more than 4300 digits (a guard against slow parsing); jsonb can.
     return int(text) if len(text) <= 4000 else Decimal(text)
@@ -673,6 +685,7 @@ def database(
             code="X_CONNECT_FAILED",
         )
     conn.adapters.register_loader("timestamptz", _TimestamptzLoader)
+    conn.adapters.register_loader("interval", _IntervalLoader)
     set_json_loads(_json_loads, conn)
     try:
         with conn:

@@ -361,6 +361,22 @@ def test_times_python_cannot_hold_show_as_infinity(dsn: str, conn: Conn) -> None
     assert doc["message"]["available_at"] == "infinity"
 
 
+def test_intervals_python_cannot_hold_do_not_hide_the_page(dsn: str, conn: Conn) -> None:
+    """PostgreSQL's intervals reach 178 million years, Python's timedelta 2.7 million: a job
+    enqueued with such a backoff made jobs list and show fail for every job on the page."""
+    row = conn.execute(
+        "SELECT (x_jobs.enqueue('patient', backoff_max => '100000000 years')).id"
+    ).fetchone()
+    assert row is not None
+    other = enqueue(dsn, "other")
+    listed = succeeded(x_jobs("jobs", "list", "--dsn", dsn)).stdout
+    assert {row[0], other} <= set(listed_ids(listed))
+    shown = succeeded(x_jobs("jobs", "show", str(row[0]), "--dsn", dsn)).stdout
+    assert re.search(r"^backoff\s+0:00:01 \.\. 999999999 days", shown, re.MULTILINE), shown
+    doc = as_json(x_jobs("jobs", "show", str(row[0]), "--json", "--dsn", dsn))
+    assert doc["job"]["backoff_max"] == timedelta.max.total_seconds()
+
+
 def test_jobs_list_pages_with_before(dsn: str, conn: Conn) -> None:
     ids = [enqueue(dsn, f"job{n}") for n in range(5)]
     enqueue(dsn, "elsewhere", "--queue", "other")
