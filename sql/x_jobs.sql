@@ -492,6 +492,7 @@ AS $$
         ('XJ036', 'X_RELAY_INVALID', 'A relay id is missing or empty.'),
         ('XJ037', 'X_WEBHOOK_INVALID', 'receive_webhook got no source or no webhook id.'),
         ('XJ038', 'X_CLOCK_REFUSED', 'x_jobs.fake_now (the test clock) is set in a session whose login role is not a superuser.'),
+        ('XJ039', 'X_TIME_INVALID', 'A run_at (enqueue) or retry_at (outbox_nack) is infinite or outside the years 1 to 9999 (UTC).'),
         ('40001', 'X_ENQUEUE_RACE', 'An idempotency key kept changing hands during enqueue; retry the call.')
 $$;
 
@@ -506,7 +507,7 @@ IMMUTABLE
 PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT '0.3.4'::text
+    SELECT '0.3.5'::text
 $$;
 
 -- The bucket a settling statement adds to: its minute, in UTC whatever the session's TimeZone.
@@ -670,6 +671,10 @@ BEGIN
                    WHEN r.backoff_base < interval '0' OR r.backoff_max < interval '0'
                        OR coalesce(r.backoff_base, interval '1 second')
                        > coalesce(r.backoff_max, interval '1 hour') THEN 'backoff'
+                   -- Years 1 to 9999 (UTC): what clients' date types hold (Python's datetime);
+                   -- an infinite run_at would never come due, or sort first forever.
+                   WHEN r.run_at < timestamptz '0001-01-01 00:00:00+00'
+                       OR r.run_at >= timestamptz '10000-01-01 00:00:00+00' THEN 'run_at'
                END AS problem
         FROM unnest(p_requests) WITH ORDINALITY AS r
     ) AS v;
@@ -736,6 +741,13 @@ BEGIN
                     DETAIL = pg_catalog.format('In request %s (job %L).', v_bad_ord, v_bad.name),
                     HINT = 'Pass backoff_base and backoff_max of zero or more, base not above max '
                         '(they default to 1 second and 1 hour).';
+            WHEN 'run_at' THEN
+                RAISE EXCEPTION USING
+                    ERRCODE = 'XJ039',
+                    MESSAGE = pg_catalog.format('X_TIME_INVALID: run_at %s is not a time a job can be due',
+                        v_bad.run_at),
+                    DETAIL = pg_catalog.format('In request %s (job %L).', v_bad_ord, v_bad.name),
+                    HINT = 'Pass a time in the years 1 to 9999 (UTC), or leave run_at out to run it now.';
         END CASE;
     END IF;
 
@@ -2326,14 +2338,15 @@ BEGIN
     PERFORM x_jobs._require_retention('events', purge_events.older_than, purge_events.batch_size,
         'such as ''30 days''');
 
+    -- The batch is picked once, as an array, as purge picks its own (see there).
     DELETE FROM x_jobs.event AS e
-    WHERE e.id IN (
+    WHERE e.id = ANY (ARRAY(
         SELECT k.id
         FROM x_jobs.event AS k
         WHERE k.published_at < x_jobs.now() - purge_events.older_than
         ORDER BY k.id
         LIMIT purge_events.batch_size
-    );
+    ));
     GET DIAGNOSTICS v_count = ROW_COUNT;
     RETURN v_count;
 END
@@ -2738,6 +2751,15 @@ BEGIN
             MESSAGE = pg_catalog.format('X_ERROR_MISSING: message %s failed without an error message', outbox_nack.id),
             HINT = 'Pass what went wrong as error, such as the HTTP status and body.';
     END IF;
+    -- As enqueue's run_at: an infinite retry_at would hold the message, and its key, for good.
+    IF outbox_nack.retry_at < timestamptz '0001-01-01 00:00:00+00'
+        OR outbox_nack.retry_at >= timestamptz '10000-01-01 00:00:00+00' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ039',
+            MESSAGE = pg_catalog.format('X_TIME_INVALID: retry_at %s is not a time to retry message %s',
+                outbox_nack.retry_at, outbox_nack.id),
+            HINT = 'Pass a time in the years 1 to 9999 (UTC), or leave retry_at out for the backoff.';
+    END IF;
 
     UPDATE x_jobs.outbox AS o
     SET state = CASE
@@ -2932,14 +2954,16 @@ BEGIN
     PERFORM x_jobs._require_retention('webhooks', purge_webhook_ledger.older_than, purge_webhook_ledger.batch_size,
         'longer than senders retry, such as ''30 days''');
 
+    -- The batch is picked once, as an array, as purge picks its own (see there). By ctid: the
+    -- rows are only ever inserted and deleted, and a TID scan reaches each at once.
     DELETE FROM x_jobs.webhook_ledger AS l
-    WHERE (l.source, l.webhook_id) IN (
-        SELECT k.source, k.webhook_id
+    WHERE l.ctid = ANY (ARRAY(
+        SELECT k.ctid
         FROM x_jobs.webhook_ledger AS k
         WHERE k.received_at < x_jobs.now() - purge_webhook_ledger.older_than
         ORDER BY k.received_at
         LIMIT purge_webhook_ledger.batch_size
-    );
+    ));
     GET DIAGNOSTICS v_count = ROW_COUNT;
     RETURN v_count;
 END

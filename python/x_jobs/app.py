@@ -45,8 +45,9 @@ logger = logging.getLogger(__name__)
 #: how some functions work inside (enqueue, the settling ones), not what any of them takes or
 #: answers; 0.3.3 fixes some and refuses more (the test clock outside a superuser's session,
 #: step_wait at REPEATABLE READ, an outbox message's unknown field), none that this client sends;
-#: 0.3.4 changed claim and complete_many inside.
-SUPPORTED_VERSIONS = frozenset({"0.3.0", "0.3.1", "0.3.2", "0.3.3", "0.3.4"})
+#: 0.3.4 changed claim and complete_many inside; 0.3.5 refuses a run_at or retry_at that is
+#: infinite or past the year 9999 (which this client cannot send).
+SUPPORTED_VERSIONS = frozenset({"0.3.0", "0.3.1", "0.3.2", "0.3.3", "0.3.4", "0.3.5"})
 
 I = TypeVar("I")  # noqa: E741 - the input type, as in Job[I]
 

@@ -188,6 +188,12 @@ class WebhookInvalid(InvalidArgument):
     code, sqlstate = "X_WEBHOOK_INVALID", "XJ037"
 
 
+class TimeInvalid(InvalidArgument):
+    """A run_at or retry_at that is infinite or outside the years 1 to 9999 (UTC)."""
+
+    code, sqlstate = "X_TIME_INVALID", "XJ039"
+
+
 class ClockRefused(XJobsError):
     """``x_jobs.fake_now`` (the test clock) is set in a session that is not a superuser's."""
 

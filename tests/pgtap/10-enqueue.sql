@@ -2,7 +2,7 @@
 -- live idempotency key dedupes and when it is free again, and every refusal with its SQLSTATE,
 -- message, detail and hint.
 BEGIN;
-SELECT plan(50);
+SELECT plan(58);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:00:00+00';
 
@@ -443,6 +443,65 @@ SELECT ok(
 SELECT diag(pg_catalog.format('    stored: backoff_base %s, backoff_max %s', j.backoff_base, j.backoff_max))
 FROM x_jobs.job AS j
 WHERE j.name = 'backoff_default_job';
+
+-- run_at (XJ039): the years 1 to 9999 in UTC, what clients' date types can hold; an infinite
+-- one would never come due, or sort first forever. The session's zone is UTC in pg_prove.
+SELECT throws_ok(
+    $$ SELECT x_jobs.enqueue('when_job', run_at => 'infinity') $$,
+    'XJ039', 'X_TIME_INVALID: run_at infinity is not a time a job can be due',
+    'An infinite run_at should be refused'
+);
+SELECT throws_ok(
+    $$ SELECT x_jobs.enqueue('when_job', run_at => '-infinity') $$,
+    'XJ039', 'X_TIME_INVALID: run_at -infinity is not a time a job can be due',
+    'A run_at of -infinity should be refused'
+);
+SELECT throws_ok(
+    $$ SELECT x_jobs.enqueue('when_job', run_at => '10000-01-01 00:00:00+00') $$,
+    'XJ039', NULL,
+    'A run_at past the year 9999 should be refused'
+);
+SELECT throws_ok(
+    $$ SELECT x_jobs.enqueue('when_job', run_at => '0001-01-01 00:00:00+00'::timestamptz - interval '1 second') $$,
+    'XJ039', NULL,
+    'A run_at before the year 1 should be refused'
+);
+SELECT throws_ok(
+    $$ SELECT x_jobs.enqueue_many('[{"name": "when_job"}, {"name": "when_job", "run_at": "infinity"}]') $$,
+    'XJ039', 'X_TIME_INVALID: run_at infinity is not a time a job can be due',
+    'enqueue_many should refuse an infinite run_at too'
+);
+SELECT is(
+    (
+        SELECT count(*)::integer FROM x_jobs.job
+        WHERE name = 'when_job'
+    ),
+    0,
+    'A refused batch should leave no row, not even of its valid requests'
+);
+CREATE TEMP TABLE when_edges AS
+SELECT e.id FROM x_jobs.enqueue('when_job', run_at => '9999-12-31 23:59:59.999999+00') AS e;
+INSERT INTO when_edges SELECT e.id FROM x_jobs.enqueue('when_job', run_at => '0001-01-01 00:00:00+00') AS e;
+SELECT results_eq(
+    $$
+    SELECT j.state::text, j.run_at FROM x_jobs.job AS j
+    INNER JOIN when_edges AS w ON j.id = w.id
+    ORDER BY j.id
+    $$,
+    $$ VALUES ('delayed', '9999-12-31 23:59:59.999999+00'::timestamptz), ('ready', '0001-01-01 00:00:00+00') $$,
+    'The first and last instants of the years 1 to 9999 should be accepted as they are'
+);
+SELECT results_eq(
+    $$
+    SELECT c.err_detail, c.err_hint
+    FROM tap_helpers.caught($q$
+        SELECT x_jobs.enqueue_many('[{"name": "a"}, {"name": "when_job", "run_at": "infinity"}]')
+    $q$) AS c
+    $$,
+    $$ VALUES ('In request 2 (job ''when_job'').',
+               'Pass a time in the years 1 to 9999 (UTC), or leave run_at out to run it now.') $$,
+    'The refusal should name the request and the job, and say which times work'
+);
 
 -- Details and hints --------------------------------------------------------------------------------
 -- Every refusal: a message starting with the X_ code x_jobs.error_codes() lists for its SQLSTATE,

@@ -53,7 +53,7 @@ COMMIT;
 
 RESET default_transaction_isolation;
 BEGIN;
-SELECT plan(168);
+SELECT plan(170);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:00:00+00';
 
@@ -464,7 +464,8 @@ INSERT INTO refusal (n, stmt) VALUES
 (13, $$ SELECT x_jobs.purge_outbox('1 day', NULL) $$),
 (14, $$ SELECT * FROM x_jobs.receive_webhook('stripe', NULL, 't36_webhook') $$),
 (16, $$ SELECT * FROM x_jobs.receive_webhook('stripe', 'evt', 't36_webhook', request => '"q"') $$),
-(17, $$ SELECT x_jobs.purge_webhook_ledger(NULL) $$);
+(17, $$ SELECT x_jobs.purge_webhook_ledger(NULL) $$),
+(18, $$ SELECT x_jobs.outbox_nack(1, 'r', 'boom', retry_at => 'infinity') $$);
 SET LOCAL "x_jobs.max_payload_bytes" = 100;
 INSERT INTO refusal (n, stmt) VALUES
 (15, $$ SELECT x_jobs.outbox_put('t36-refused', jsonb_build_object('x', repeat('a', 200))) $$);
@@ -496,7 +497,8 @@ SELECT results_eq(
         (15, 'XJ003', TRUE, 'Put a reference to large data in the message, or raise x_jobs.max_payload_bytes.'),
         (16, 'XJ009', TRUE,
          'Pass the job''s options as an object with enqueue_many''s fields, such as {"max_attempts": 5}.'),
-        (17, 'XJ020', TRUE, 'Pass an age of zero or more, longer than senders retry, such as ''30 days'', and a batch size of 1 or more.')
+        (17, 'XJ020', TRUE, 'Pass an age of zero or more, longer than senders retry, such as ''30 days'', and a batch size of 1 or more.'),
+        (18, 'XJ039', TRUE, 'Pass a time in the years 1 to 9999 (UTC), or leave retry_at out for the backoff.')
     $$,
     'Every refusal should raise its SQLSTATE, with a message that starts with its X_ code and a HINT'
 );
@@ -681,6 +683,23 @@ SELECT is(
     'The first message of each key should be handed out'
 );
 SELECT is(pg_temp.ack('r-nk', ARRAY['b1']), ARRAY['b1'], 'The other key''s message should be acked');
+SELECT throws_ok(
+    pg_catalog.format(
+        $$ SELECT x_jobs.outbox_nack(%s, 'r-nk', 'sink down', retry_at => 'infinity') $$,
+        pg_temp.mid('a1')
+    ),
+    'XJ039',
+    pg_catalog.format('X_TIME_INVALID: retry_at infinity is not a time to retry message %s', pg_temp.mid('a1')),
+    'outbox_nack should refuse an infinite retry_at, which would hold the message and its key for good'
+);
+SELECT is(
+    (
+        SELECT o.state::text || ' ' || o.relay FROM x_jobs.outbox AS o
+        WHERE o.id = pg_temp.mid('a1')
+    ),
+    'inflight r-nk',
+    'The refused nack should leave the message with its relay'
+);
 SELECT is(
     x_jobs.outbox_nack(pg_temp.mid('a1'), 'r-nk', 'sink down', retry_at => '2030-01-01 12:10:00+00'),
     'pending'::x_jobs.outbox_state,

@@ -68,6 +68,7 @@ def test_a_refusal_becomes_its_typed_error(conn: Conn) -> None:
         ("SELECT x_jobs.fail(1, 'w1', '')", errors.ErrorMissing),
         ("SELECT x_jobs.cancel(-1)", errors.JobNotFound),
         ("SELECT x_jobs.purge('-1 day')", errors.RetentionInvalid),
+        ("SELECT x_jobs.enqueue('a', run_at => 'infinity')", errors.TimeInvalid),
     ],
 )
 def test_every_kind_of_refusal_translates(
