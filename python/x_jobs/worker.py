@@ -269,8 +269,10 @@ class Worker:
         self.queues = sorted(set(queues or {job.queue for job in app.jobs.values()}))
         if not self.queues:
             raise ValueError("the worker has no queue to serve: declare a job or pass queues")
-        if concurrency < 1:
-            raise ValueError(f"concurrency must be 1 or more, not {concurrency}")
+        # A worker never holds more than a claim can hand out (qty 1000): past that, threads
+        # would only wait.
+        if not 1 <= concurrency <= 1000:
+            raise ValueError(f"concurrency must be 1 to 1000, not {concurrency}")
         self.concurrency = concurrency
         self.prefetch = concurrency if prefetch is None else max(0, prefetch)
         # What the worker may hold at once, running or waiting, and the claim that is worth a

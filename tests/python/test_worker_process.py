@@ -263,6 +263,16 @@ def test_cancel_reaches_a_running_handler_and_the_row_stays_cancelled(
     assert errors == []
 
 
+@pytest.mark.parametrize("concurrency", [0, 1001])
+def test_a_concurrency_outside_1_to_1000_is_refused_before_anything_starts(
+    concurrency: int,
+) -> None:
+    """A worker holds at most 1000 jobs (claim's qty limit): more threads would only wait, and
+    a typo of a few zeros would start a hundred thousand of them."""
+    with pytest.raises(ValueError, match=f"concurrency must be 1 to 1000, not {concurrency}"):
+        x_jobs.Worker(basic.app, concurrency=concurrency)
+
+
 def test_the_worker_refuses_a_version_it_cannot_speak_to(fleet: Fleet, conn: Conn) -> None:
     job_id = basic.app.enqueue(basic.noop, {}, conn=conn).id
     conn.execute(
