@@ -1,10 +1,16 @@
 \echo Use "ALTER EXTENSION x_jobs UPDATE TO '0.3.5'" to load this file. \quit
 
--- 0.3.4 -> 0.3.5: what every function takes is unchanged; two refuse more.
+-- 0.3.4 -> 0.3.5: what every function takes is unchanged; some refuse more.
 --   * enqueue and enqueue_many refuse a run_at that is infinite or outside the years 1 to 9999
 --     (UTC), and outbox_nack such a retry_at: XJ039 X_TIME_INVALID, a new code. An infinite
 --     time never came due (or sorted first forever), and clients' date types cannot read the
 --     rest (the x-jobs command line showed them as infinity).
+--   * fail makes a retry due on the last day of the year 9999 at the latest: a backoff or a
+--     retry_delay of many millennia raised "timestamp out of range", and the row stayed running
+--     until its lease lapsed.
+--   * step_sleep and step_wait refuse a sleep or a timeout that ends past the year 9999
+--     (XJ025, as a negative one): it raised "timestamp out of range", or made the run due at a
+--     time clients cannot read.
 --   * purge_events and purge_webhook_ledger pick their batch once, as an array, as purge does.
 
 
@@ -42,7 +48,7 @@ AS $$
         ('XJ022', 'X_ISOLATION_UNSUPPORTED', 'claim, publish, step_wait, relay_outbox or receive_webhook ran in a REPEATABLE READ or SERIALIZABLE transaction.'),
         ('XJ023', 'X_ERROR_MISSING', 'fail or outbox_nack was called without an error message.'),
         ('XJ024', 'X_STEP_INVALID', 'A step name is missing, empty or longer than 200 characters.'),
-        ('XJ025', 'X_TIMEOUT_INVALID', 'A sleep is missing or negative, or a wait timeout is negative.'),
+        ('XJ025', 'X_TIMEOUT_INVALID', 'A sleep is missing or negative, or a wait timeout is negative; either ends past the year 9999.'),
         ('XJ026', 'X_JOB_NOT_HELD', 'A step function was called by a worker that does not hold the job.'),
         ('XJ027', 'X_STEP_CONFLICT', 'A step name is already used by a step of another kind in the run.'),
         ('XJ028', 'X_EVENT_INVALID', 'An event name is missing, empty or longer than 200 characters.'),
@@ -347,6 +353,312 @@ BEGIN
     END LOOP;
 
     RETURN QUERY SELECT r.* FROM unnest(v_result) AS r ORDER BY r.ord;
+END
+$$;
+
+-- Fail the current attempt of a running row `worker` holds. With attempts left (and retryable)
+-- the row waits out its backoff: retry_delay when given, else the row's exponential policy,
+-- min(backoff_max, backoff_base * 2^(attempt - 1)), with equal jitter (a random half of it
+-- added to the other half) so that a crowd failing together does not retry together. With no
+-- attempts left, or retryable false, it settles dead, or failed for a job that wants no dead
+-- letters. Answers the state the row is in now, or NULL when the worker no longer held it
+-- (nothing changed). Every failed attempt is kept in x_jobs.job_error.
+CREATE OR REPLACE FUNCTION x_jobs.fail(
+    id bigint,
+    worker text,
+    error text,
+    error_stack text DEFAULT NULL,
+    retry_delay interval DEFAULT NULL,
+    retryable boolean DEFAULT TRUE
+)
+RETURNS x_jobs.job_state
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := x_jobs.now();
+    v_state x_jobs.job_state;
+    v_queue text;
+BEGIN
+    PERFORM x_jobs._require_worker(fail.worker, 'Pass the id the worker claimed with.');
+    IF fail.error IS NULL OR fail.error = '' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ023',
+            MESSAGE = pg_catalog.format('X_ERROR_MISSING: job %s failed without an error message', fail.id),
+            HINT = 'Pass what went wrong as error, such as the exception''s message.';
+    END IF;
+    IF fail.retry_delay < interval '0' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ018',
+            MESSAGE = pg_catalog.format('X_DELAY_INVALID: retry delay %s is negative', fail.retry_delay),
+            HINT = 'Pass a delay of zero or more, or NULL for the job''s backoff policy.';
+    END IF;
+
+    WITH failed AS (
+        UPDATE x_jobs.job AS j
+        SET state = CASE
+                WHEN NOT fail.retryable OR j.attempt >= j.max_attempts THEN
+                    CASE WHEN j.dead_letter THEN 'dead' ELSE 'failed' END
+                WHEN r.delay > interval '0' THEN 'delayed'
+                ELSE 'ready'
+            END::x_jobs.job_state,
+            run_at = CASE
+                WHEN NOT fail.retryable OR j.attempt >= j.max_attempts THEN j.run_at
+                ELSE v_now + r.delay
+            END,
+            finished_at = CASE
+                WHEN NOT fail.retryable OR j.attempt >= j.max_attempts THEN v_now
+            END,
+            visible_at = NULL,
+            claimed_by = NULL,
+            last_error = fail.error,
+            last_error_stack = fail.error_stack,
+            updated_at = v_now
+        FROM (
+            -- In seconds: an interval times 2^40 overflows ("interval out of range") once the base
+            -- is above 8.4 s, and a job that could not fail would run until its lease lapsed.
+            -- Due by the last day of the year 9999 at the latest: a backoff of many millennia put
+            -- the retry past what timestamptz holds ("timestamp out of range", the same stuck
+            -- row), or past what clients can read. (A day short: float seconds of that size are
+            -- not exact to the microsecond.)
+            SELECT pg_catalog.make_interval(secs => least(
+                coalesce(
+                    extract(EPOCH FROM fail.retry_delay)::float8,
+                    least(
+                        extract(EPOCH FROM k.backoff_max)::float8,
+                        extract(EPOCH FROM k.backoff_base)::float8 * pg_catalog.power(2, least(k.attempt - 1, 60))
+                    ) * (0.5 + pg_catalog.random() / 2)
+                ),
+                extract(EPOCH FROM timestamptz '9999-12-31 00:00:00+00' - v_now)::float8
+            )) AS delay
+            FROM x_jobs.job AS k
+            WHERE k.id = fail.id
+        ) AS r
+        WHERE j.id = fail.id
+            AND j.state::text = 'running' -- by id only: see job_running_idx
+            AND j.claimed_by = fail.worker
+        RETURNING j.id, j.name, j.queue, j.state, j.attempt, j.started_at
+    ),
+    logged AS (
+        INSERT INTO x_jobs.job_error (job_id, attempt, failed_at, worker, error, error_stack)
+        SELECT f.id, f.attempt, v_now, fail.worker, fail.error, fail.error_stack
+        FROM failed AS f
+    ),
+    counted AS (
+        INSERT INTO x_jobs.counter AS c (job, bucket_seconds, bucket_start, shard, retried, failed, dead, run_ms)
+        SELECT f.name, 60, x_jobs._minute(v_now), x_jobs._shard(),
+               (f.state IN ('ready', 'delayed'))::integer,
+               (f.state = 'failed')::integer,
+               (f.state = 'dead')::integer,
+               (extract(EPOCH FROM v_now - f.started_at) * 1000)::bigint
+        FROM failed AS f
+        ON CONFLICT (job, bucket_seconds, bucket_start, shard) DO UPDATE
+        SET retried = c.retried + excluded.retried,
+            failed = c.failed + excluded.failed,
+            dead = c.dead + excluded.dead,
+            run_ms = c.run_ms + excluded.run_ms
+    )
+    SELECT f.state, f.queue INTO v_state, v_queue FROM failed AS f;
+
+    -- A retry due at once is work for the queue now: wake it like an enqueue does.
+    IF v_state = 'ready' THEN
+        PERFORM pg_catalog.pg_notify('x_jobs', v_queue);
+    END IF;
+    RETURN v_state;
+END
+$$;
+
+-- Sleep: suspend the run until `duration` after it first reached the step. A replay (after a
+-- crash, or the claim that ends the sleep) finds the step and keeps its first wake-up time, so a
+-- crash never restarts the sleep. Answers the step: status done when the time has come (go on),
+-- waiting when the run is now suspended (the caller stops the body; its row is no longer held).
+CREATE OR REPLACE FUNCTION x_jobs.step_sleep(id bigint, worker text, step text, duration interval)
+RETURNS x_jobs.step
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := x_jobs.now();
+    v_job x_jobs.job;
+    v_step x_jobs.step;
+BEGIN
+    v_job := x_jobs._require_held(step_sleep.id, step_sleep.worker, coalesce(step_sleep.step, ''));
+    IF step_sleep.duration IS NULL OR step_sleep.duration < interval '0' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ025',
+            MESSAGE = pg_catalog.format('X_TIMEOUT_INVALID: sleep of %s is missing or negative',
+                coalesce(step_sleep.duration::text, 'NULL')),
+            HINT = 'Pass a duration of zero or more, such as ''1 day''.';
+    END IF;
+    -- The run is due when the sleep ends: that must be a time clients can read, as enqueue's
+    -- run_at (to the day: an interval's months count as 30 days here). Many millennia more
+    -- were past what timestamptz holds, a bare "timestamp out of range".
+    IF extract(EPOCH FROM step_sleep.duration)
+        >= extract(EPOCH FROM timestamptz '10000-01-01 00:00:00+00' - v_now) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ025',
+            MESSAGE = pg_catalog.format('X_TIMEOUT_INVALID: sleep of %s ends past the year 9999',
+                step_sleep.duration),
+            HINT = 'Pass a duration that ends before the year 10000, such as ''1 day''.';
+    END IF;
+
+    INSERT INTO x_jobs.step AS s (job_id, name, kind, created_at, timeout_at, status, attempt)
+    VALUES (step_sleep.id, step_sleep.step, 'sleep', x_jobs._clock(), v_now + step_sleep.duration,
+        'waiting', v_job.attempt)
+    ON CONFLICT (job_id, name, compensation) DO NOTHING;
+
+    SELECT s.* INTO v_step
+    FROM x_jobs.step AS s
+    WHERE s.job_id = step_sleep.id AND s.name = step_sleep.step AND NOT s.compensation
+    FOR UPDATE;
+    IF v_step.kind <> 'sleep' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ027',
+            MESSAGE = pg_catalog.format('X_STEP_CONFLICT: step %L of job %s is a %s step, not a sleep',
+                step_sleep.step, step_sleep.id, v_step.kind),
+            HINT = 'Give every step of a run its own name.';
+    END IF;
+    IF v_step.status = 'waiting' AND v_step.timeout_at <= v_now THEN
+        UPDATE x_jobs.step AS s
+        SET status = 'done', resolved_by = 'timeout', resolved_at = v_now
+        WHERE s.job_id = step_sleep.id AND s.name = step_sleep.step AND NOT s.compensation
+        RETURNING s.* INTO v_step;
+    ELSIF v_step.status = 'waiting' THEN
+        PERFORM x_jobs._suspend(step_sleep.id, v_step.timeout_at);
+    END IF;
+    RETURN v_step;
+END
+$$;
+
+-- Wait for an event: answers the step done (output: the event's payload) when a matching event
+-- was published since `since` (default: when the run first reached this step), failed when the
+-- timeout has passed, or waiting when the run is now suspended until a publish resolves the
+-- step or the timeout comes. A wait names a key to match only events published with that key,
+-- and `match` (a JSON object) to match only payloads that contain it. A replay keeps the step's
+-- first `since` and timeout.
+CREATE OR REPLACE FUNCTION x_jobs.step_wait(
+    id bigint,
+    worker text,
+    step text,
+    event text,
+    event_key text DEFAULT NULL,
+    match jsonb DEFAULT NULL,
+    timeout interval DEFAULT NULL,
+    since timestamptz DEFAULT NULL
+)
+RETURNS x_jobs.step
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := x_jobs.now();
+    v_job x_jobs.job;
+    v_step x_jobs.step;
+    v_reached timestamptz;
+    v_event record;
+BEGIN
+    -- The event lookup below must see every publish that committed before the lock: a snapshot
+    -- taken at the transaction's start would miss one that came while the lock was awaited, and
+    -- that publish found no step to wake, so the run would sleep past its event.
+    IF pg_catalog.current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ022',
+            MESSAGE = pg_catalog.format('X_ISOLATION_UNSUPPORTED: step_wait cannot run at isolation level %s',
+                pg_catalog.current_setting('transaction_isolation')),
+            HINT = 'Wait from a READ COMMITTED transaction (the default).';
+    END IF;
+    v_job := x_jobs._require_held(step_wait.id, step_wait.worker, coalesce(step_wait.step, ''));
+    PERFORM x_jobs._require_event(step_wait.event);
+    IF step_wait.timeout < interval '0' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ025',
+            MESSAGE = pg_catalog.format('X_TIMEOUT_INVALID: wait timeout %s is negative', step_wait.timeout),
+            HINT = 'Pass a timeout of zero or more, or NULL to wait for as long as it takes.';
+    END IF;
+    -- As step_sleep: the run is due when the timeout ends, a time clients must be able to read.
+    IF extract(EPOCH FROM step_wait.timeout)
+        >= extract(EPOCH FROM timestamptz '10000-01-01 00:00:00+00' - v_now) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ025',
+            MESSAGE = pg_catalog.format('X_TIMEOUT_INVALID: wait timeout %s ends past the year 9999',
+                step_wait.timeout),
+            HINT = 'Pass a timeout that ends before the year 10000, or NULL to wait for as long as it takes.';
+    END IF;
+    IF step_wait.match IS NOT NULL AND pg_catalog.jsonb_typeof(step_wait.match) <> 'object' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ029',
+            MESSAGE = pg_catalog.format('X_MATCH_INVALID: match %s is not a JSON object', step_wait.match),
+            HINT = 'Pass an object that the payload must contain, such as ''{"order": 42}''.';
+    END IF;
+
+    -- See "The wait and the publish": after this lock, every publish of this event that came
+    -- first has committed, and every one that comes later waits for this transaction.
+    IF step_wait.event_key IS NULL THEN
+        PERFORM pg_catalog.pg_advisory_xact_lock(2024061702, pg_catalog.hashtext(step_wait.event));
+    ELSE
+        PERFORM pg_catalog.pg_advisory_xact_lock(2024061703,
+            pg_catalog.hashtext(step_wait.event || E'\x1f' || step_wait.event_key));
+    END IF;
+    v_reached := x_jobs._clock();
+
+    INSERT INTO x_jobs.step AS s (
+        job_id, name, kind, created_at, event, event_key, match, since, timeout_at, status, attempt
+    )
+    VALUES (
+        step_wait.id, step_wait.step, 'wait', v_reached, step_wait.event, step_wait.event_key,
+        step_wait.match, least(v_reached, coalesce(step_wait.since, v_reached)),
+        v_now + step_wait.timeout, 'waiting', v_job.attempt
+    )
+    ON CONFLICT (job_id, name, compensation) DO NOTHING;
+
+    SELECT s.* INTO v_step
+    FROM x_jobs.step AS s
+    WHERE s.job_id = step_wait.id AND s.name = step_wait.step AND NOT s.compensation
+    FOR UPDATE;
+    IF v_step.kind <> 'wait' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ027',
+            MESSAGE = pg_catalog.format('X_STEP_CONFLICT: step %L of job %s is a %s step, not a wait',
+                step_wait.step, step_wait.id, v_step.kind),
+            HINT = 'Give every step of a run its own name.';
+    END IF;
+    IF v_step.status <> 'waiting' THEN
+        RETURN v_step;
+    END IF;
+
+    SELECT e.id, e.payload INTO v_event
+    FROM x_jobs.event AS e
+    WHERE e.name = v_step.event
+        AND (v_step.event_key IS NULL OR e.key = v_step.event_key)
+        AND (v_step.match IS NULL OR e.payload @> v_step.match)
+        AND e.published_at >= v_step.since
+    ORDER BY e.published_at, e.id
+    LIMIT 1;
+
+    IF v_event.id IS NOT NULL THEN
+        UPDATE x_jobs.step AS s
+        SET status = 'done', output = v_event.payload, event_id = v_event.id,
+            resolved_by = 'event', resolved_at = v_now
+        WHERE s.job_id = step_wait.id AND s.name = step_wait.step AND NOT s.compensation
+        RETURNING s.* INTO v_step;
+    ELSIF v_step.timeout_at <= v_now THEN
+        UPDATE x_jobs.step AS s
+        SET status = 'failed',
+            error = pg_catalog.format('X_STEP_TIMEOUT: no event %L%s came before %s', s.event,
+                CASE WHEN s.event_key IS NULL THEN '' ELSE pg_catalog.format(' with key %L', s.event_key) END, s.timeout_at),
+            resolved_by = 'timeout', resolved_at = v_now
+        WHERE s.job_id = step_wait.id AND s.name = step_wait.step AND NOT s.compensation
+        RETURNING s.* INTO v_step;
+    ELSE
+        PERFORM x_jobs._suspend(step_wait.id, coalesce(v_step.timeout_at, 'infinity'));
+    END IF;
+    RETURN v_step;
 END
 $$;
 

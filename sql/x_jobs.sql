@@ -478,7 +478,7 @@ AS $$
         ('XJ022', 'X_ISOLATION_UNSUPPORTED', 'claim, publish, step_wait, relay_outbox or receive_webhook ran in a REPEATABLE READ or SERIALIZABLE transaction.'),
         ('XJ023', 'X_ERROR_MISSING', 'fail or outbox_nack was called without an error message.'),
         ('XJ024', 'X_STEP_INVALID', 'A step name is missing, empty or longer than 200 characters.'),
-        ('XJ025', 'X_TIMEOUT_INVALID', 'A sleep is missing or negative, or a wait timeout is negative.'),
+        ('XJ025', 'X_TIMEOUT_INVALID', 'A sleep is missing or negative, or a wait timeout is negative; either ends past the year 9999.'),
         ('XJ026', 'X_JOB_NOT_HELD', 'A step function was called by a worker that does not hold the job.'),
         ('XJ027', 'X_STEP_CONFLICT', 'A step name is already used by a step of another kind in the run.'),
         ('XJ028', 'X_EVENT_INVALID', 'An event name is missing, empty or longer than 200 characters.'),
@@ -1661,13 +1661,20 @@ BEGIN
         FROM (
             -- In seconds: an interval times 2^40 overflows ("interval out of range") once the base
             -- is above 8.4 s, and a job that could not fail would run until its lease lapsed.
-            SELECT coalesce(
-                fail.retry_delay,
-                pg_catalog.make_interval(secs => least(
-                    extract(EPOCH FROM k.backoff_max)::float8,
-                    extract(EPOCH FROM k.backoff_base)::float8 * pg_catalog.power(2, least(k.attempt - 1, 60))
-                ) * (0.5 + pg_catalog.random() / 2))
-            ) AS delay
+            -- Due by the last day of the year 9999 at the latest: a backoff of many millennia put
+            -- the retry past what timestamptz holds ("timestamp out of range", the same stuck
+            -- row), or past what clients can read. (A day short: float seconds of that size are
+            -- not exact to the microsecond.)
+            SELECT pg_catalog.make_interval(secs => least(
+                coalesce(
+                    extract(EPOCH FROM fail.retry_delay)::float8,
+                    least(
+                        extract(EPOCH FROM k.backoff_max)::float8,
+                        extract(EPOCH FROM k.backoff_base)::float8 * pg_catalog.power(2, least(k.attempt - 1, 60))
+                    ) * (0.5 + pg_catalog.random() / 2)
+                ),
+                extract(EPOCH FROM timestamptz '9999-12-31 00:00:00+00' - v_now)::float8
+            )) AS delay
             FROM x_jobs.job AS k
             WHERE k.id = fail.id
         ) AS r
@@ -1949,6 +1956,17 @@ BEGIN
                 coalesce(step_sleep.duration::text, 'NULL')),
             HINT = 'Pass a duration of zero or more, such as ''1 day''.';
     END IF;
+    -- The run is due when the sleep ends: that must be a time clients can read, as enqueue's
+    -- run_at (to the day: an interval's months count as 30 days here). Many millennia more
+    -- were past what timestamptz holds, a bare "timestamp out of range".
+    IF extract(EPOCH FROM step_sleep.duration)
+        >= extract(EPOCH FROM timestamptz '10000-01-01 00:00:00+00' - v_now) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ025',
+            MESSAGE = pg_catalog.format('X_TIMEOUT_INVALID: sleep of %s ends past the year 9999',
+                step_sleep.duration),
+            HINT = 'Pass a duration that ends before the year 10000, such as ''1 day''.';
+    END IF;
 
     INSERT INTO x_jobs.step AS s (job_id, name, kind, created_at, timeout_at, status, attempt)
     VALUES (step_sleep.id, step_sleep.step, 'sleep', x_jobs._clock(), v_now + step_sleep.duration,
@@ -2024,6 +2042,15 @@ BEGIN
             ERRCODE = 'XJ025',
             MESSAGE = pg_catalog.format('X_TIMEOUT_INVALID: wait timeout %s is negative', step_wait.timeout),
             HINT = 'Pass a timeout of zero or more, or NULL to wait for as long as it takes.';
+    END IF;
+    -- As step_sleep: the run is due when the timeout ends, a time clients must be able to read.
+    IF extract(EPOCH FROM step_wait.timeout)
+        >= extract(EPOCH FROM timestamptz '10000-01-01 00:00:00+00' - v_now) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ025',
+            MESSAGE = pg_catalog.format('X_TIMEOUT_INVALID: wait timeout %s ends past the year 9999',
+                step_wait.timeout),
+            HINT = 'Pass a timeout that ends before the year 10000, or NULL to wait for as long as it takes.';
     END IF;
     IF step_wait.match IS NOT NULL AND pg_catalog.jsonb_typeof(step_wait.match) <> 'object' THEN
         RAISE EXCEPTION USING

@@ -4,7 +4,7 @@
 -- failed). Every failure is kept in x_jobs.job_error; anyone else's fail changes nothing.
 -- The clock is moved with SET LOCAL "x_jobs.fake_now" (quoted so that sqlfluff parses it).
 BEGIN;
-SELECT plan(42);
+SELECT plan(45);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
@@ -465,6 +465,47 @@ SELECT is(
     ),
     TRUE,
     'A backoff far past backoff_max should wait backoff_max (1 day) times a factor in [0.5, 1.0]'
+);
+
+-- A backoff of many millennia, or such a retry_delay: now + the delay is past what timestamptz
+-- holds, and fail used to raise "timestamp out of range" (the row stayed running until its lease
+-- lapsed), or past the year 9999, which clients cannot read. The retry is due on the last day of
+-- 9999 at the latest.
+INSERT INTO j (tag, id)
+SELECT
+    t.tag,
+    e.id
+FROM (VALUES ('eon'), ('eon_delay')) AS t (tag)
+CROSS JOIN LATERAL x_jobs.enqueue(
+    't31_' || t.tag, queue => 't31-' || t.tag, backoff_base => '100000000 years', backoff_max => '100000000 years'
+) AS e;
+
+SELECT results_eq(
+    $$
+    SELECT c.id FROM x_jobs.claim(ARRAY['t31-eon', 't31-eon_delay'], 'w10', qty => 2) AS c
+    ORDER BY c.id
+    $$,
+    $$VALUES (tap_helpers.jid('eon')), (tap_helpers.jid('eon_delay'))$$,
+    'The jobs with a backoff of many millennia should be claimed'
+);
+
+SELECT results_eq(
+    $$
+    SELECT x_jobs.fail(tap_helpers.jid('eon'), 'w10', 'boom')::text,
+           x_jobs.fail(tap_helpers.jid('eon_delay'), 'w10', 'boom', retry_delay => '10000 years')::text
+    $$,
+    $$VALUES ('delayed', 'delayed')$$,
+    'fail should settle a job whose backoff, or retry_delay, reaches past the year 9999'
+);
+
+SELECT results_eq(
+    $$
+    SELECT k.run_at > '9999-12-30 23:59:59+00' AND k.run_at < '9999-12-31 00:00:01+00'
+    FROM x_jobs.job AS k
+    WHERE k.id IN (tap_helpers.jid('eon'), tap_helpers.jid('eon_delay'))
+    $$,
+    $$VALUES (TRUE), (TRUE)$$,
+    'Such a retry should be due on the last day of the year 9999'
 );
 
 SELECT * FROM finish();

@@ -6,7 +6,7 @@
 -- Each scenario is a job in a queue of its own; the clock is moved with SET LOCAL
 -- "x_jobs.fake_now", which is also the clock of events and first-reached instants.
 BEGIN;
-SELECT plan(103);
+SELECT plan(105);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
@@ -607,6 +607,25 @@ SELECT results_eq(
     $$VALUES ('XJ025', pg_catalog.format('X_TIMEOUT_INVALID: wait timeout %s is negative', interval '-1 minute'),
               '', 'Pass a timeout of zero or more, or NULL to wait for as long as it takes.')$$,
     'step_wait should refuse a negative timeout, with a HINT'
+);
+
+-- The run is due when a sleep or a timeout ends: past the year 9999 it was "timestamp out of
+-- range" (or a time clients cannot read), now a refusal that says so.
+SELECT results_eq(
+    $$SELECT * FROM tap_helpers.caught(
+          $q$ SELECT x_jobs.step_sleep(tap_helpers.jid('refuse'), 'w1', 's', '100000000 years') $q$
+      )$$,
+    $$VALUES ('XJ025',
+              pg_catalog.format('X_TIMEOUT_INVALID: sleep of %s ends past the year 9999', interval '100000000 years'),
+              '', 'Pass a duration that ends before the year 10000, such as ''1 day''.')$$,
+    'step_sleep should refuse a sleep that ends past the year 9999, with a HINT'
+);
+
+SELECT throws_ok(
+    $$SELECT x_jobs.step_wait(tap_helpers.jid('refuse'), 'w1', 's', 't34.e', timeout => '8000 years')$$,
+    'XJ025',
+    pg_catalog.format('X_TIMEOUT_INVALID: wait timeout %s ends past the year 9999', interval '8000 years'),
+    'step_wait should refuse a timeout that ends past the year 9999'
 );
 
 -- X_JOB_NOT_HELD, X_JOB_NOT_FOUND, X_WORKER_INVALID
