@@ -11,7 +11,9 @@ Exit codes: 0 done; 1 the database refused (an x_jobs refusal such as X_JOB_NOT_
 this client makes in the same manner such as X_MESSAGE_NOT_FOUND, or any other SQL error); 2 a
 usage or connection problem (bad arguments, a bad DSN, an unreachable server, a database without
 x_jobs or with a version this client cannot speak to). An error is one line on stderr, then a
-hint; with ``--json`` stdout also gets ``{"error": {...}}``.
+hint; with ``--json`` stdout also gets ``{"error": {...}}`` (code X_USAGE for a usage error).
+Every time is read in UTC (the session's TimeZone is pinned to it); a ``--run-at`` without an
+offset is still read in the session's own TimeZone.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from rich.console import Console, RenderableType
 from rich.highlighter import JSONHighlighter
 from rich.table import Table
 from rich.text import Text
+from typer.core import TyperGroup
 
 from x_jobs import install as installer
 from x_jobs import maintenance
@@ -58,10 +61,70 @@ from x_jobs.errors import (
 )
 from x_jobs.maintenance import Retention, parse_age
 
+try:  # typer 0.2x parses with a copy of click of its own
+    from typer._click.core import Context as ClickContext
+    from typer._click.exceptions import UsageError
+except ImportError:  # older typers use click itself
+    from click import Context as ClickContext  # type: ignore[assignment]
+    from click import UsageError  # type: ignore[assignment]
+
 logger = logging.getLogger(__name__)
+
+#: Where _Commands notes whether --json is among the arguments (ctx.meta is shared by every
+#: context of one run).
+WANTS_JSON = "x_jobs.wants_json"
+
+
+def _wants_json(args: list[str]) -> bool:
+    """Whether ``--json`` is among the arguments (before a ``--``, after which none is an
+    option)."""
+    return "--json" in (args[: args.index("--")] if "--" in args else args)
+
+
+class _Commands(TyperGroup):
+    """The ``x-jobs`` group. With --json among the arguments, a usage error (a bad or missing
+    option, an unknown command, a BadParameter a command raises) ends as every other error of
+    a --json command does: one line and a hint on stderr, ``{"error": {...}}`` with code
+    X_USAGE on stdout, exit 2; not click's box alone on stderr. Click raises those errors while
+    it parses (make_context) and, for subcommands, inside the group's invoke: both pass here.
+    """
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: ClickContext | None = None,
+        **extra: Any,
+    ) -> ClickContext:
+        wants_json = _wants_json(args)
+        try:
+            ctx = super().make_context(info_name, args, parent, **extra)
+        except UsageError as err:
+            if wants_json:
+                _usage_failed(err)
+            raise
+        ctx.meta[WANTS_JSON] = wants_json
+        return ctx
+
+    def invoke(self, ctx: ClickContext) -> Any:
+        try:
+            return super().invoke(ctx)
+        except UsageError as err:
+            if ctx.meta.get(WANTS_JSON):
+                _usage_failed(err)
+            raise
+
+
+def _usage_failed(err: UsageError) -> NoReturn:
+    hint = None
+    if err.ctx is not None:
+        hint = f"Try '{err.ctx.command_path} {err.ctx.help_option_names[0]}' for help."
+    Output(as_json=True).fail(EXIT_USAGE, err.format_message(), hint, code="X_USAGE")
+
 
 cli = typer.Typer(
     name="x-jobs",
+    cls=_Commands,
     help="Operate x_jobs: run workers, enqueue, inspect and steer jobs and queues.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -153,10 +216,46 @@ def _seconds(least: float) -> Callable[[str | float], float]:
     return parse
 
 
+def _whole(least: int, most: int) -> Callable[[str | int], int]:
+    """A parser of a whole number from ``least`` to ``most``, whose refusal names the range
+    (click passes the default through it too, already an int)."""
+
+    def parse(value: str | int) -> int:
+        try:
+            number = int(value)
+        except ValueError as err:
+            raise typer.BadParameter(f"{value!r} is not a whole number") from err
+        if not least <= number <= most:
+            raise typer.BadParameter(f"{number} is outside {least}..{most}")
+        return number
+
+    return parse
+
+
+def _metrics_port(value: str | int) -> int:
+    """--metrics-port: 1 to 65535. Not 0 (any free port): the worker logs the port it was given,
+    not the one it bound, so nobody could learn where the metrics are."""
+    try:
+        port = int(value)
+    except ValueError:
+        port = -1
+    if port == 0:
+        raise typer.BadParameter(
+            "0 (any free port) is refused: the worker would not say which port it bound;"
+            " give a port from 1 to 65535"
+        )
+    if not 1 <= port <= 65535:
+        raise typer.BadParameter(f"{value!r} is not a port from 1 to 65535")
+    return port
+
+
 # A lease under a second can lapse before the worker extends it (and under 1 µs is no SQL
 # interval); a poll under 10 ms is a hot loop of claims; a grace under 0 makes the first signal
 # a second one.
 LEASE_LEAST, POLL_LEAST = 1.0, 0.01
+#: The most jobs a worker holds (x_jobs.claim's qty) and messages a relay has in flight
+#: (x_jobs.relay_outbox's qty): more threads than that would only wait.
+MAX_CONCURRENCY = 1000
 LogLevel = Annotated[
     str,
     typer.Option(parser=_log_level, help="debug, info, warning, error (or critical)."),
@@ -176,7 +275,9 @@ def worker(
     queue: Annotated[
         list[str] | None, typer.Option("--queue", "-q", help="A queue to serve (repeatable).")
     ] = None,
-    concurrency: Annotated[int, typer.Option(min=1, help="Jobs run at once.")] = 10,
+    concurrency: Annotated[
+        int, typer.Option(parser=_whole(1, MAX_CONCURRENCY), help="Jobs run at once (1 to 1000).")
+    ] = 10,
     prefetch: Annotated[
         int | None,
         typer.Option(min=0, help="Claimed jobs waiting in a local queue (default: concurrency)."),
@@ -189,7 +290,10 @@ def worker(
     grace: Grace = 30.0,
     build: Annotated[str | None, typer.Option(help="Build id announced by the worker.")] = None,
     metrics_port: Annotated[
-        int | None, typer.Option(min=1, max=65535, help="Serve Prometheus metrics on this port.")
+        int | None,
+        typer.Option(
+            parser=_metrics_port, help="Serve Prometheus metrics on this port (1 to 65535)."
+        ),
     ] = None,
     dsn: Annotated[str | None, typer.Option(help="Database; default DATABASE_URL or PG*.")] = None,
     log_level: LogLevel = "info",
@@ -222,7 +326,12 @@ def worker(
 @cli.command()
 def relay(
     app_path: Annotated[str, typer.Argument(metavar="MODULE:APP", help="Where the App lives.")],
-    concurrency: Annotated[int, typer.Option(min=1, help="Deliveries in flight at once.")] = 16,
+    concurrency: Annotated[
+        int,
+        typer.Option(
+            parser=_whole(1, MAX_CONCURRENCY), help="Deliveries in flight at once (1 to 1000)."
+        ),
+    ] = 16,
     lease: Annotated[
         float,
         typer.Option(
@@ -449,6 +558,13 @@ JOB_ERRORS: LiteralString = """
 JOB_STATE: LiteralString = "SELECT state::text FROM x_jobs.job WHERE id = %(id)s"
 RETRY: LiteralString = "SELECT x_jobs.retry(id => %(id)s)"
 CANCEL: LiteralString = "SELECT x_jobs.cancel(id => %(id)s)"
+# Every time the CLI reads arrives in UTC, whatever TimeZone the server, the database, the role
+# or PGTZ give the session: psycopg cannot read a local time past the year 9999 (the last hours
+# of 9999 in UTC, 14 hours ahead), which the loader would show as infinity.
+PIN_UTC: LiteralString = "SET TimeZone TO 'UTC'"
+# The session's own TimeZone back, for one transaction: DEFAULT is the value the session
+# started with (server, database, role, PGTZ), before PIN_UTC.
+OWN_TIMEZONE: LiteralString = "SET LOCAL TimeZone TO DEFAULT"
 # A time without an offset, read in the session's TimeZone: does it fall in the years 1 to 9999
 # in UTC?
 SHOWABLE: LiteralString = """
@@ -555,23 +671,77 @@ def _json_int(text: str) -> int | Decimal:
     return int(text) if len(text) <= 4000 else Decimal(text)
 
 
+#: JSON nested deeper than this is printed as the text jsonb wrote. Python decodes, copies
+#: (dataclasses.asdict) and encodes JSON by recursion, one or two frames a level, and jsonb
+#: nests far deeper than the recursion limit (1000 frames): 5,000 levels made jobs list and
+#: show end in a RecursionError, 500 already did.
+JSON_DEPTH = 100
+
+
+class RawJson:
+    """A JSON value nested deeper than JSON_DEPTH, kept as jsonb's text; _dumps writes that text
+    as it is, so --json still prints the very value."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> RawJson:
+        return self  # immutable; dataclasses.asdict deep-copies what is no list or dict
+
+    def __repr__(self) -> str:
+        return f"RawJson({self.text[:20]!r}...)"
+
+
+def _deeper_than(value: Any, depth: int) -> bool:
+    """Whether ``value`` nests arrays and objects more than ``depth`` levels (no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        inner = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        if inner and level > depth:
+            return True
+        stack.extend((child, level + 1) for child in inner if isinstance(child, dict | list))
+    return False
+
+
 def _json_loads(data: str | bytes) -> Any:
-    """jsonb as the CLI reads it: numbers with every digit jsonb holds, not rounded to floats."""
-    return json.loads(data, parse_float=Decimal, parse_int=_json_int)
+    """jsonb as the CLI reads it: numbers with every digit jsonb holds, not rounded to floats;
+    a value nested deeper than JSON_DEPTH as its text (RawJson)."""
+    text = data if isinstance(data, str) else bytes(data).decode()
+    try:
+        value = json.loads(text, parse_float=Decimal, parse_int=_json_int)
+    except RecursionError:
+        return RawJson(text)
+    # Counting brackets (strings' too) is cheap: only a value with enough of them is walked.
+    if text.count("[") + text.count("{") > JSON_DEPTH and _deeper_than(value, JSON_DEPTH):
+        return RawJson(text)
+    return value
 
 
+#: Unicode's Bidi_Control characters (ALM, LRM, RLM, the embeddings and overrides U+202A to
+#: U+202E, the isolates U+2066 to U+2069): invisible, they reorder what a terminal shows after
+#: them, so that "invoice\\u202egpj.exe" reads as "invoiceexe.jpg".
+_BIDI = (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))
 #: C0 controls but tab and newline, DEL and C1: text from the database (a job's name, an error
-#: a handler raised) must not steer the operator's terminal with ESC or CSI sequences.
-_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0)) if c not in (0x09, 0x0A)}
-#: json.dumps escapes C0 but, with ensure_ascii=False, leaves DEL and C1 raw; in JSON they
-#: can only be inside strings, where \u escapes say the same.
-_JSON_CONTROLS = {c: f"\\u{c:04x}" for c in range(0x7F, 0xA0)}
-# A Decimal's stand-in while json.dumps runs: NUL, which no PostgreSQL text or jsonb holds.
-_EXACT = re.compile(r'"\\u0000(\d+)\\u0000"')
+#: a handler raised) must not steer the operator's terminal with ESC or CSI sequences; nor
+#: reorder it with the bidi controls, shown as \\u escapes.
+_CONTROLS = {
+    **{c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0)) if c not in (0x09, 0x0A)},
+    **{c: f"\\u{c:04x}" for c in _BIDI},
+}
+#: json.dumps escapes C0 but, with ensure_ascii=False, leaves DEL, C1 and the bidi controls
+#: raw; in JSON they can only be inside strings, where \\u escapes say the same.
+_JSON_CONTROLS = {c: f"\\u{c:04x}" for c in (*range(0x7F, 0xA0), *_BIDI)}
+# A Decimal's or RawJson's stand-in while json.dumps runs: NUL, which no PostgreSQL text or
+# jsonb holds.
+_VERBATIM = re.compile(r'"\\u0000(\d+)\\u0000"')
 
 
 def _safe(text: str) -> str:
-    """``text`` with its control characters shown as escapes (\\x1b), for a person's terminal."""
+    """``text`` with its control characters shown as escapes (\\x1b, \\u202e), for a person's
+    terminal."""
     return text.translate(_CONTROLS)
 
 
@@ -582,13 +752,13 @@ def _cell(text: str) -> Text:
 
 def _dumps(value: Any, indent: int | None = None) -> str:
     """JSON for ``value`` with Decimals written as the exact numbers they are (json.dumps would
-    refuse them, or round them through float)."""
-    exact: list[str] = []
+    refuse them, or round them through float) and RawJson as the text it is."""
+    verbatim: list[str] = []
 
     def mark(item: Any) -> Any:
-        if isinstance(item, Decimal):
-            exact.append(str(item))
-            return f"\0{len(exact) - 1}\0"
+        if isinstance(item, Decimal | RawJson):
+            verbatim.append(item.text if isinstance(item, RawJson) else str(item))
+            return f"\0{len(verbatim) - 1}\0"
         if isinstance(item, dict):
             return {key: mark(inner) for key, inner in item.items()}
         if isinstance(item, list | tuple):
@@ -596,14 +766,15 @@ def _dumps(value: Any, indent: int | None = None) -> str:
         return item
 
     text = json.dumps(mark(value), indent=indent, ensure_ascii=False, default=_json_default)
-    if exact:
-        text = _EXACT.sub(lambda found: exact[int(found[1])], text)
+    if verbatim:
+        text = _VERBATIM.sub(lambda found: verbatim[int(found[1])], text)
     return text.translate(_JSON_CONTROLS)
 
 
 def _json_view(value: Any) -> Text:
-    """A JSON value for a person: indented and highlighted as rich's JSON, digits kept."""
-    return JSONHighlighter()(Text(_dumps(value, indent=2), no_wrap=True))
+    """A JSON value for a person: indented and highlighted as rich's JSON, digits kept. A
+    RawJson is one long line: folded, not cropped."""
+    return JSONHighlighter()(Text(_dumps(value, indent=2), no_wrap=not isinstance(value, RawJson)))
 
 
 def _json_default(value: object) -> object:
@@ -653,12 +824,12 @@ class Output:
     ) -> NoReturn:
         """End the command: one line on stderr, then the hint (and the JSON error document)."""
         message = _first_line(message)
-        typer.echo(f"x-jobs: {message}", err=True)
+        typer.echo(f"x-jobs: {_safe(message)}", err=True)
         if hint:
-            typer.echo(f"hint: {hint}", err=True)
+            typer.echo(f"hint: {_safe(hint)}", err=True)
         if self.as_json:
             error = {"code": code, "sqlstate": sqlstate, "message": message, "hint": hint}
-            typer.echo(json.dumps({"error": error}, indent=2, ensure_ascii=False))
+            typer.echo(_dumps({"error": error}, indent=2))
         raise typer.Exit(exit_code)
 
     def refuse(self, exit_code: int, err: XJobsError) -> NoReturn:
@@ -689,6 +860,7 @@ def database(
     set_json_loads(_json_loads, conn)
     try:
         with conn:
+            conn.execute(PIN_UTC)
             if check_version:
                 app.check_version(conn)
             yield conn
@@ -727,6 +899,10 @@ def _json_input(value: str, option: str = "--input") -> str:
         json.loads(value, parse_constant=no_constants, parse_int=len, parse_float=len)
     except ValueError as err:
         raise typer.BadParameter(f"not a JSON value ({err})", param_hint=f"'{option}'") from err
+    except RecursionError:
+        # Nested deeper than Python decodes (jsonb nests deeper): the database checks it alone,
+        # and refuses text that is no JSON as an SQL error.
+        pass
     return value
 
 
@@ -748,7 +924,7 @@ def _infinite(value: datetime) -> str | None:
 
 
 def _when(value: datetime | None) -> str:
-    """A time for a person: UTC, to the second (psycopg answers in the session's TimeZone)."""
+    """A time for a person: UTC, to the second."""
     if value is None:
         return "-"
     return _infinite(value) or value.astimezone(UTC).isoformat(sep=" ", timespec="seconds")
@@ -863,12 +1039,16 @@ def enqueue(
         "tenant_id": tenant,
         "keep_done": keep_done,
     }
-    with database(dsn, out) as conn:
-        if run_at is not None and run_at.tzinfo is None and not _naive_far_from_the_ends(run_at):
-            # Only the session's TimeZone tells whether it falls past the year 9999 in UTC.
-            found = conn.execute(SHOWABLE, [run_at]).fetchone()
-            if not (found and found[0]):
-                raise _run_at_unshowable(run_at)
+    with database(dsn, out) as conn, conn.transaction():
+        if run_at is not None and run_at.tzinfo is None:
+            # A time without an offset is read in the session's own TimeZone, as the help says,
+            # not in the UTC database() pinned.
+            conn.execute(OWN_TIMEZONE)
+            if not _naive_far_from_the_ends(run_at):
+                # Only that TimeZone tells whether it falls past the year 9999 in UTC.
+                found = conn.execute(SHOWABLE, [run_at]).fetchone()
+                if not (found and found[0]):
+                    raise _run_at_unshowable(run_at)
         row = conn.cursor(row_factory=class_row(EnqueuedRow)).execute(ENQUEUE, params).fetchone()
     assert row is not None  # enqueue answers one row or raises
     out.emit(

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from conftest import Conn, fresh_database
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from typer.testing import CliRunner, Result
 
@@ -64,8 +65,9 @@ def as_json(result: Result) -> Any:
     return json.loads(succeeded(result).stdout)
 
 
-def enqueue(dsn: str, name: str, *options: str) -> int:
-    job_id = as_json(x_jobs("enqueue", name, "--input", "{}", *options, "--json", "--dsn", dsn))
+def enqueue(dsn: str, name: str, *options: str, env: Mapping[str, str | None] | None = None) -> int:
+    args = ("enqueue", name, "--input", "{}", *options, "--json", "--dsn", dsn)
+    job_id = as_json(x_jobs(*args, env=env))
     return int(job_id["id"])
 
 
@@ -264,6 +266,51 @@ def test_enqueue_run_at_without_offset_is_checked_in_the_session_timezone(
     assert doc["job"]["run_at"] == "9999-12-31T23:59:59+00:00"
 
 
+def test_times_near_the_year_10000_show_in_any_session_timezone(
+    dsn: str, conn: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """14 hours ahead of UTC (Pacific/Kiritimati), the last hours of 9999 in UTC are in the year
+    10000 locally, which Python cannot hold: x-jobs reads every time in UTC, so they show as
+    they are, never as infinity. A --run-at without an offset is still read in the session's
+    own TimeZone (the database's, or PGTZ's when it is set)."""
+    monkeypatch.delenv("PGTZ", raising=False)
+    conn.execute("SET TimeZone = 'UTC'")
+    dbname = conninfo_to_dict(dsn)["dbname"]
+    conn.execute(
+        sql.SQL("ALTER DATABASE {} SET TimeZone = 'Pacific/Kiritimati'").format(
+            sql.Identifier(str(dbname))
+        )
+    )
+    late = enqueue(dsn, "late", "--run-at", "9999-12-31T20:00:00+00:00")
+    # Noon in Kiritimati is 22:00 the day before in UTC.
+    nearby = enqueue(dsn, "nearby", "--run-at", "2031-05-01T12:00:00")
+    # Noon in New York is 17:00 UTC: 07:00 on 10000-01-01 in Kiritimati.
+    behind = enqueue(
+        dsn, "behind", "--run-at", "9999-12-31T12:00:00", env={"PGTZ": "America/New_York"}
+    )
+    stored: dict[int, datetime] = dict(conn.execute("SELECT id, run_at FROM x_jobs.job").fetchall())
+    assert stored == {
+        late: datetime(9999, 12, 31, 20, tzinfo=UTC),
+        nearby: datetime(2031, 4, 30, 22, tzinfo=UTC),
+        behind: datetime(9999, 12, 31, 17, tzinfo=UTC),
+    }
+
+    expected = {
+        "late": "9999-12-31T20:00:00+00:00",
+        "nearby": "2031-04-30T22:00:00+00:00",
+        "behind": "9999-12-31T17:00:00+00:00",
+    }
+    jobs = as_json(x_jobs("jobs", "list", "--json", "--dsn", dsn))["jobs"]
+    assert {job["name"]: job["run_at"] for job in jobs} == expected
+    table = succeeded(x_jobs("jobs", "list", "--dsn", dsn)).stdout
+    due = {line.split()[1]: " ".join(line.split()[5:7]) for line in table.splitlines()[1:]}
+    assert due == {name: at[:19].replace("T", " ") for name, at in expected.items()}
+    shown = succeeded(x_jobs("jobs", "show", str(late), "--dsn", dsn)).stdout
+    assert re.search(r"^run at\s+9999-12-31 20:00:00\+00:00\s*$", shown, re.MULTILINE), shown
+    doc = as_json(x_jobs("jobs", "show", str(behind), "--json", "--dsn", dsn))
+    assert doc["job"]["run_at"] == expected["behind"]
+
+
 #: Numbers no float holds: more digits than 17, and beyond the range of a double.
 EXACT = '{"big": 123456789012345678901234567890.5, "tiny": 1.00000000000000000001, "n": 7}'
 HUGE = "1" + "0" * 400
@@ -375,6 +422,57 @@ def test_intervals_python_cannot_hold_do_not_hide_the_page(dsn: str, conn: Conn)
     assert re.search(r"^backoff\s+0:00:01 \.\. 999999999 days", shown, re.MULTILINE), shown
     doc = as_json(x_jobs("jobs", "show", str(row[0]), "--json", "--dsn", dsn))
     assert doc["job"]["backoff_max"] == timedelta.max.total_seconds()
+
+
+def test_json_nested_deeper_than_python_reads_shows_as_its_text(dsn: str, conn: Conn) -> None:
+    """jsonb holds 5,000 nested arrays, which Python's json cannot decode (and 500 levels are
+    too deep to copy and encode back): jobs list and show print such a value as jsonb's own
+    text, still valid JSON under --json, where they ended in a RecursionError."""
+    deep_input = "[" * 5000 + "]" * 5000
+    deep_output = '{"a": ' * 500 + "1" + "}" * 500
+    row = conn.execute(
+        "SELECT (x_jobs.enqueue('deep', input => %s::jsonb)).id", [deep_input]
+    ).fetchone()
+    assert row is not None
+    job_id = row[0]
+    conn.execute(
+        "UPDATE x_jobs.job SET output = %s::jsonb, progress = %s::jsonb WHERE id = %s",
+        [deep_output, deep_input, job_id],
+    )
+    other = enqueue(dsn, "shallow")
+    # --input takes it too (Python cannot check it: the database does).
+    typed = as_json(x_jobs("enqueue", "typed", "--input", deep_input, "--json", "--dsn", dsn))["id"]
+    assert conn.execute("SELECT input::text FROM x_jobs.job WHERE id = %s", [typed]).fetchone() == (
+        deep_input,
+    )
+    conn.execute("DELETE FROM x_jobs.job WHERE id = %s", [typed])
+
+    listed = succeeded(x_jobs("jobs", "list", "--dsn", dsn)).stdout
+    assert set(listed_ids(listed)) == {job_id, other}
+    shown = succeeded(x_jobs("jobs", "show", str(job_id), "--dsn", dsn)).stdout
+    assert "[" * 100 in shown
+    assert '{"a": {"a": ' in shown
+
+    # The documents are valid JSON, with the very values the table holds (PostgreSQL parses
+    # them: Python's json could not).
+    for command, path in [
+        (["jobs", "list"], ["jobs", "1"]),  # newest first: "shallow" is 0
+        (["jobs", "show", str(job_id)], ["job"]),
+    ]:
+        printed = succeeded(x_jobs(*command, "--json", "--dsn", dsn)).stdout
+        same = conn.execute(
+            "SELECT (%(doc)s::jsonb #> %(path)s) -> 'input' = input,"
+            " (%(doc)s::jsonb #> %(path)s) -> 'output' = output,"
+            " (%(doc)s::jsonb #> %(path)s) -> 'progress' = progress"
+            " FROM x_jobs.job WHERE id = %(id)s",
+            {"doc": printed, "path": path, "id": job_id},
+        ).fetchone()
+        assert same == (True, True, True), command
+    shown_json = succeeded(x_jobs("jobs", "show", str(job_id), "--json", "--dsn", dsn)).stdout
+    assert conn.execute(
+        "SELECT %s::jsonb -> 'progress' = progress FROM x_jobs.job WHERE id = %s",
+        [shown_json, job_id],
+    ).fetchone() == (True,)
 
 
 def test_jobs_list_pages_with_before(dsn: str, conn: Conn) -> None:
@@ -1588,6 +1686,9 @@ def test_numbers_sql_cannot_carry_are_usage_errors(dsn: str, args: list[str], sa
     ("command", "args", "says"),
     [
         ("worker", ["--concurrency", "0"], "'--concurrency'"),
+        # A worker holds at most 1000 jobs (claim's qty), a relay 1000 messages (relay_outbox's).
+        ("worker", ["--concurrency", "1001"], "1001 is outside 1..1000"),
+        ("worker", ["--metrics-port", "0"], "free port"),
         ("worker", ["--prefetch", "-1"], "'--prefetch'"),
         ("worker", ["--log-level", "bogus"], "'--log-level'"),
         ("worker", ["--log-format", "yaml"], "'--log-format'"),
@@ -1600,6 +1701,7 @@ def test_numbers_sql_cannot_carry_are_usage_errors(dsn: str, args: list[str], sa
         ("worker", ["--grace", "-5"], "'--grace'"),
         ("worker", ["--grace", "inf"], "'--grace'"),
         ("relay", ["--concurrency", "0"], "'--concurrency'"),
+        ("relay", ["--concurrency", "1001"], "1001 is outside 1..1000"),
         ("relay", ["--log-level", "bogus"], "'--log-level'"),
         ("relay", ["--lease", "nan"], "'--lease'"),
         ("relay", ["--poll", "0"], "'--poll'"),
@@ -1662,3 +1764,109 @@ def test_tables_show_control_characters_as_escapes(dsn: str, conn: Conn) -> None
         assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", raw), raw
     doc = as_json(x_jobs("jobs", "show", str(job_id), "--json", "--dsn", dsn))
     assert (doc["job"]["name"], doc["job"]["last_error"]) == (name, "bad\x9b2Jthing")
+
+
+#: Unicode's Bidi_Control characters: they reorder what a terminal shows after them.
+BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def test_tables_show_bidirectional_controls_as_escapes(dsn: str, conn: Conn) -> None:
+    """A right-to-left override and its kin (U+202A-U+202E, U+2066-U+2069, U+200E, U+200F,
+    U+061C) in database text would make a terminal show it in another order (invoice\\u202egpj.exe
+    reads as invoiceexe.jpg): tables and error lines show them as \\u escapes, as control
+    characters are shown, and --json writes them as JSON's \\u escapes."""
+    name, queue = "invoice\u202egpj.exe", "q\u2066\u2067\u2068x\u2069"
+    job_id = enqueue(dsn, name, "--queue", queue)
+    conn.execute(
+        "SELECT id FROM x_jobs.claim(queues => ARRAY[%s], worker => 'w\u200e', qty => 1)",
+        [queue],
+    )
+    conn.execute(
+        "SELECT x_jobs.fail(id => %s, worker => 'w\u200e', error => %s, error_stack => %s,"
+        " retry_delay => '0')",
+        [job_id, "bad\u202athing\u202c", "stack\u202b\u202d\u200f\u061c"],
+    )
+    message = put(conn, "t\u202e", {"k": "\u2066"}, key="k\u200f")
+    outputs = [
+        succeeded(x_jobs(*command, "--dsn", dsn)).stdout
+        for command in (
+            ["jobs", "list"],
+            ["jobs", "show", str(job_id)],
+            ["queues"],
+            ["outbox", "list"],
+            ["outbox", "show", str(message)],
+        )
+    ]
+    for output in outputs:
+        assert not BIDI.search(output), ascii(output)
+    listed, shown, queues, outbox, one = outputs
+    assert "invoice\\u202egpj.exe" in listed
+    assert "q\\u2066\\u2067\\u2068x\\u2069" in queues
+    assert "bad\\u202athing\\u202c" in shown
+    assert "stack\\u202b\\u202d\\u200f\\u061c" in shown
+    assert "w\\u200e" in shown
+    assert "t\\u202e" in outbox
+    assert '"\\u2066"' in one
+    for command in (["jobs", "show", str(job_id)], ["outbox", "show", str(message)]):
+        raw = succeeded(x_jobs(*command, "--json", "--dsn", dsn)).stdout
+        assert not BIDI.search(raw), ascii(raw)
+    doc = as_json(x_jobs("jobs", "show", str(job_id), "--json", "--dsn", dsn))
+    assert (doc["job"]["name"], doc["job"]["queue"]) == (name, queue)
+    assert doc["errors"][0]["error"] == "bad\u202athing\u202c"
+    # A refusal's line quotes what it was given: escaped too.
+    refused = failed(x_jobs("outbox", "list", "--state", "dead\u202e", "--dsn", dsn), 1)
+    assert not BIDI.search(refused.stderr), ascii(refused.stderr)
+    assert "'dead\\u202e' is not an outbox state" in refused.stderr
+    error = json.loads(
+        failed(x_jobs("outbox", "list", "--state", "dead\u202e", "--json", "--dsn", dsn), 1).stdout
+    )["error"]
+    assert error["message"] == "X_STATE_UNKNOWN: 'dead\u202e' is not an outbox state"
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["enqueue", "job", "--input", "{nope"], "'--input'"),
+        (["enqueue", "job"], "'--input'"),
+        (["jobs", "show", "seven"], "'ID'"),
+        (["jobs", "list", "--limit", "many"], "'--limit'"),
+        (["jobs", "list", "--bogus"], "--bogus"),
+        (["jobs", "frobnicate"], "frobnicate"),
+        (["outbox", "redrive"], "'ID' / '--topic'"),
+        (["queues", "pause"], "'NAME'"),
+    ],
+)
+def test_usage_errors_with_json_print_a_json_error(dsn: str, args: list[str], says: str) -> None:
+    """With --json a usage error is the same JSON document as any other error (code X_USAGE),
+    after one line and a hint on stderr, and exits 2; without it, click's message as before."""
+    result = failed(x_jobs(*args, "--json", "--dsn", dsn), 2)
+    line, hint = one_line_and_hint(result)
+    error = json.loads(result.stdout)["error"]
+    assert error == {
+        "code": "X_USAGE",
+        "sqlstate": None,
+        "message": error["message"],
+        "hint": hint[6:],
+    }
+    assert says in error["message"]
+    assert line == f"x-jobs: {error['message']}"
+    assert "--help" in error["hint"]
+    plain = failed(x_jobs(*args, "--dsn", dsn), 2)
+    assert plain.stdout == ""
+    assert says in plain.stderr
+
+
+def test_usage_errors_with_json_in_a_real_process() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "x_jobs", "jobs", "show", "seven", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    error = json.loads(proc.stdout)["error"]
+    assert error["code"] == "X_USAGE"
+    assert "'ID'" in error["message"]
+    assert "jobs show --help" in error["hint"]
