@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import os
 import threading
 import time
@@ -21,9 +22,11 @@ from datetime import datetime, timedelta
 from typing import Any, Generic, LiteralString, TypeVar, cast, overload
 
 import psycopg
+from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
-from psycopg_pool import ConnectionPool
-from pydantic import TypeAdapter, ValidationError
+from psycopg_pool import ConnectionPool, PoolTimeout
+from pydantic import SecretBytes, SecretStr, TypeAdapter, ValidationError
+from pydantic_core import PydanticSerializationError
 
 from x_jobs._conn import pool_kwargs
 from x_jobs.errors import (
@@ -33,6 +36,7 @@ from x_jobs.errors import (
     JobUnknown,
     NotInstalled,
     ResultTimeout,
+    TimeInvalid,
     VersionUnsupported,
     translate,
     unstorable_as,
@@ -124,8 +128,10 @@ class Job(Generic[I]):
         self.is_async = inspect.iscoroutinefunction(self.fn)
         annotation = params[0].annotation
         if isinstance(annotation, str):
-            # `from __future__ import annotations`: resolve in the handler's own module.
-            annotation = inspect.get_annotations(self.fn, eval_str=True).get(params[0].name, Any)
+            # `from __future__ import annotations`: resolve in the handler's own module. The
+            # input's annotation only: ctx's and the return's may name what the module imports
+            # under TYPE_CHECKING alone (as linters arrange it), and are never needed.
+            annotation = eval(annotation, getattr(inspect.unwrap(self.fn), "__globals__", {}))
         self.input_type: Any = Any if annotation is inspect.Parameter.empty else annotation
         self.adapter: TypeAdapter[Any] = TypeAdapter(self.input_type)
 
@@ -139,15 +145,51 @@ class Job(Generic[I]):
         return self.adapter.validate_json(text)
 
     def dump(self, value: Any) -> Any:
-        """Validate an input and answer it as JSON, refusing a bad one with InputInvalid."""
+        """Validate an input and answer it as the JSON the worker validates again, refusing
+        with InputInvalid a bad one, and one that JSON would not carry to the handler as it is.
+        By alias, as validation reads it: by field name, a field with an alias was stored under
+        the name and every attempt failed to validate."""
         try:
-            return self.adapter.dump_python(self.adapter.validate_python(value), mode="json")
+            valid = self.adapter.validate_python(value)
+            as_python = self.adapter.dump_python(valid, by_alias=True)
+            self._refuse_lossy(as_python)
+            return self.adapter.dump_python(valid, mode="json", by_alias=True)
         except ValidationError as err:
             raise InputInvalid(
                 f"X_INPUT_INVALID: input of job {self.name!r} is not a {self.type_name}: "
                 f"{err.errors(include_url=False)}",
                 hint=f"Pass an input that validates as {self.type_name}.",
             ) from err
+        except PydanticSerializationError as err:
+            raise InputInvalid(
+                f"X_INPUT_INVALID: input of job {self.name!r} is not JSON: {err}",
+                hint="Pass JSON values (dicts, lists, strings, numbers, booleans, None), or "
+                f"type the input ({self.type_name}) so that it says how to write them.",
+            ) from err
+
+    def _refuse_lossy(self, value: Any) -> None:
+        """Refuse what the JSON dump would silently change: NaN and infinities (written as
+        null) and pydantic's secrets (written masked, as '**********')."""
+        stack = [value]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, dict):
+                stack.extend(item.values())
+            elif isinstance(item, list | tuple | set | frozenset):
+                stack.extend(item)
+            elif isinstance(item, float) and not math.isfinite(item):
+                raise InputInvalid(
+                    f"X_INPUT_INVALID: input of job {self.name!r} holds {item}, which JSON "
+                    "cannot carry (the handler would get None)",
+                    hint="Pass finite numbers; send NaN or infinity as a string or as None.",
+                )
+            elif isinstance(item, SecretStr | SecretBytes):
+                raise InputInvalid(
+                    f"X_INPUT_INVALID: input of job {self.name!r} holds a secret, which would be "
+                    "stored masked ('**********') and reach the handler so",
+                    hint="Pass a reference to the secret (a vault path, an id) and let the "
+                    "handler fetch it; jobs' inputs are stored in the clear.",
+                )
 
     @property
     def type_name(self) -> str:
@@ -169,8 +211,9 @@ class Job(Generic[I]):
             "max_attempts": self.max_attempts,
             "priority": self.priority,
             "dead_letter": self.retry.dead_letter,
-            "backoff_base": f"{seconds(self.retry.base)} seconds",
-            "backoff_max": f"{seconds(self.retry.max)} seconds",
+            # Fixed-point: "1e-05 seconds" is no SQL interval.
+            "backoff_base": f"{seconds(self.retry.base):f} seconds",
+            "backoff_max": f"{seconds(self.retry.max):f} seconds",
             "keep_done": self.keep_done,
         }
         if self.idempotency_key is not None:
@@ -192,9 +235,13 @@ class Job(Generic[I]):
             if value is None:
                 continue
             if name == "delay":
+                if not isinstance(value, int | float | timedelta) or isinstance(value, bool):
+                    raise TypeError(f"delay is seconds or a timedelta, not {type(value).__name__}")
                 req["_delay"] = seconds(value)  # counted from the database's clock, below
             elif name == "run_at":
-                req["run_at"] = cast(datetime, value).isoformat()
+                if not isinstance(value, datetime):
+                    raise TypeError(f"run_at is a datetime, not {type(value).__name__}")
+                req["run_at"] = value.isoformat()
             else:
                 req[name] = value
         return req
@@ -219,8 +266,18 @@ ENQUEUE_OPTIONS = frozenset(
 ENQUEUE_MANY: LiteralString = (
     "SELECT ord, id, run_id::text, deduped FROM x_jobs.enqueue_many(%(jobs)s) ORDER BY ord"
 )
-DB_NOW: LiteralString = "SELECT x_jobs.now()"
+# The database's clock now, not when the transaction began (now()): a delay in the caller's
+# transaction counts from the call. The test clock (x_jobs.fake_now) stands still, as x_jobs.now()
+# and x_jobs._clock() read it (the latter is the workers' only).
+DB_NOW: LiteralString = """
+    SELECT CASE WHEN coalesce(pg_catalog.current_setting('x_jobs.fake_now', true), '') = ''
+        THEN pg_catalog.clock_timestamp() ELSE x_jobs.now() END
+"""
 RESULT: LiteralString = "SELECT state::text, output, last_error FROM x_jobs.job WHERE id = %s"
+NOT_INSTALLED_HINT = (
+    "Run CREATE EXTENSION x_jobs (or `x-jobs install` where extensions are not allowed), "
+    "then start again."
+)
 
 
 class App:
@@ -344,6 +401,24 @@ class App:
             else:
                 with self.pool.connection() as pooled:
                     yield pooled
+        except PoolTimeout as err:
+            # The pool only says that it waited; one connection of its own says why.
+            try:
+                psycopg.connect(self.dsn, **pool_kwargs("x_jobs")).close()
+            except psycopg.Error as reason:
+                raise reason from err
+            raise
+        except (
+            psycopg.errors.UndefinedFunction,
+            psycopg.errors.UndefinedTable,
+            psycopg.errors.InvalidSchemaName,
+        ) as err:
+            if "x_jobs." not in str(err) and '"x_jobs"' not in str(err):
+                raise
+            raise NotInstalled(
+                f"X_NOT_INSTALLED: x_jobs is not installed in this database ({err})",
+                hint=NOT_INSTALLED_HINT,
+            ) from err
         except psycopg.Error as err:
             typed = translate(err)
             if typed is err:
@@ -365,9 +440,7 @@ class App:
             if not conn.autocommit:
                 conn.rollback()
             raise NotInstalled(
-                "X_NOT_INSTALLED: x_jobs is not installed in this database",
-                hint="Run CREATE EXTENSION x_jobs (or `x-jobs install` where extensions are not "
-                "allowed), then start again.",
+                "X_NOT_INSTALLED: x_jobs is not installed in this database", hint=NOT_INSTALLED_HINT
             ) from err
         version = str(row[0]) if row else "?"
         if version not in SUPPORTED_VERSIONS:
@@ -418,9 +491,11 @@ class App:
         if not requests:
             return []
         with self.connection(conn) as db:
+            # Rows as tuples whatever row_factory the caller's connection has (dict_row...).
+            cur = db.cursor(row_factory=tuple_row)
             if any("_delay" in req for req in requests):
                 # A delay counts from the database's clock, not this machine's.
-                row = db.execute(DB_NOW).fetchone()
+                row = cur.execute(DB_NOW).fetchone()
                 assert row is not None
                 now = cast(datetime, row[0])
                 requests = [_with_run_at(req, now) for req in requests]
@@ -429,7 +504,7 @@ class App:
                 "a job's input",
                 "Leave out NUL characters (send such bytes encoded, base64 say).",
             ):
-                rows = db.execute(ENQUEUE_MANY, {"jobs": Jsonb(requests)}).fetchall()
+                rows = cur.execute(ENQUEUE_MANY, {"jobs": Jsonb(requests)}).fetchall()
         return [Enqueued(id=int(r[1]), run_id=str(r[2]), deduped=bool(r[3])) for r in rows]
 
     # --- results ------------------------------------------------------------------------------
@@ -473,5 +548,11 @@ class App:
 def _with_run_at(req: Mapping[str, Any], now: datetime) -> dict[str, Any]:
     out = {k: v for k, v in req.items() if k != "_delay"}
     if "_delay" in req:
-        out["run_at"] = (now + timedelta(seconds=float(req["_delay"]))).isoformat()
+        try:
+            out["run_at"] = (now + timedelta(seconds=float(req["_delay"]))).isoformat()
+        except OverflowError:
+            raise TimeInvalid(
+                f"X_TIME_INVALID: a delay of {req['_delay']} s ends past the year 9999",
+                hint="Pass a delay that ends before the year 10000.",
+            ) from None
     return out

@@ -28,6 +28,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, LiteralString, Protocol, runtime_checkable
 
 import psycopg
+from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
 from x_jobs.errors import InputInvalid, MessageInvalid, unstorable_as
@@ -166,16 +167,21 @@ class Outbox:
         """Write one message; with ``conn=`` it is part of the caller's transaction. Answers
         its id. Messages of one ``key`` are delivered one at a time, in put order."""
         with self.app.connection(conn) as db, unstorable_as(MessageInvalid, *_UNSTORABLE):
-            row = db.execute(
-                PUT,
-                [
-                    topic,
-                    Jsonb(payload),
-                    key,
-                    None if headers is None else Jsonb(dict(headers)),
-                    max_attempts,
-                ],
-            ).fetchone()
+            # Rows as tuples whatever row_factory the caller's connection has (dict_row...).
+            row = (
+                db.cursor(row_factory=tuple_row)
+                .execute(
+                    PUT,
+                    [
+                        topic,
+                        Jsonb(payload),
+                        key,
+                        None if headers is None else Jsonb(dict(headers)),
+                        max_attempts,
+                    ],
+                )
+                .fetchone()
+            )
         assert row is not None
         return int(row[0])
 
@@ -191,7 +197,7 @@ class Outbox:
         if not batch:
             return []
         with self.app.connection(conn) as db, unstorable_as(MessageInvalid, *_UNSTORABLE):
-            rows = db.execute(PUT_MANY, [Jsonb(batch)]).fetchall()
+            rows = db.cursor(row_factory=tuple_row).execute(PUT_MANY, [Jsonb(batch)]).fetchall()
         return [int(r[0]) for r in rows]
 
     # --- sinks --------------------------------------------------------------------------------
