@@ -465,15 +465,15 @@ AS $$
         ('XJ009', 'X_JOBS_INVALID', 'enqueue_many got something other than an array of request objects (receive_webhook: a request that is not an object).'),
         ('XJ010', 'X_QUEUES_INVALID', 'The queue list is missing, empty or holds an empty name.'),
         ('XJ011', 'X_WORKER_INVALID', 'A worker id is missing or empty.'),
-        ('XJ012', 'X_LEASE_INVALID', 'A lease is missing or not positive.'),
+        ('XJ012', 'X_LEASE_INVALID', 'A lease is missing, not positive, or longer than 1000 years.'),
         ('XJ013', 'X_QTY_INVALID', 'qty or a page size is outside 1..1000 (outbox_redrive max_rows: 1..100000).'),
         ('XJ014', 'X_JOB_NOT_FOUND', 'No job has this id.'),
         ('XJ015', 'X_JOB_NOT_RETRYABLE', 'retry was asked of a row that is live or done.'),
         ('XJ016', 'X_STATE_UNKNOWN', 'A state name is not one of the job states.'),
         ('XJ017', 'X_IDEMPOTENCY_CONFLICT', 'A live row already holds the idempotency key.'),
         ('XJ018', 'X_DELAY_INVALID', 'A retry delay is negative.'),
-        ('XJ019', 'X_TTL_INVALID', 'A worker announce ttl is missing or not positive.'),
-        ('XJ020', 'X_RETENTION_INVALID', 'A purge or rollup_counters got a missing or negative age, or a batch below 1.'),
+        ('XJ019', 'X_TTL_INVALID', 'A worker announce ttl is missing, not positive, or longer than 1000 years.'),
+        ('XJ020', 'X_RETENTION_INVALID', 'A purge or rollup_counters got a missing or negative age, an age over 1000 years, or a batch below 1.'),
         ('XJ021', 'X_OUTPUTS_INVALID', 'complete_many got a different number of outputs than ids.'),
         ('XJ022', 'X_ISOLATION_UNSUPPORTED', 'claim, publish, step_wait, relay_outbox or receive_webhook ran in a REPEATABLE READ or SERIALIZABLE transaction.'),
         ('XJ023', 'X_ERROR_MISSING', 'fail or outbox_nack was called without an error message.'),
@@ -1122,6 +1122,13 @@ BEGIN
                 coalesce(claim.lease::text, 'NULL')),
             HINT = 'Pass a lease longer than the heartbeat interval, such as ''30 seconds''.';
     END IF;
+    -- A lease of many millennia ended past what timestamptz holds: "timestamp out of range".
+    IF claim.lease > interval '1000 years' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ012',
+            MESSAGE = pg_catalog.format('X_LEASE_INVALID: lease %s is longer than 1000 years', claim.lease),
+            HINT = 'Pass a lease longer than the heartbeat interval, such as ''30 seconds''.';
+    END IF;
     IF claim.qty IS NULL OR claim.qty < 1 OR claim.qty > 1000 THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ013',
@@ -1378,6 +1385,13 @@ BEGIN
             ERRCODE = 'XJ012',
             MESSAGE = pg_catalog.format('X_LEASE_INVALID: lease %s is not positive',
                 coalesce(extend_lease.lease::text, 'NULL')),
+            HINT = 'Pass a lease longer than the heartbeat interval, such as ''30 seconds''.';
+    END IF;
+    -- A lease of many millennia ended past what timestamptz holds: "timestamp out of range".
+    IF extend_lease.lease > interval '1000 years' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ012',
+            MESSAGE = pg_catalog.format('X_LEASE_INVALID: lease %s is longer than 1000 years', extend_lease.lease),
             HINT = 'Pass a lease longer than the heartbeat interval, such as ''30 seconds''.';
     END IF;
 
@@ -2337,12 +2351,16 @@ IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF p_older_than IS NULL OR p_older_than < interval '0' OR p_batch_size IS NULL OR p_batch_size < 1 THEN
+    -- At most 1000 years (as the x-jobs maintain command): now() minus many millennia is past
+    -- what timestamptz holds, a bare "timestamp out of range".
+    IF p_older_than IS NULL OR p_older_than < interval '0' OR p_older_than > interval '1000 years'
+        OR p_batch_size IS NULL OR p_batch_size < 1 THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ020',
             MESSAGE = pg_catalog.format('X_RETENTION_INVALID: purge %s older than %s in batches of %s',
                 p_what, coalesce(p_older_than::text, 'NULL'), coalesce(p_batch_size::text, 'NULL')),
-            HINT = pg_catalog.format('Pass an age of zero or more, %s, and a batch size of 1 or more.', p_age);
+            HINT = pg_catalog.format('Pass an age from zero to 1000 years, %s, and a batch size of 1 or more.',
+                p_age);
     END IF;
 END
 $$;
@@ -2607,6 +2625,13 @@ BEGIN
             ERRCODE = 'XJ012',
             MESSAGE = pg_catalog.format('X_LEASE_INVALID: lease %s is not positive',
                 coalesce(relay_outbox.lease::text, 'NULL')),
+            HINT = 'Pass a lease longer than a delivery takes, such as ''30 seconds''.';
+    END IF;
+    -- A lease of many millennia ended past what timestamptz holds: "timestamp out of range".
+    IF relay_outbox.lease > interval '1000 years' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ012',
+            MESSAGE = pg_catalog.format('X_LEASE_INVALID: lease %s is longer than 1000 years', relay_outbox.lease),
             HINT = 'Pass a lease longer than a delivery takes, such as ''30 seconds''.';
     END IF;
     IF relay_outbox.qty IS NULL OR relay_outbox.qty < 1 OR relay_outbox.qty > 1000 THEN
@@ -3160,12 +3185,13 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
-    IF pause_queue.queue IS NULL OR pause_queue.queue = '' THEN
+    -- The names enqueue accepts: 1 to 200 characters.
+    IF pause_queue.queue IS NULL OR pause_queue.queue = '' OR pg_catalog.length(pause_queue.queue) > 200 THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ002',
             MESSAGE = pg_catalog.format('X_QUEUE_INVALID: queue %s is not a queue name',
                 coalesce(pg_catalog.quote_literal(pause_queue.queue), 'NULL')),
-            HINT = 'Name the queue to pause, such as ''default''.';
+            HINT = 'Name the queue to pause (1 to 200 characters), such as ''default''.';
     END IF;
     INSERT INTO x_jobs.queue_pause (queue, paused_at, paused_by)
     VALUES (pause_queue.queue, x_jobs.now(), current_user)
@@ -3183,12 +3209,13 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
-    IF resume_queue.queue IS NULL OR resume_queue.queue = '' THEN
+    -- The names enqueue accepts: 1 to 200 characters.
+    IF resume_queue.queue IS NULL OR resume_queue.queue = '' OR pg_catalog.length(resume_queue.queue) > 200 THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ002',
             MESSAGE = pg_catalog.format('X_QUEUE_INVALID: queue %s is not a queue name',
                 coalesce(pg_catalog.quote_literal(resume_queue.queue), 'NULL')),
-            HINT = 'Name the queue to resume, such as ''default''.';
+            HINT = 'Name the queue to resume (1 to 200 characters), such as ''default''.';
     END IF;
     DELETE FROM x_jobs.queue_pause AS p WHERE p.queue = resume_queue.queue;
     IF FOUND THEN
@@ -3240,6 +3267,13 @@ BEGIN
             ERRCODE = 'XJ019',
             MESSAGE = pg_catalog.format('X_TTL_INVALID: ttl %s is not positive',
                 coalesce(announce_worker.ttl::text, 'NULL')),
+            HINT = 'Pass a ttl of a few announce intervals, such as ''60 seconds''.';
+    END IF;
+    -- As a lease: many millennia ended past what timestamptz holds.
+    IF announce_worker.ttl > interval '1000 years' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ019',
+            MESSAGE = pg_catalog.format('X_TTL_INVALID: ttl %s is longer than 1000 years', announce_worker.ttl),
             HINT = 'Pass a ttl of a few announce intervals, such as ''60 seconds''.';
     END IF;
 
@@ -3368,16 +3402,19 @@ DECLARE
     v_n bigint;
     v_step record;
 BEGIN
+    -- At most 1000 years each, as _require_retention.
     IF rollup_counters.minutes_for IS NULL OR rollup_counters.minutes_for < interval '0'
         OR rollup_counters.hours_for IS NULL OR rollup_counters.hours_for < interval '0'
-        OR rollup_counters.days_for IS NULL OR rollup_counters.days_for < interval '0' THEN
+        OR rollup_counters.days_for IS NULL OR rollup_counters.days_for < interval '0'
+        OR greatest(rollup_counters.minutes_for, rollup_counters.hours_for, rollup_counters.days_for)
+        > interval '1000 years' THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ020',
             MESSAGE = pg_catalog.format('X_RETENTION_INVALID: retention %s / %s / %s is not a set of ages',
                 coalesce(rollup_counters.minutes_for::text, 'NULL'),
                 coalesce(rollup_counters.hours_for::text, 'NULL'),
                 coalesce(rollup_counters.days_for::text, 'NULL')),
-            HINT = 'Pass ages of zero or more, such as minutes_for => ''2 hours''.';
+            HINT = 'Pass ages from zero to 1000 years, such as minutes_for => ''2 hours''.';
     END IF;
 
     FOR v_step IN
@@ -3438,13 +3475,14 @@ DECLARE
     v_cutoff timestamptz;
     v_ids bigint[];
 BEGIN
-    IF purge.older_than IS NULL OR purge.older_than < interval '0'
+    -- At most 1000 years, as _require_retention.
+    IF purge.older_than IS NULL OR purge.older_than < interval '0' OR purge.older_than > interval '1000 years'
         OR purge.batch_size IS NULL OR purge.batch_size < 1 THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ020',
             MESSAGE = pg_catalog.format('X_RETENTION_INVALID: purge older than %s in batches of %s',
                 coalesce(purge.older_than::text, 'NULL'), coalesce(purge.batch_size::text, 'NULL')),
-            HINT = 'Pass an age of zero or more, such as ''7 days'', and a batch size of 1 or more.';
+            HINT = 'Pass an age from zero to 1000 years, such as ''7 days'', and a batch size of 1 or more.';
     END IF;
     v_cutoff := x_jobs.now() - purge.older_than;
 

@@ -31,7 +31,7 @@ COMMIT;
 
 RESET default_transaction_isolation;
 BEGIN;
-SELECT plan(63);
+SELECT plan(64);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:00:00+00';
 
@@ -662,6 +662,11 @@ SELECT throws_ok(
     $$ SELECT * FROM x_jobs.claim(ARRAY['default'], 'w', '-5 seconds') $$,
     'XJ012', 'X_LEASE_INVALID: lease -00:00:05 is not positive',
     'A claim with a negative lease should be refused'
+);
+SELECT throws_ok(
+    $$ SELECT * FROM x_jobs.claim(ARRAY['default'], 'w', '300000 years') $$,
+    'XJ012', 'X_LEASE_INVALID: lease 300000 years is longer than 1000 years',
+    'A claim with a lease of millennia should be refused (its end was past what timestamptz holds)'
 );
 SELECT throws_ok(
     $$ SELECT * FROM x_jobs.claim(ARRAY['default'], 'w', '1 minute', 0) $$,

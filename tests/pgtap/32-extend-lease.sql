@@ -2,7 +2,7 @@
 -- now + lease and answers their ids; a row held by another worker, settled, or cancelled is left
 -- out of the answer and left as it is. The clock is moved with SET LOCAL "x_jobs.fake_now".
 BEGIN;
-SELECT plan(19);
+SELECT plan(20);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
@@ -190,6 +190,13 @@ SELECT throws_ok(
     'XJ012',
     'X_LEASE_INVALID: lease NULL is not positive',
     'extend_lease should refuse a NULL lease'
+);
+
+SELECT throws_ok(
+    $$SELECT * FROM x_jobs.extend_lease(ARRAY[tap_helpers.jid('b')], 'w1', '300000 years')$$,
+    'XJ012',
+    'X_LEASE_INVALID: lease 300000 years is longer than 1000 years',
+    'extend_lease should refuse a lease of millennia'
 );
 
 SELECT set_eq(

@@ -492,12 +492,12 @@ SELECT results_eq(
         (10, 'XJ036', TRUE, 'Pass the id the relay claimed with.'),
         (11, 'XJ023', TRUE, 'Pass what went wrong as error, such as the HTTP status and body.'),
         (12, 'XJ013', TRUE, 'Redrive in batches of up to 100000, and call again for more.'),
-        (13, 'XJ020', TRUE, 'Pass an age of zero or more, such as ''7 days'', and a batch size of 1 or more.'),
+        (13, 'XJ020', TRUE, 'Pass an age from zero to 1000 years, such as ''7 days'', and a batch size of 1 or more.'),
         (14, 'XJ037', TRUE, 'Pass the sender''s name as source and its webhook-id header as webhook_id.'),
         (15, 'XJ003', TRUE, 'Put a reference to large data in the message, or raise x_jobs.max_payload_bytes.'),
         (16, 'XJ009', TRUE,
          'Pass the job''s options as an object with enqueue_many''s fields, such as {"max_attempts": 5}.'),
-        (17, 'XJ020', TRUE, 'Pass an age of zero or more, longer than senders retry, such as ''30 days'', and a batch size of 1 or more.'),
+        (17, 'XJ020', TRUE, 'Pass an age from zero to 1000 years, longer than senders retry, such as ''30 days'', and a batch size of 1 or more.'),
         (18, 'XJ039', TRUE, 'Pass a time in the years 1 to 9999 (UTC), or leave retry_at out for the backoff.')
     $$,
     'Every refusal should raise its SQLSTATE, with a message that starts with its X_ code and a HINT'

@@ -2,7 +2,7 @@
 -- re-queues a dead, failed or cancelled row with all its attempts, pause_queue / resume_queue
 -- hold a queue back from claims. The clock is moved with SET LOCAL "x_jobs.fake_now".
 BEGIN;
-SELECT plan(42);
+SELECT plan(44);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
@@ -317,6 +317,20 @@ SELECT throws_ok(
     'XJ002',
     'X_QUEUE_INVALID: queue '''' is not a queue name',
     'pause_queue should refuse an empty queue name'
+);
+
+SELECT throws_ok(
+    pg_catalog.format('SELECT x_jobs.pause_queue(%L)', pg_catalog.repeat('q', 201)),
+    'XJ002',
+    pg_catalog.format('X_QUEUE_INVALID: queue %L is not a queue name', pg_catalog.repeat('q', 201)),
+    'pause_queue should refuse a queue name enqueue refuses (201 characters)'
+);
+
+SELECT throws_ok(
+    pg_catalog.format('SELECT x_jobs.resume_queue(%L)', pg_catalog.repeat('q', 201)),
+    'XJ002',
+    pg_catalog.format('X_QUEUE_INVALID: queue %L is not a queue name', pg_catalog.repeat('q', 201)),
+    'resume_queue should refuse a queue name of 201 characters'
 );
 
 SELECT throws_ok(

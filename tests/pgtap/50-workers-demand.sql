@@ -3,7 +3,7 @@
 -- due rows of open queues, and running rows not held by a live draining worker.
 -- The clock is moved with SET LOCAL "x_jobs.fake_now".
 BEGIN;
-SELECT plan(30);
+SELECT plan(31);
 
 ------------------------------------------------------------------------------------------------
 -- announce_worker
@@ -153,6 +153,13 @@ SELECT throws_ok(
     'XJ019',
     pg_catalog.format('X_TTL_INVALID: ttl %s is not positive', interval '-1 minute'),
     'announce_worker should refuse a negative ttl'
+);
+
+SELECT throws_ok(
+    $$SELECT x_jobs.announce_worker('t50-w1', ARRAY['a'], ttl => '300000 years')$$,
+    'XJ019',
+    'X_TTL_INVALID: ttl 300000 years is longer than 1000 years',
+    'announce_worker should refuse a ttl of millennia'
 );
 
 ------------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@
 -- older_than. x_jobs.rollup_counters folds old minute buckets into hours, old hours into days,
 -- and drops old days, keeping the sums. The clock is moved with SET LOCAL "x_jobs.fake_now".
 BEGIN;
-SELECT plan(44);
+SELECT plan(46);
 
 CREATE TEMP TABLE j (tag text PRIMARY KEY, id bigint NOT NULL);
 
@@ -318,7 +318,7 @@ SELECT results_eq(
               pg_catalog.format(
                   'X_RETENTION_INVALID: purge events older than %s in batches of 10000', interval '-1 day'
               ),
-              '', 'Pass an age of zero or more, such as ''30 days'', and a batch size of 1 or more.')$$,
+              '', 'Pass an age from zero to 1000 years, such as ''30 days'', and a batch size of 1 or more.')$$,
     'purge_events should refuse a negative age, with a HINT'
 );
 
@@ -327,6 +327,30 @@ SELECT throws_ok(
     'XJ020',
     'X_RETENTION_INVALID: purge events older than NULL in batches of 10000',
     'purge_events should refuse a missing age'
+);
+
+-- Now minus millennia was past what timestamptz holds: a bare "timestamp out of range".
+SELECT results_eq(
+    $$
+    SELECT c.err_state FROM tap_helpers.caught($q$ SELECT x_jobs.purge('300000 years') $q$) AS c
+    UNION ALL
+    SELECT c.err_state FROM tap_helpers.caught($q$ SELECT x_jobs.purge_events('300000 years') $q$) AS c
+    UNION ALL
+    SELECT c.err_state FROM tap_helpers.caught($q$ SELECT x_jobs.purge_outbox('300000 years') $q$) AS c
+    UNION ALL
+    SELECT c.err_state FROM tap_helpers.caught($q$ SELECT x_jobs.purge_webhook_ledger('300000 years') $q$) AS c
+    UNION ALL
+    SELECT c.err_state FROM tap_helpers.caught($q$ SELECT x_jobs.rollup_counters(days_for => '300000 years') $q$) AS c
+    $$,
+    $$ VALUES ('XJ020'), ('XJ020'), ('XJ020'), ('XJ020'), ('XJ020') $$,
+    'Every retention function should refuse an age of millennia as X_RETENTION_INVALID'
+);
+SELECT lives_ok(
+    $$
+    SELECT x_jobs.purge('1000 years'), x_jobs.purge_events('1000 years'),
+           x_jobs.rollup_counters(days_for => '1000 years')
+    $$,
+    'An age of 1000 years should be accepted'
 );
 
 SELECT throws_ok(
