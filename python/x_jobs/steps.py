@@ -15,7 +15,14 @@ Sagas: ``run(name, fn, compensate=undo)`` registers ``undo(output)``. When the r
 good (its last attempt fails or times out, or it raises ``PermanentError``), the worker calls
 :meth:`Steps.compensate`: the completed steps' compensations run in reverse order, each
 recorded (``compensation => true``) so that it runs once across crashes. A worker that no
-longer holds the job (cancelled, or its lease taken over) undoes nothing.
+longer holds the job (cancelled, or its lease taken over) undoes nothing. A compensation is code
+registered as the handler reaches its step, so only the steps the final attempt reaches are
+undone: those that completed on an earlier attempt and were not reached again are named in the
+job's error (the rows do not say whether they had a compensation, so "if any").
+
+A sync handler's steps and compensations must be sync functions: one that is a coroutine function
+is refused when the step is declared, and one that returns an awaitable (a lambda calling an
+``async def``) fails, its coroutine closed unrun, rather than be taken as done.
 """
 
 from __future__ import annotations
@@ -188,12 +195,17 @@ class _Journal:
                 hint="Give every step of a run its own name (add a counter for steps in a loop).",
             )
         self.reached.add(name)
+        return self.rows().get(name)
+
+    def rows(self) -> dict[str, StepRow]:
+        """The run's recorded steps (compensations apart), read once per attempt."""
         if self.steps is None:
-            self.steps = {}
+            steps: dict[str, StepRow] = {}
             for values in self.store.fetch(STEPS, [self.ctx.id, self.ctx.worker]):
                 row = _row(values)
-                (self.compensations if row.compensation else self.steps)[row.name] = row
-        return self.steps.get(name)
+                (self.compensations if row.compensation else steps)[row.name] = row
+            self.steps = steps
+        return self.steps
 
     def record(
         self, name: str, output: Any = None, error: str | None = None, compensation: bool = False
@@ -238,6 +250,7 @@ class _Journal:
         key: str | None,
         since: Literal["step", "run"] | datetime,
     ) -> list[Any]:
+        """The parameters of ``x_jobs.step_wait``; ``key`` is already text (see _event_key)."""
         if since == "step":
             since_at = None
         elif since == "run":
@@ -275,11 +288,77 @@ class _Journal:
             if (done := self.compensations.get(entry[0])) is None or done.status != "done"
         ]
 
+    def unreached(self) -> list[str]:
+        """Once the final attempt failed: a note naming the steps that completed on an earlier
+        attempt and that this one did not reach (nor was their undoing recorded before), so
+        that no compensation of theirs can have run; none if there are none. The rows do not
+        say whether such a step declared a compensation: that code was never registered."""
+        names = [
+            name
+            for name, row in self.rows().items()
+            if row.kind == "run"
+            and row.status == "done"
+            and name not in self.reached
+            and ((undone := self.compensations.get(name)) is None or undone.status != "done")
+        ]
+        if not names:
+            return []
+        listed = ", ".join(repr(name) for name in names)
+        if len(names) == 1:
+            return [
+                f"step {listed} completed on an earlier attempt and was not reached on the "
+                "final one: its compensation, if any, did not run"
+            ]
+        return [
+            f"steps {listed} completed on an earlier attempt and were not reached on the final "
+            "one: their compensations, if any, did not run"
+        ]
+
 
 def _duration(value: Seconds | timedelta | None) -> timedelta | None:
     if value is None or isinstance(value, timedelta):
         return value
     return interval(value)
+
+
+def _event_key(key: str | int | None) -> str | None:
+    """An event key as ``step_wait`` takes it: text. An int is its decimal text (so ``key=42``
+    matches ``publish(..., key => '42')``); anything else is refused here, before the database
+    is asked (an int went as a smallint, and no step_wait took one)."""
+    if key is None or isinstance(key, str):
+        return key
+    # bool is an int, and str(True) would quietly wait for the key 'True'.
+    if isinstance(key, int) and not isinstance(key, bool):
+        return str(key)
+    raise TypeError(f"an event key is a str or an int, not a {type(key).__name__}: {key!r}")
+
+
+_MAKE_SYNC = "make the handler async or the function sync"
+
+
+def _refuse_async(fn: Callable[..., Any], what: str, kind: str) -> None:
+    """Refuse a coroutine function given to a sync handler's steps, before anything runs."""
+    if inspect.iscoroutinefunction(fn):
+        raise TypeError(
+            f"{what} is an async function: a sync handler's {kind} must be sync functions; "
+            f"{_MAKE_SYNC}"
+        )
+
+
+def _not_sync(value: Any, what: str, kind: str) -> TypeError | None:
+    """The error of a sync handler's step or compensation that returned an awaitable (a lambda
+    calling an ``async def``), None for any other value. Nothing awaits it here: a coroutine is
+    closed, so its body never runs and no "never awaited" warning follows."""
+    if not inspect.isawaitable(value):
+        return None
+    if inspect.iscoroutine(value):
+        value.close()
+        returned = "a coroutine"
+    else:
+        returned = f"an awaitable ({type(value).__name__})"
+    return TypeError(
+        f"{what} returned {returned}: a sync handler's {kind} must be sync functions; {_MAKE_SYNC}"
+    )
 
 
 class Steps:
@@ -296,7 +375,11 @@ class Steps:
         compensate: Callable[[Any], Any] | None = None,
     ) -> Any:
         """Run ``fn()`` once per run and answer its output; later runs answer the recorded
-        output without calling it. ``compensate(output)`` undoes it if the run fails for good."""
+        output without calling it. ``compensate(output)`` undoes it if the run fails for good.
+        Both must be sync functions (TypeError otherwise: nothing here would await them)."""
+        _refuse_async(fn, f"step {name!r}", "steps")
+        if compensate is not None:
+            _refuse_async(compensate, f"the compensation of step {name!r}", "compensations")
         journal = self._journal
         row = journal.load(name)
         if row is not None and row.kind == "run" and row.status == "done":
@@ -305,6 +388,8 @@ class Steps:
             journal.ctx.raise_if_cancelled()
             try:
                 value = fn()
+                if (refused := _not_sync(value, f"step {name!r}", "steps")) is not None:
+                    raise refused
             except Exception as err:
                 journal.record_failure(name, err)
                 raise
@@ -333,12 +418,14 @@ class Steps:
         *,
         timeout: Seconds | timedelta | None = None,
         match: dict[str, Any] | None = None,
-        key: str | None = None,
+        key: str | int | None = None,
         since: Literal["step", "run"] | datetime = "step",
     ) -> Any:
         """Answer the payload of the first ``event`` (with ``key``, containing ``match``)
         published since this step was first reached (``since="run"``: since the job was
-        enqueued), suspending the run until it comes; :class:`StepTimeout` after ``timeout``."""
+        enqueued), suspending the run until it comes; :class:`StepTimeout` after ``timeout``.
+        An int ``key`` is its decimal text (``key=42`` matches a publish with ``key => '42'``)."""
+        text_key = _event_key(key)
         journal = self._journal
         row = journal.load(name)
         if row is not None and row.kind == "wait" and row.status != "waiting":
@@ -346,21 +433,24 @@ class Steps:
         (values,) = journal.store.fetch(
             WAIT,
             journal.wait_params(
-                name, event=event, timeout=timeout, match=match, key=key, since=since
+                name, event=event, timeout=timeout, match=match, key=text_key, since=since
             ),
         )
         return journal.suspend_or_answer(_row(values), f"wait {name!r} for {event!r}")
 
     def compensate(self) -> list[str]:
         """Run the pending compensations, last completed step first, each retried a few times;
-        answers the messages of those that failed for good (recorded and logged)."""
+        answers the messages of those that failed for good (recorded and logged), then the note
+        of the steps an earlier attempt completed that this one did not reach (see unreached).
+        Called once the final attempt failed, whether or not it reached a step."""
         journal = self._journal
+        journal.rows()  # read here if this attempt reached no step: earlier ones may have
         failures: list[str] = []
         for name, undo, output in journal.pending_undo():
             delay = COMPENSATION_BACKOFF
             for attempt in range(1, COMPENSATION_TRIES + 1):
                 try:
-                    undo(output)
+                    returned = undo(output)
                 except Exception as err:
                     if attempt == COMPENSATION_TRIES:
                         failures.append(journal.failed_compensation(name, err))
@@ -368,9 +458,13 @@ class Steps:
                     time.sleep(delay)
                     delay *= 2
                 else:
-                    journal.record(name, compensation=True)
+                    # Not retried: it would return an awaitable again, and undo nothing again.
+                    if (refused := _not_sync(returned, "it", "compensations")) is not None:
+                        failures.append(journal.failed_compensation(name, refused))
+                    else:
+                        journal.record(name, compensation=True)
                     break
-        return failures
+        return failures + journal.unreached()
 
     @property
     def has_compensations(self) -> bool:
@@ -428,9 +522,10 @@ class AsyncSteps:
         *,
         timeout: Seconds | timedelta | None = None,
         match: dict[str, Any] | None = None,
-        key: str | None = None,
+        key: str | int | None = None,
         since: Literal["step", "run"] | datetime = "step",
     ) -> Any:
+        text_key = _event_key(key)
         journal = self._journal
         row = await asyncio.to_thread(journal.load, name)
         if row is not None and row.kind == "wait" and row.status != "waiting":
@@ -438,13 +533,14 @@ class AsyncSteps:
         (values,) = await self._fetch(
             WAIT,
             journal.wait_params(
-                name, event=event, timeout=timeout, match=match, key=key, since=since
+                name, event=event, timeout=timeout, match=match, key=text_key, since=since
             ),
         )
         return journal.suspend_or_answer(_row(values), f"wait {name!r} for {event!r}")
 
     async def compensate(self) -> list[str]:
         journal = self._journal
+        await asyncio.to_thread(journal.rows)  # as in Steps.compensate
         failures: list[str] = []
         for name, undo, output in journal.pending_undo():
             delay = COMPENSATION_BACKOFF
@@ -462,7 +558,7 @@ class AsyncSteps:
                 else:
                     await asyncio.to_thread(journal.record, name, None, None, True)
                     break
-        return failures
+        return failures + journal.unreached()
 
     @property
     def has_compensations(self) -> bool:

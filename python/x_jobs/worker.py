@@ -1045,9 +1045,11 @@ class Worker:
                 outcome = self._failure(run, err)
             if not outcome.suspended:
                 outcome = self._timed_out(run, outcome)
-                steps = run.ctx._steps
-                if isinstance(steps, AsyncSteps) and self._final(run, outcome, steps):
+                if self._final(run, outcome):
                     try:
+                        # Made here if this attempt reached no step: earlier ones may have.
+                        steps = run.ctx.step
+                        assert isinstance(steps, AsyncSteps)
                         self._add_compensation_errors(outcome, await steps.compensate())
                     except BaseException as err:
                         outcome = self._compensations_stopped(outcome, err)
@@ -1080,10 +1082,10 @@ class Worker:
             # As in _run_async: the job's outcome, never the worker's end.
             outcome = self._failure(run, err)
         outcome = self._timed_out(run, outcome)
-        steps = run.ctx._steps
-        if isinstance(steps, Steps) and self._final(run, outcome, steps):
+        if self._final(run, outcome):
             try:
-                self._add_compensation_errors(outcome, steps.compensate())
+                # Made here if this attempt reached no step: earlier ones may have.
+                self._add_compensation_errors(outcome, run.ctx.step.compensate())
             except BaseException as err:
                 outcome = self._compensations_stopped(outcome, err)
         return outcome
@@ -1110,13 +1112,16 @@ class Worker:
             retryable=False,
         )
 
-    def _final(self, run: _Run, outcome: _Outcome, steps: Steps | AsyncSteps) -> bool:
-        """Does this failure end the run for good, with compensations to run? Not when the
-        worker stopped the handler (cancel, lost, shutdown, a timeout with attempts left): that
-        outcome is dropped, and the row's next claim (or its burial) decides. A final attempt
-        that timed out does, unless the dispatcher gave up waiting for it (checked last, under
-        the lock, so that from then on it waits for the compensations instead)."""
-        if outcome.ok or outcome.lost or not steps.has_compensations:
+    def _final(self, run: _Run, outcome: _Outcome) -> bool:
+        """Does this failure end the run for good, so that its compensations run and the steps
+        of earlier attempts it did not reach are named? Asked of every such failure, steps or
+        none: a final attempt that failed before its first step reached none, and the step rows
+        (one query) still say what earlier attempts completed. Not when the worker stopped the
+        handler (cancel, lost, shutdown, a timeout with attempts left): that outcome is dropped,
+        and the row's next claim (or its burial) decides. A final attempt that timed out does,
+        unless the dispatcher gave up waiting for it (checked last, under the lock, so that
+        from then on it waits for the compensations instead)."""
+        if outcome.ok or outcome.lost:
             return False
         if run.ctx.is_cancelled() and not (run.undoing and run.ctx.reason == "timeout"):
             return False
@@ -1141,7 +1146,8 @@ class Worker:
 
     @staticmethod
     def _add_compensation_errors(outcome: _Outcome, failures: list[str]) -> None:
-        """Keep both: the run's error first, then each compensation that failed."""
+        """Keep both: the run's error first, then each compensation that failed (and the steps
+        of earlier attempts whose compensations could not run, see Steps.compensate)."""
         if failures:
             outcome.error = "; ".join([outcome.error, *failures])
             outcome.stack = "\n".join([outcome.stack or "", *failures])

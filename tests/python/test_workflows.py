@@ -7,15 +7,16 @@ body ran, so "not executed again" is a count, not a guess.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, LiteralString
 
 import pytest
-from apps import flows
+from apps import flows, step_edges
 from apps.workers import Fleet
 from conftest import Conn, wait_for
 
@@ -402,3 +403,137 @@ def test_a_failure_for_good_whose_undoing_outlasts_the_timeout_is_not_retried(
     assert "card declined for good" in (failed.value.error or "")
     assert _job(fleet, job_id)["attempt"] == 1
     assert _effects(fleet, job_id) == [("book", 1), ("unbook b1", 1)]
+
+
+EDGES = "apps.step_edges:app"
+
+
+ASYNC_IN_SYNC = {
+    "step-declared": ("step", True, "TypeError: step 'charge' is an async function"),
+    "step-called": ("step", False, "TypeError: step 'charge' returned a coroutine"),
+    "undo-declared": (
+        "undo",
+        True,
+        "TypeError: the compensation of step 'charge' is an async function",
+    ),
+    "undo-called": (
+        "undo",
+        False,
+        "compensation of step 'charge' failed: TypeError: it returned a coroutine",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", ASYNC_IN_SYNC)
+def test_an_async_function_in_a_sync_handlers_steps_fails_instead_of_passing_undone(
+    fleet: Fleet, conn: Conn, client: x_jobs.App, case: str
+) -> None:
+    """An async compensation given to a sync handler was called, its coroutine dropped unawaited
+    (a RuntimeWarning), and the compensation recorded done: nothing was refunded, silently."""
+    which, declared, expected = ASYNC_IN_SYNC[case]
+    job_id = step_edges.app.enqueue(
+        step_edges.async_in_sync, {"which": which, "declared": declared}, conn=conn
+    ).id
+    worker = fleet.start(target=EDGES)
+
+    with pytest.raises(x_jobs.JobFailed) as failed:
+        client.result(job_id, timeout=60)
+    error = failed.value.error or ""
+    assert expected in error
+    assert "a sync handler's" in error and "make the handler async or the function sync" in error
+    # An async function given as such is refused before anything runs; one returned by a lambda
+    # is closed unrun: never an effect of its body, never a compensation recorded done.
+    effects = [what for what, _ in _effects(fleet, job_id)]
+    assert effects == (["charge"] if which == "undo" and not declared else [])
+    compensations = [s[3] for s in _steps(fleet, job_id) if s[1]]
+    assert compensations == (["failed"] if which == "undo" and not declared else [])
+    if which == "undo" and not declared:
+        assert "out of stock" in error  # the run's own error comes first
+    assert "never awaited" not in worker.log()
+
+
+@pytest.mark.parametrize(
+    "job", [step_edges.int_key, step_edges.async_int_key], ids=["sync", "async"]
+)
+def test_a_wait_on_an_int_key_is_woken_by_a_publish_of_its_text(
+    fleet: Fleet, conn: Conn, client: x_jobs.App, job: x_jobs.Job[Any]
+) -> None:
+    """key=42 went to step_wait as a smallint: UndefinedFunction, and the job failed."""
+    job_id = step_edges.app.enqueue(job, {"key": 42}, conn=conn).id
+    fleet.start(target=EDGES)
+    fleet.wait_for(lambda: _in_state(fleet, job_id, "suspended"), "the run to wait")
+    conn.execute("SELECT x_jobs.publish('order.paid', '{\"amount\": 10}', '42')")
+    assert client.result(job_id, timeout=60) == {"amount": 10}
+
+
+class _NoDatabase(StepStore):
+    def fetch(self, sql: LiteralString, params: list[Any]) -> list[dict[str, Any]]:
+        raise AssertionError("the key reached the database")
+
+
+@pytest.mark.parametrize(
+    ("key", "kind"), [(4.2, "float"), (True, "bool"), (b"42", "bytes")], ids=str
+)
+def test_an_event_key_that_is_not_a_str_or_an_int_is_refused_before_the_database(
+    key: Any, kind: str
+) -> None:
+    fields: dict[str, Any] = {
+        "id": 1,
+        "name": "n",
+        "queue": "q",
+        "attempt": 1,
+        "max_attempts": 1,
+        "run_id": "r",
+        "tenant_id": "t",
+        "worker": "w",
+        "_store": _NoDatabase("", 1),
+    }
+    with pytest.raises(TypeError, match=f"an event key is a str or an int, not a {kind}"):
+        x_jobs.JobContext(**fields).step.wait_for_event("paid", "order.paid", key=key)
+    with pytest.raises(TypeError, match=f"an event key is a str or an int, not a {kind}"):
+        asyncio.run(
+            x_jobs.AsyncJobContext(**fields).step.wait_for_event("paid", "order.paid", key=key)
+        )
+
+
+@pytest.mark.parametrize(
+    ("job", "before_any"),
+    [
+        (step_edges.unreached, True),
+        (step_edges.unreached, False),
+        (step_edges.async_unreached, True),
+    ],
+    ids=["sync-before-any-step", "sync-after-one-step", "async-before-any-step"],
+)
+def test_a_final_attempt_that_fails_before_earlier_steps_names_them_in_its_error(
+    fleet: Fleet, conn: Conn, client: x_jobs.App, job: x_jobs.Job[Any], before_any: bool
+) -> None:
+    """Compensations are registered as the handler reaches its steps: a final attempt that
+    failed before a step an earlier one completed never undid it, and the job said nothing."""
+    job_id = step_edges.app.enqueue(job, {"before_any": before_any}, conn=conn).id
+    fleet.start(target=EDGES)
+
+    with pytest.raises(x_jobs.JobFailed) as failed:
+        client.result(job_id, timeout=60)
+    assert failed.value.state == "dead"
+    error = failed.value.error or ""
+    assert error.startswith("ConnectionError: config service down; ")
+    undone = [what for what, attempt in _effects(fleet, job_id) if attempt == 2]
+    if before_any:
+        assert error.endswith(
+            "; steps 'reserve', 'charge' completed on an earlier attempt and were not reached on"
+            " the final one: their compensations, if any, did not run"
+        )
+        assert undone == []
+    else:
+        # 'reserve' was reached again and undone; only 'charge' was left.
+        assert error.endswith(
+            "; step 'charge' completed on an earlier attempt and was not reached on the final"
+            " one: its compensation, if any, did not run"
+        )
+        assert undone == ["unreserve r1"]
+    assert [what for what, attempt in _effects(fleet, job_id) if attempt == 1] == [
+        "reserve",
+        "charge",
+        "ship",
+    ]
