@@ -3300,6 +3300,11 @@ $$;
 -- adds could take them; a claimer with no live row, killed or lapsed, stays counted: its jobs
 -- come back to the queue). Queues with no demand are absent. This is what KEDA polls.
 --
+-- A due row with a concurrency key counts only while its key has room, as claim grants them
+-- (by rank within the key against the row's limit less the key's running rows): 50 rows of a
+-- key limited to 1 are one worker's work, not 50, and counting them scaled out workers that
+-- could claim nothing.
+--
 -- SECURITY DEFINER: monitoring roles (pg_monitor, an autoscaler's login) get counts without
 -- being able to read job inputs. It reads only; search_path is pinned.
 CREATE FUNCTION x_jobs.queue_demand()
@@ -3309,15 +3314,39 @@ STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT d.queue, count(*) AS demand
-    FROM (
-        SELECT j.queue FROM x_jobs.job AS j
+    WITH due AS (
+        SELECT j.queue, j.concurrency_key, j.concurrency_limit, j.priority, j.run_at, j.id
+        FROM x_jobs.job AS j
         WHERE j.state = 'ready' AND j.run_at <= x_jobs.now()
             AND NOT EXISTS (SELECT FROM x_jobs.queue_pause AS p WHERE p.queue = j.queue)
         UNION ALL
-        SELECT j.queue FROM x_jobs.job AS j
+        SELECT j.queue, j.concurrency_key, j.concurrency_limit, j.priority, j.run_at, j.id
+        FROM x_jobs.job AS j
         WHERE j.state IN ('delayed', 'suspended') AND j.run_at <= x_jobs.now()
             AND NOT EXISTS (SELECT FROM x_jobs.queue_pause AS p WHERE p.queue = j.queue)
+    ),
+    busy AS (
+        SELECT j.concurrency_key, count(*) AS running
+        FROM x_jobs.job AS j
+        WHERE j.concurrency_key IS NOT NULL AND j.state = 'running'
+        GROUP BY j.concurrency_key
+    )
+    SELECT d.queue, count(*) AS demand
+    FROM (
+        SELECT u.queue FROM due AS u
+        WHERE u.concurrency_key IS NULL
+        UNION ALL
+        SELECT k.queue
+        FROM (
+            SELECT u.queue, u.concurrency_limit - coalesce(b.running, 0) AS room,
+                   pg_catalog.row_number() OVER (
+                       PARTITION BY u.concurrency_key ORDER BY u.priority, u.run_at, u.id
+                   ) AS rank
+            FROM due AS u
+            LEFT JOIN busy AS b ON b.concurrency_key = u.concurrency_key
+            WHERE u.concurrency_key IS NOT NULL
+        ) AS k
+        WHERE k.rank <= k.room
         UNION ALL
         SELECT j.queue FROM x_jobs.job AS j
         WHERE j.state = 'running'

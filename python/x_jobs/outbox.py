@@ -36,8 +36,9 @@ from x_jobs.errors import InputInvalid, MessageInvalid, unstorable_as
 if TYPE_CHECKING:
     from x_jobs.app import App, Job
 
+# key as text: an int key (an order id) went as a smallint, and no outbox_put takes one.
 PUT: LiteralString = """
-    SELECT x_jobs.outbox_put(topic => %s, payload => %s, key => %s, headers => %s,
+    SELECT x_jobs.outbox_put(topic => %s, payload => %s, key => %s::text, headers => %s,
                              max_attempts => %s)
 """
 PUT_MANY: LiteralString = "SELECT id FROM x_jobs.outbox_put_many(messages => %s) ORDER BY ord"
@@ -159,7 +160,7 @@ class Outbox:
         topic: str,
         payload: Any,
         *,
-        key: str | None = None,
+        key: str | int | None = None,
         headers: Mapping[str, str] | None = None,
         max_attempts: int | None = None,
         conn: psycopg.Connection[Any] | None = None,

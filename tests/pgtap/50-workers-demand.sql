@@ -3,7 +3,7 @@
 -- due rows of open queues, and running rows not held by a live draining worker.
 -- The clock is moved with SET LOCAL "x_jobs.fake_now".
 BEGIN;
-SELECT plan(31);
+SELECT plan(33);
 
 ------------------------------------------------------------------------------------------------
 -- announce_worker
@@ -320,6 +320,33 @@ SELECT is(
     pg_temp.demand('dq-b'),
     4::bigint,
     'The running rows of a draining worker should count again once its row expired'
+);
+
+-- Keyed rows count while their key has room, as claim grants them. dk-keyed: five rows of k1
+-- (limit 2, one running), three of k2 (limit 1), two without a key: 1 running + 1 + 1 + 2.
+DO $$
+BEGIN
+    PERFORM x_jobs.enqueue('t50_job', queue => 'dk-keyed', concurrency_key => 'k1', concurrency_limit => 2)
+    FROM generate_series(1, 5);
+    PERFORM x_jobs.enqueue('t50_job', queue => 'dk-keyed', concurrency_key => 'k2')
+    FROM generate_series(1, 3);
+    PERFORM x_jobs.enqueue('t50_job', queue => 'dk-keyed') FROM generate_series(1, 2);
+    PERFORM pg_temp.take('dk-keyed', 't50-steady', 1);
+END
+$$;
+
+SELECT is(
+    pg_temp.demand('dk-keyed'),
+    5::bigint,
+    'queue_demand should count a key''s due rows only up to its room (limit less its running rows)'
+);
+SELECT is(
+    (
+        SELECT q.demand FROM x_jobs.queue_stats() AS q
+        WHERE q.queue = 'dk-keyed'
+    ),
+    5::bigint,
+    'queue_stats should show the same demand'
 );
 
 DO $$

@@ -219,3 +219,10 @@ def test_a_handler_may_annotate_ctx_with_a_type_imported_for_type_checking_only(
         assert job.dump({"n": 3}) == {"n": 3}
     finally:
         del sys.modules["tc_jobs"]
+
+
+def test_an_int_outbox_key_is_stored_as_its_text(app: x_jobs.App, conn: Conn) -> None:
+    """An int key went as a smallint: "function x_jobs.outbox_put(...) does not exist"."""
+    message = app.outbox.put("t.int_key", {"n": 1}, key=42)
+    row = conn.execute("SELECT key FROM x_jobs.outbox WHERE id = %s", [message]).fetchone()
+    assert row == ("42",)
