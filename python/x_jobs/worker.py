@@ -33,6 +33,7 @@ import socket
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -309,9 +310,10 @@ class Worker:
         self._conn: psycopg.Connection[Any] | None = None
         self._threads: list[threading.Thread] = []
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._slots: asyncio.Semaphore | None = None
-        #: The async runs' tasks not yet done; touched on the event loop only.
+        #: The async runs' tasks not yet done, at most `concurrency`, and the claimed runs
+        #: waiting for a slot among them (no task yet); both touched on the event loop only.
         self._async_live: set[asyncio.Task[None]] = set()
+        self._async_waiting: deque[_Run] = deque()
         self._stopped = threading.Event()
         #: Outcomes waiting for the next settlement batch, since _pending_since.
         self._pending: list[_Outcome] = []
@@ -966,7 +968,6 @@ class Worker:
         if any(job.is_async for job in self.app.jobs.values()):
             loop = asyncio.new_event_loop()
             self._loop = loop
-            self._slots = asyncio.Semaphore(self.concurrency)
             thread = threading.Thread(target=loop.run_forever, name="x_jobs-async", daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -1017,50 +1018,61 @@ class Worker:
             self._nudge(queued=not self._inbox.empty())
 
     def _start_async(self, runs: list[_Run]) -> None:
-        """On the event loop: a task for each run of a claim."""
+        """On the event loop: the runs of a claim wait their turn; a task is made for one only
+        when a slot is free. A task each at once, waiting on a semaphore, cost a future and a
+        wake-up per waiting run (the prefetched ones are most of a claim)."""
+        self._async_waiting.extend(runs)
+        self._fill_async()
+
+    def _fill_async(self) -> None:
         assert self._loop is not None
-        for run in runs:
+        while self._async_waiting and len(self._async_live) < self.concurrency:
+            run = self._async_waiting.popleft()
+            if run.done:
+                continue  # handed back or lost while it waited: nothing to start
             task = self._loop.create_task(self._run_async(run))
             self._async_live.add(task)
-            task.add_done_callback(self._async_live.discard)
+            task.add_done_callback(self._async_finished)
             run.task = task
             if run.ctx.is_cancelled():
                 task.cancel()  # told to stop before its task was made: see _tell_stop
 
+    def _async_finished(self, task: asyncio.Task[None]) -> None:
+        self._async_live.discard(task)
+        self._fill_async()
+
     async def _run_async(self, run: _Run) -> None:
-        assert self._slots is not None
-        async with self._slots:
-            if not self._begin(run):
-                return
-            try:
-                output = await self._invoke_async(run)
-                outcome = self._success(run, output)
-            except Suspended:
-                outcome = _Outcome(run, ok=False, suspended=True)
-            except asyncio.CancelledError:
-                outcome = _Outcome(run, ok=False, error=f"stopped: {run.ctx.reason}")
-            except BaseException as err:
-                # Whatever a handler raises (SystemExit included) is its job's outcome, and
-                # never stops the worker.
-                outcome = self._failure(run, err)
-            if not outcome.suspended:
-                outcome = self._timed_out(run, outcome)
-                if self._final(run, outcome):
-                    try:
-                        # Made here if this attempt reached no step: earlier ones may have.
-                        steps = run.ctx.step
-                        assert isinstance(steps, AsyncSteps)
-                        self._add_compensation_errors(outcome, await steps.compensate())
-                    except BaseException as err:
-                        outcome = self._compensations_stopped(outcome, err)
+        if not self._begin(run):
+            return
+        try:
+            output = await self._invoke_async(run)
+            outcome = self._success(run, output)
+        except Suspended:
+            outcome = _Outcome(run, ok=False, suspended=True)
+        except asyncio.CancelledError:
+            outcome = _Outcome(run, ok=False, error=f"stopped: {run.ctx.reason}")
+        except BaseException as err:
+            # Whatever a handler raises (SystemExit included) is its job's outcome, and never
+            # stops the worker.
+            outcome = self._failure(run, err)
+        if not outcome.suspended:
+            outcome = self._timed_out(run, outcome)
+            if self._final(run, outcome):
+                try:
+                    # Made here if this attempt reached no step: earlier ones may have.
+                    steps = run.ctx.step
+                    assert isinstance(steps, AsyncSteps)
+                    self._add_compensation_errors(outcome, await steps.compensate())
+                except BaseException as err:
+                    outcome = self._compensations_stopped(outcome, err)
         self._outbox.put(outcome)
-        # This task is done, and its done callback runs a loop iteration later: counted, it made
-        # a burst's last outcome look queued, and the dispatcher slept through it. With this one
-        # out, as many live tasks as slots means one waits for a slot (ours is free now), as runs
-        # wait in the sync inbox.
+        # This task is done: its slot goes to the next waiting run now, not when its done
+        # callback runs (a loop iteration later), and counted among the live ones it made a
+        # burst's last outcome look queued, so that the dispatcher slept through it.
         if (task := asyncio.current_task()) is not None:
             self._async_live.discard(task)
-        self._nudge(queued=len(self._async_live) >= self.concurrency)
+        self._fill_async()
+        self._nudge(queued=bool(self._async_waiting) or len(self._async_live) >= self.concurrency)
 
     def _invoke(self, run: _Run) -> Any:
         value = run.job.validate_json(run.payload)

@@ -263,6 +263,31 @@ def test_cancel_reaches_a_running_handler_and_the_row_stays_cancelled(
     assert errors == []
 
 
+def test_async_handlers_run_at_most_concurrency_at_once_and_the_claimed_rest_wait(
+    fleet: Fleet, conn: Conn
+) -> None:
+    """A claim takes more runs than there are slots (the prefetch): the extra async runs wait
+    for a slot, none starts early, and every one runs once."""
+    ids = [
+        job.id
+        for job in basic.app.enqueue_many(basic.async_sleep, [{"seconds": 0.3}] * 8, conn=conn)
+    ]
+    fleet.start(concurrency=2, extra=["--prefetch", "6"])
+    fleet.wait_for(lambda: fleet.all_in(ids, "done"), "every async job to finish")
+
+    runs = fleet.runs()
+    assert sorted(r.job_id for r in runs) == sorted(ids)
+    # At each start, how many runs had started and not yet finished: never above 2.
+    for run in runs:
+        at_once = [
+            other
+            for other in runs
+            if other.started <= run.started and (other.finished or run.started) > run.started
+        ]
+        assert len(at_once) <= 2, at_once
+    assert fleet.overlaps() == []
+
+
 @pytest.mark.parametrize("concurrency", [0, 1001])
 def test_a_concurrency_outside_1_to_1000_is_refused_before_anything_starts(
     concurrency: int,
