@@ -19,6 +19,10 @@
 --   * queue_demand counts a due row with a concurrency key only while its key has room, as
 --     claim grants them: 50 rows of a key limited to 1 were a demand of 50, and scaled out
 --     workers that could claim nothing.
+--   * progress refuses NaN and infinite numbers (XJ033): jsonb wrote them as strings, and a
+--     NaN total passed the done <= total test.
+--   * receive_webhook refuses a source or webhook id over 200 characters (XJ037): past a
+--     btree entry's size the insert failed with a bare 54000, and the sender retried for ever.
 --   * purge_events and purge_webhook_ledger pick their batch once, as an array, as purge does.
 
 
@@ -68,7 +72,7 @@ AS $$
         ('XJ034', 'X_TOPIC_INVALID', 'An outbox topic is missing, empty or longer than 200 characters.'),
         ('XJ035', 'X_MESSAGE_INVALID', 'An outbox message has no payload, headers that are not an object of strings, an unknown field or one of the wrong type, or is not an object.'),
         ('XJ036', 'X_RELAY_INVALID', 'A relay id is missing or empty.'),
-        ('XJ037', 'X_WEBHOOK_INVALID', 'receive_webhook got no source or no webhook id.'),
+        ('XJ037', 'X_WEBHOOK_INVALID', 'receive_webhook got no source or no webhook id, or one longer than 200 characters.'),
         ('XJ038', 'X_CLOCK_REFUSED', 'x_jobs.fake_now (the test clock) is set in a session whose login role is not a superuser.'),
         ('XJ039', 'X_TIME_INVALID', 'A run_at (enqueue) or retry_at (outbox_nack) is infinite or outside the years 1 to 9999 (UTC).'),
         ('40001', 'X_ENQUEUE_RACE', 'An idempotency key kept changing hands during enqueue; retry the call.')
@@ -1705,6 +1709,133 @@ AS $$
     ) AS d
     GROUP BY d.queue
     ORDER BY d.queue COLLATE "C"
+$$;
+
+-- A running job's progress, as its body reports it: done out of total (either may be NULL) and
+-- a note, with the instant. Answers true, or false when the worker no longer holds the job
+-- (nothing changed: its body should stop).
+CREATE OR REPLACE FUNCTION x_jobs.progress(
+    id bigint,
+    worker text,
+    done double precision DEFAULT NULL,
+    total double precision DEFAULT NULL,
+    note text DEFAULT NULL
+)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM x_jobs._require_worker(progress.worker, 'Pass the id the worker claimed with.');
+    -- NaN and the infinities are no JSON numbers (jsonb writes them as strings), and NaN sorts
+    -- above every number, so that a NaN total passed the `done > total` test.
+    IF progress.done < 0 OR progress.total < 0 OR progress.done > progress.total
+        OR progress.done IN ('NaN', 'Infinity') OR progress.total IN ('NaN', 'Infinity')
+        OR pg_catalog.length(progress.note) > 1000 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ033',
+            MESSAGE = pg_catalog.format('X_PROGRESS_INVALID: progress %s of %s is negative, not finite or past the total',
+                coalesce(progress.done::text, 'NULL'), coalesce(progress.total::text, 'NULL')),
+            DETAIL = 'A note may hold up to 1000 characters.',
+            HINT = 'Report done and total as finite numbers of zero or more, with done <= total.';
+    END IF;
+
+    UPDATE x_jobs.job AS j
+    SET progress = pg_catalog.jsonb_strip_nulls(pg_catalog.jsonb_build_object(
+            'done', progress.done, 'total', progress.total, 'note', progress.note,
+            'at', x_jobs._clock()))
+    WHERE j.id = progress.id
+        AND j.state::text = 'running' -- by id only: see job_running_idx
+        AND j.claimed_by = progress.worker;
+    RETURN FOUND;
+END
+$$;
+
+-- A webhook received from `source` with its sender's message id: in one transaction, the
+-- ledger row and the job it becomes: `name`, `input` and `queue`, with the rest of the job's
+-- enqueue request in `request` (max_attempts, priority, ... as enqueue_many takes them). A
+-- webhook id seen before answers its first job with duplicate = true and enqueues nothing: a
+-- redelivery (senders deliver at least once) becomes exactly one job.
+--
+-- Two receipts of one id at once are serialized by a transaction-scoped advisory lock on
+-- (source, webhook id), and the ledger is read after it: the second waits for the first to
+-- commit and then answers duplicate. READ COMMITTED only: a transaction snapshot would not see
+-- the first receipt's commit.
+CREATE OR REPLACE FUNCTION x_jobs.receive_webhook(
+    source text,
+    webhook_id text,
+    name text,
+    input jsonb DEFAULT NULL,
+    queue text DEFAULT NULL,
+    request jsonb DEFAULT NULL
+)
+RETURNS TABLE (job_id bigint, duplicate boolean)
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_job bigint;
+BEGIN
+    IF receive_webhook.source IS NULL OR receive_webhook.source = ''
+        OR receive_webhook.webhook_id IS NULL OR receive_webhook.webhook_id = '' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ037',
+            MESSAGE = pg_catalog.format('X_WEBHOOK_INVALID: webhook source %s and id %s must both be given',
+                coalesce(pg_catalog.quote_literal(receive_webhook.source), 'NULL'),
+                coalesce(pg_catalog.quote_literal(receive_webhook.webhook_id), 'NULL')),
+            HINT = 'Pass the sender''s name as source and its webhook-id header as webhook_id.';
+    END IF;
+    -- Both are the ledger's primary key: past a btree entry's size (about 2.7 kB) an insert
+    -- failed with a bare 54000, answered 500, and the sender retried it for ever.
+    IF pg_catalog.length(receive_webhook.source) > 200 OR pg_catalog.length(receive_webhook.webhook_id) > 200 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ037',
+            MESSAGE = pg_catalog.format('X_WEBHOOK_INVALID: webhook source %s or id %s is longer than 200 characters',
+                pg_catalog.quote_literal(pg_catalog.left(receive_webhook.source, 210)),
+                pg_catalog.quote_literal(pg_catalog.left(receive_webhook.webhook_id, 210))),
+            HINT = 'Pass the sender''s name and its webhook-id header, each of 1 to 200 characters.';
+    END IF;
+    IF receive_webhook.request IS NOT NULL AND pg_catalog.jsonb_typeof(receive_webhook.request) <> 'object' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ009',
+            MESSAGE = pg_catalog.format('X_JOBS_INVALID: request %s is not an object', receive_webhook.request),
+            HINT = 'Pass the job''s options as an object with enqueue_many''s fields, such as {"max_attempts": 5}.';
+    END IF;
+    IF pg_catalog.current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ022',
+            MESSAGE = pg_catalog.format('X_ISOLATION_UNSUPPORTED: receive_webhook cannot run at isolation level %s',
+                pg_catalog.current_setting('transaction_isolation')),
+            HINT = 'Receive webhooks in READ COMMITTED transactions (the default).';
+    END IF;
+
+    PERFORM pg_catalog.pg_advisory_xact_lock(2024061704,
+        pg_catalog.hashtext(receive_webhook.source || E'\x1f' || receive_webhook.webhook_id));
+
+    SELECT l.job_id INTO v_job
+    FROM x_jobs.webhook_ledger AS l
+    WHERE l.source = receive_webhook.source AND l.webhook_id = receive_webhook.webhook_id;
+    IF FOUND THEN
+        RETURN QUERY SELECT v_job, TRUE;
+        RETURN;
+    END IF;
+
+    SELECT e.id INTO v_job
+    FROM x_jobs.enqueue_many(pg_catalog.jsonb_build_array(
+        coalesce(receive_webhook.request, '{}')
+        || pg_catalog.jsonb_strip_nulls(pg_catalog.jsonb_build_object(
+            'name', receive_webhook.name, 'queue', receive_webhook.queue))
+        || CASE WHEN receive_webhook.input IS NULL THEN '{}'
+            ELSE pg_catalog.jsonb_build_object('input', receive_webhook.input) END
+    )) AS e;
+    INSERT INTO x_jobs.webhook_ledger (source, webhook_id, received_at, job_id)
+    VALUES (receive_webhook.source, receive_webhook.webhook_id, x_jobs.now(), v_job);
+    RETURN QUERY SELECT v_job, FALSE;
+END
 $$;
 
 -- The version of the SQL API installed here. Clients check it before they speak to the database

@@ -490,7 +490,7 @@ AS $$
         ('XJ034', 'X_TOPIC_INVALID', 'An outbox topic is missing, empty or longer than 200 characters.'),
         ('XJ035', 'X_MESSAGE_INVALID', 'An outbox message has no payload, headers that are not an object of strings, an unknown field or one of the wrong type, or is not an object.'),
         ('XJ036', 'X_RELAY_INVALID', 'A relay id is missing or empty.'),
-        ('XJ037', 'X_WEBHOOK_INVALID', 'receive_webhook got no source or no webhook id.'),
+        ('XJ037', 'X_WEBHOOK_INVALID', 'receive_webhook got no source or no webhook id, or one longer than 200 characters.'),
         ('XJ038', 'X_CLOCK_REFUSED', 'x_jobs.fake_now (the test clock) is set in a session whose login role is not a superuser.'),
         ('XJ039', 'X_TIME_INVALID', 'A run_at (enqueue) or retry_at (outbox_nack) is infinite or outside the years 1 to 9999 (UTC).'),
         ('40001', 'X_ENQUEUE_RACE', 'An idempotency key kept changing hands during enqueue; retry the call.')
@@ -2319,14 +2319,17 @@ AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM x_jobs._require_worker(progress.worker, 'Pass the id the worker claimed with.');
+    -- NaN and the infinities are no JSON numbers (jsonb writes them as strings), and NaN sorts
+    -- above every number, so that a NaN total passed the `done > total` test.
     IF progress.done < 0 OR progress.total < 0 OR progress.done > progress.total
+        OR progress.done IN ('NaN', 'Infinity') OR progress.total IN ('NaN', 'Infinity')
         OR pg_catalog.length(progress.note) > 1000 THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ033',
-            MESSAGE = pg_catalog.format('X_PROGRESS_INVALID: progress %s of %s is negative or past the total',
+            MESSAGE = pg_catalog.format('X_PROGRESS_INVALID: progress %s of %s is negative, not finite or past the total',
                 coalesce(progress.done::text, 'NULL'), coalesce(progress.total::text, 'NULL')),
             DETAIL = 'A note may hold up to 1000 characters.',
-            HINT = 'Report done and total as numbers of zero or more, with done <= total.';
+            HINT = 'Report done and total as finite numbers of zero or more, with done <= total.';
     END IF;
 
     UPDATE x_jobs.job AS j
@@ -2950,6 +2953,16 @@ BEGIN
                 coalesce(pg_catalog.quote_literal(receive_webhook.source), 'NULL'),
                 coalesce(pg_catalog.quote_literal(receive_webhook.webhook_id), 'NULL')),
             HINT = 'Pass the sender''s name as source and its webhook-id header as webhook_id.';
+    END IF;
+    -- Both are the ledger's primary key: past a btree entry's size (about 2.7 kB) an insert
+    -- failed with a bare 54000, answered 500, and the sender retried it for ever.
+    IF pg_catalog.length(receive_webhook.source) > 200 OR pg_catalog.length(receive_webhook.webhook_id) > 200 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ037',
+            MESSAGE = pg_catalog.format('X_WEBHOOK_INVALID: webhook source %s or id %s is longer than 200 characters',
+                pg_catalog.quote_literal(pg_catalog.left(receive_webhook.source, 210)),
+                pg_catalog.quote_literal(pg_catalog.left(receive_webhook.webhook_id, 210))),
+            HINT = 'Pass the sender''s name and its webhook-id header, each of 1 to 200 characters.';
     END IF;
     IF receive_webhook.request IS NOT NULL AND pg_catalog.jsonb_typeof(receive_webhook.request) <> 'object' THEN
         RAISE EXCEPTION USING

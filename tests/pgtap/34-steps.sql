@@ -6,7 +6,7 @@
 -- Each scenario is a job in a queue of its own; the clock is moved with SET LOCAL
 -- "x_jobs.fake_now", which is also the clock of events and first-reached instants.
 BEGIN;
-SELECT plan(105);
+SELECT plan(106);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
@@ -795,24 +795,41 @@ SELECT results_eq(
 
 SELECT results_eq(
     $$SELECT * FROM tap_helpers.caught($q$ SELECT x_jobs.progress(tap_helpers.jid('prog'), 'w1', 11, 10) $q$)$$,
-    $$VALUES ('XJ033', 'X_PROGRESS_INVALID: progress 11 of 10 is negative or past the total',
+    $$VALUES ('XJ033', 'X_PROGRESS_INVALID: progress 11 of 10 is negative, not finite or past the total',
               'A note may hold up to 1000 characters.',
-              'Report done and total as numbers of zero or more, with done <= total.')$$,
+              'Report done and total as finite numbers of zero or more, with done <= total.')$$,
     'progress should refuse done past the total, with a DETAIL and a HINT'
 );
 
 SELECT throws_ok(
     $$SELECT x_jobs.progress(tap_helpers.jid('prog'), 'w1', -1)$$,
     'XJ033',
-    'X_PROGRESS_INVALID: progress -1 of NULL is negative or past the total',
+    'X_PROGRESS_INVALID: progress -1 of NULL is negative, not finite or past the total',
     'progress should refuse a negative done'
 );
 
 SELECT throws_ok(
     $$SELECT x_jobs.progress(tap_helpers.jid('prog'), 'w1', NULL, -2)$$,
     'XJ033',
-    'X_PROGRESS_INVALID: progress NULL of -2 is negative or past the total',
+    'X_PROGRESS_INVALID: progress NULL of -2 is negative, not finite or past the total',
     'progress should refuse a negative total'
+);
+
+-- jsonb writes NaN and the infinities as strings, and NaN sorts above every number.
+SELECT results_eq(
+    $$
+    SELECT c.err_state, c.err_message
+    FROM (VALUES ('NaN'::float8, NULL::float8), (NULL, 'NaN'), ('Infinity', NULL), (1, 'Infinity')) AS v (done, total)
+    CROSS JOIN LATERAL tap_helpers.caught(pg_catalog.format(
+        'SELECT x_jobs.progress(tap_helpers.jid(''prog''), ''w1'', %L, %L)', v.done, v.total
+    )) AS c
+    $$,
+    $$VALUES
+        ('XJ033', 'X_PROGRESS_INVALID: progress NaN of NULL is negative, not finite or past the total'),
+        ('XJ033', 'X_PROGRESS_INVALID: progress NULL of NaN is negative, not finite or past the total'),
+        ('XJ033', 'X_PROGRESS_INVALID: progress Infinity of NULL is negative, not finite or past the total'),
+        ('XJ033', 'X_PROGRESS_INVALID: progress 1 of Infinity is negative, not finite or past the total')$$,
+    'progress should refuse NaN and infinite numbers, which JSON cannot hold'
 );
 
 SELECT throws_ok(
@@ -820,7 +837,7 @@ SELECT throws_ok(
         'SELECT x_jobs.progress(tap_helpers.jid(''prog''), ''w1'', 1, 2, %L)', pg_catalog.repeat('n', 1001)
     ),
     'XJ033',
-    'X_PROGRESS_INVALID: progress 1 of 2 is negative or past the total',
+    'X_PROGRESS_INVALID: progress 1 of 2 is negative, not finite or past the total',
     'progress should refuse a note of more than 1000 characters'
 );
 

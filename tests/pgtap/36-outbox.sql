@@ -53,7 +53,7 @@ COMMIT;
 
 RESET default_transaction_isolation;
 BEGIN;
-SELECT plan(170);
+SELECT plan(171);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:00:00+00';
 
@@ -421,6 +421,17 @@ SELECT throws_ok(
     'receive_webhook with an empty webhook id should be refused'
 );
 SELECT throws_ok(
+    pg_catalog.format(
+        $$ SELECT * FROM x_jobs.receive_webhook('stripe', %L, 't36_webhook') $$, pg_catalog.repeat('i', 3000)
+    ),
+    'XJ037',
+    pg_catalog.format(
+        'X_WEBHOOK_INVALID: webhook source ''stripe'' or id %L is longer than 200 characters',
+        pg_catalog.repeat('i', 210)
+    ),
+    'receive_webhook with a webhook id of 3000 characters should be refused (it was a bare btree error)'
+);
+SELECT throws_ok(
     $$ SELECT * FROM x_jobs.receive_webhook('stripe', 'evt', 't36_webhook', request => '[1]') $$,
     'XJ009', 'X_JOBS_INVALID: request [1] is not an object',
     'receive_webhook with a request that is not an object should be refused'
@@ -465,7 +476,8 @@ INSERT INTO refusal (n, stmt) VALUES
 (14, $$ SELECT * FROM x_jobs.receive_webhook('stripe', NULL, 't36_webhook') $$),
 (16, $$ SELECT * FROM x_jobs.receive_webhook('stripe', 'evt', 't36_webhook', request => '"q"') $$),
 (17, $$ SELECT x_jobs.purge_webhook_ledger(NULL) $$),
-(18, $$ SELECT x_jobs.outbox_nack(1, 'r', 'boom', retry_at => 'infinity') $$);
+(18, $$ SELECT x_jobs.outbox_nack(1, 'r', 'boom', retry_at => 'infinity') $$),
+(19, $$ SELECT * FROM x_jobs.receive_webhook('stripe', repeat('i', 201), 't36_webhook') $$);
 SET LOCAL "x_jobs.max_payload_bytes" = 100;
 INSERT INTO refusal (n, stmt) VALUES
 (15, $$ SELECT x_jobs.outbox_put('t36-refused', jsonb_build_object('x', repeat('a', 200))) $$);
@@ -498,7 +510,8 @@ SELECT results_eq(
         (16, 'XJ009', TRUE,
          'Pass the job''s options as an object with enqueue_many''s fields, such as {"max_attempts": 5}.'),
         (17, 'XJ020', TRUE, 'Pass an age from zero to 1000 years, longer than senders retry, such as ''30 days'', and a batch size of 1 or more.'),
-        (18, 'XJ039', TRUE, 'Pass a time in the years 1 to 9999 (UTC), or leave retry_at out for the backoff.')
+        (18, 'XJ039', TRUE, 'Pass a time in the years 1 to 9999 (UTC), or leave retry_at out for the backoff.'),
+        (19, 'XJ037', TRUE, 'Pass the sender''s name and its webhook-id header, each of 1 to 200 characters.')
     $$,
     'Every refusal should raise its SQLSTATE, with a message that starts with its X_ code and a HINT'
 );
