@@ -13,7 +13,8 @@ timestamp, then calls ``x_jobs.receive_webhook``, which writes the ledger row an
 transaction: a redelivered webhook (same id) answers its first job, marked duplicate, and
 enqueues nothing. Mount ``receiver.wsgi`` or ``receiver.asgi`` in any framework, or run
 :func:`serve`. The answers: 200 (job id, duplicate), 400 (not JSON), 401 (signature or timestamp
-refused; nothing written), 405 (not a POST), 413 (too large), 422 (input does not validate).
+refused; nothing written), 405 (not a POST), 413 (too large), 422 (input does not validate, or
+the database refuses a value the request sets: the ``X_`` code says which).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import http
 import json
 import logging
 import math
+import re
 import secrets
 import socketserver
 import threading
@@ -45,7 +47,15 @@ from standardwebhooks.webhooks import (
 )
 
 from x_jobs.app import App, Job
-from x_jobs.errors import InputInvalid, PayloadTooLarge, unstorable_as
+from x_jobs.errors import (
+    ConcurrencyInvalid,
+    InputInvalid,
+    InvalidArgument,
+    PayloadTooLarge,
+    TenantInvalid,
+    WebhookInvalid,
+    unstorable_as,
+)
 from x_jobs.outbox import DeliveryError, OutboxMessage
 
 logger = logging.getLogger(__name__)
@@ -64,6 +74,32 @@ BODY_HEAD_BYTES = 512
 #: The largest timestamp tolerance: standardwebhooks refuses timestamps more than five minutes
 #: away from now whatever we ask, so a wider window could not be honoured.
 MAX_TOLERANCE = 300.0
+
+#: The longest wait a Retry-After header gets by default (seconds): the outbox's own backoff cap.
+#: A message waiting out a Retry-After holds back every later message of its key.
+MAX_RETRY_AFTER = 3600.0
+
+#: Headers that frame the request or steer its connection. httpx sets them from the body and the
+#: URL; one from a message or the sink's options contradicts them (a Content-Length shorter than
+#: the body, a Transfer-Encoding on a body sent with its length), so they are refused. So is every
+#: ``proxy-*`` header: a proxy and its credentials belong in the sink's ``client``.
+FRAMING_HEADERS = frozenset(
+    {
+        "connection",
+        "content-length",
+        "host",
+        "keep-alive",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+
+#: A header name (an RFC 9110 token) and a value httpx sends as it is (printable ASCII, tabs).
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_HEADER_VALUE = re.compile(r"[\t\x20-\x7e]*")
 
 RECEIVE: LiteralString = """
     SELECT job_id, duplicate
@@ -96,14 +132,27 @@ class WebhookSink:
 
     The body is the payload as compact JSON. The headers are the sink's ``headers``, then the
     message's own, then ``content-type`` and the three Standard Webhooks headers (which nothing
-    overrides); names are sent lower-case. At most ``max_concurrent`` requests to the endpoint
-    run at once, however many relay threads deliver; ``timeout`` (seconds) bounds connecting,
-    each write and each read.
+    overrides); names are sent lower-case. Headers that frame the request or steer the
+    connection (:data:`FRAMING_HEADERS`, ``proxy-*``) are refused, as are names that are no
+    HTTP token and values that are not printable ASCII: in ``headers`` with a ValueError, in a
+    message's with a final :class:`DeliveryError` (the message goes to dead, naming the header).
 
-    2xx is delivered. 408, 429, 5xx, a network error or a timeout raise a retryable
-    :class:`DeliveryError`, with ``retry_at`` from a Retry-After header when there is one; any
-    other status (3xx are not followed, 4xx) raises a final one. ``client`` replaces the
-    sink's own httpx client (for proxies or TLS settings); the sink then does not close it.
+    ``timeout`` (seconds) is one deadline for each delivery, counted from the call: the wait for
+    one of the ``max_concurrent`` slots (at most that many requests to the endpoint run at once,
+    however many relay threads deliver), connecting, sending, and reading the answer. A 2xx is
+    delivered once its headers arrived; its body is read only until the deadline. One limit
+    remains: httpx bounds each read, not a sequence of reads, so a response whose status line
+    and headers trickle in (each piece within the time left when the request started) can hold
+    a delivery past its deadline, and a relay's lease with it. Bounding that would take a
+    watchdog thread closing the socket, which httpx gives no hold of on a pooled connection.
+
+    2xx is delivered. 408, 429, 5xx, a network error, a timeout or no free slot by the deadline
+    raise a retryable :class:`DeliveryError`, with ``retry_at`` from a Retry-After header when
+    there is one, capped at ``max_retry_after`` seconds from now (default an hour, the outbox's
+    own backoff cap: a waiting message holds back the later ones of its key); any other status
+    (3xx are not followed, 4xx) raises a final one. ``client`` replaces the sink's own httpx
+    client (for proxies or TLS settings; the sink's deadline still sets each request's
+    timeouts); the sink then does not close it.
     """
 
     def __init__(
@@ -115,11 +164,17 @@ class WebhookSink:
         max_concurrent: int = 8,
         headers: Mapping[str, str] | None = None,
         client: httpx.Client | None = None,
+        max_retry_after: float = MAX_RETRY_AFTER,
     ) -> None:
         if max_concurrent < 1:
             raise ValueError(f"max_concurrent is {max_concurrent}; it must be 1 or more")
-        if not timeout > 0:
+        if not math.isfinite(timeout) or not timeout > 0:
             raise ValueError(f"timeout is {timeout}; it must be above 0 seconds")
+        if not math.isfinite(max_retry_after) or not max_retry_after > 0:
+            raise ValueError(f"max_retry_after is {max_retry_after}; it must be above 0 seconds")
+        for name, value in (headers or {}).items():
+            if (problem := _header_problem(name, value)) is not None:
+                raise ValueError(f"webhook header {name!r} {problem}")
         target = httpx.URL(url)
         if target.scheme not in {"http", "https"} or not target.host:
             raise ValueError(f"webhook url {url!r} is not an http:// or https:// URL")
@@ -128,7 +183,8 @@ class WebhookSink:
         self.endpoint = f"{target.scheme}://{target.netloc.decode('ascii')}{target.path}"
         self.timeout = timeout
         self.max_concurrent = max_concurrent
-        self.headers = {name.lower(): value for name, value in (headers or {}).items()}
+        self.max_retry_after = float(max_retry_after)
+        self.headers = {name.lower(): value.strip(" \t") for name, value in (headers or {}).items()}
         self._webhook = _webhook(secret)
         self._slots = threading.BoundedSemaphore(max_concurrent)
         self._owns_client = client is None
@@ -155,40 +211,78 @@ class WebhookSink:
         }
 
     def deliver(self, message: OutboxMessage) -> None:
+        # One deadline for all of it: the relay's lease must outlast a delivery, and it is
+        # checked against this timeout (the wait for a slot included).
+        deadline = time.monotonic() + self.timeout
+        own = self._message_headers(message)
         body = json.dumps(
             message.payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False
         )
-        with self._slots:
+        if not self._slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise self._busy()
+        try:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self._busy()
             # Signed once it has a slot, not before: a delivery that queued behind slow ones
             # would arrive with a timestamp past the receiver's tolerance, and its 401 is final.
             headers = {
                 **self.headers,
-                **{name.lower(): value for name, value in message.headers.items()},
+                **own,
                 "content-type": "application/json",
                 # The id is the message's, not the attempt's: the receiver's dedupe key.
                 **self.signature_headers(f"msg_{message.id}", body),
             }
             try:
+                # httpx times each step (a pooled connection, connecting, each write and
+                # read), not their sum: each gets at most the time left now, not the whole
+                # timeout again. The body's reads are cut at the deadline by _body_head.
                 with self.client.stream(
-                    "POST", self.url, content=body.encode("utf-8"), headers=headers
+                    "POST",
+                    self.url,
+                    content=body.encode("utf-8"),
+                    headers=headers,
+                    timeout=httpx.Timeout(remaining),
                 ) as response:
                     if response.is_success:
-                        # Read a short answer so that the connection goes back to the pool.
-                        _body_head(response)
+                        # Delivered: its status is known. Read a short answer, until the
+                        # deadline at most, so that the connection goes back to the pool.
+                        _body_head(response, deadline)
                         return
                     status = response.status_code
                     retry_after = response.headers.get("retry-after")
-                    head = _body_head(response)
+                    head = _body_head(response, deadline)
             except httpx.RequestError as err:
                 raise DeliveryError(
                     f"POST {self.endpoint} failed: {type(err).__name__}: {err}",
                     retryable=not isinstance(err, httpx.UnsupportedProtocol),
                 ) from err
+        finally:
+            self._slots.release()
         retryable = status in {408, 429} or status >= 500
         raise DeliveryError(
             f"POST {self.endpoint} answered {status} {_phrase(status)}: {head!r}",
             retryable=retryable,
-            retry_at=_retry_at(retry_after) if retryable else None,
+            retry_at=_retry_at(retry_after, cap=self.max_retry_after) if retryable else None,
+        )
+
+    def _message_headers(self, message: OutboxMessage) -> dict[str, str]:
+        """The message's own headers, lower-case; a header that cannot be sent as written is a
+        final DeliveryError naming it (sending it again would not help)."""
+        own: dict[str, str] = {}
+        for name, value in message.headers.items():
+            if (problem := _header_problem(name, value)) is not None:
+                raise DeliveryError(
+                    f"message {message.id}: its header {name!r} {problem}", retryable=False
+                )
+            own[name.lower()] = value.strip(" \t")
+        return own
+
+    def _busy(self) -> DeliveryError:
+        return DeliveryError(
+            f"POST {self.endpoint} not sent: all {self.max_concurrent} slots were busy for "
+            f"the whole timeout ({self.timeout:g} s)",
+            retryable=True,
         )
 
     def close(self) -> None:
@@ -196,13 +290,41 @@ class WebhookSink:
             self.client.close()
 
 
-def _body_head(response: httpx.Response) -> str:
-    """The start of a response's body, for an error message; what arrived if reading fails."""
+def _header_problem(name: object, value: object) -> str | None:
+    """Why a header cannot be sent as given (a phrase after its name), or None. Whitespace
+    around a value is no part of it (RFC 9110) and is dropped."""
+    if not isinstance(name, str) or not _HEADER_NAME.fullmatch(name):
+        return "is not an HTTP header name"
+    lowered = name.lower()
+    if lowered in FRAMING_HEADERS or lowered.startswith("proxy-"):
+        return "frames the request or steers the connection: the HTTP client sets it"
+    if not isinstance(value, str):
+        return f"has a {type(value).__name__} value, not a string"
+    if not _HEADER_VALUE.fullmatch(value):
+        return (
+            "has a value that is not printable ASCII (it holds a non-ASCII character or a "
+            "control character such as a line break)"
+        )
+    return None
+
+
+def _body_head(response: httpx.Response, deadline: float) -> str:
+    """The start of a response's body, for an error message: read until BODY_HEAD_BYTES or the
+    deadline (``time.monotonic()``), whichever comes first; what arrived if reading fails."""
     head = bytearray()
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        return ""
+    timeouts = response.request.extensions.get("timeout")
+    if isinstance(timeouts, dict):
+        # httpcore takes the read timeout of the body when the body starts, from this dict (the
+        # request's own): the time left, not what was left when the request went out. Were it
+        # ignored, the body would still end within one read timeout of the deadline.
+        timeouts["read"] = remaining
     try:
         for chunk in response.iter_bytes():
             head += chunk
-            if len(head) >= BODY_HEAD_BYTES:
+            if len(head) >= BODY_HEAD_BYTES or time.monotonic() >= deadline:
                 break
     except httpx.HTTPError:
         pass
@@ -216,22 +338,28 @@ def _phrase(status: int) -> str:
         return ""
 
 
-def _retry_at(value: str | None, now: datetime | None = None) -> datetime | None:
-    """When a Retry-After header (delay-seconds or an HTTP-date) allows the next attempt; None
-    without one or when it does not parse. A date in the past means now."""
+def _retry_at(
+    value: str | None, now: datetime | None = None, *, cap: float = MAX_RETRY_AFTER
+) -> datetime | None:
+    """When a Retry-After header (delay-seconds or an HTTP-date) allows the next attempt, at
+    most ``cap`` seconds from now; None without one or when it does not parse. A date in the
+    past means now."""
     if value is None or not value.strip():
         return None
     now = now or datetime.now(UTC)
+    latest = now + timedelta(seconds=cap)
     value = value.strip()
+    if value.isascii() and value.isdigit():  # str.isdigit takes "²" too, which int() refuses
+        # Capped before it becomes a timedelta: a delay of 10**30 seconds is a long wait, not
+        # a header to ignore.
+        return min(now + timedelta(seconds=min(int(value), cap)), latest)
     try:
-        if value.isdigit():
-            return now + timedelta(seconds=int(value))
         when = parsedate_to_datetime(value)
     except (TypeError, ValueError, OverflowError):
         return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
-    return max(when, now)
+    return min(max(when, now), latest)
 
 
 # --- in -------------------------------------------------------------------------------------
@@ -271,8 +399,8 @@ class Receiver:
             raise ValueError(
                 f"tolerance is {tolerance} s; it must be above 0 and at most {MAX_TOLERANCE:g}"
             )
-        if not source:
-            raise ValueError("source names the sender; it must not be empty")
+        if not source or len(source) > 200:
+            raise ValueError("source names the sender; it must be 1 to 200 characters")
         self.app = app
         self.job = job
         self.source = source
@@ -286,8 +414,12 @@ class Receiver:
         names are case-insensitive. Nothing is written unless the signature verifies.
 
         Answers 200 ``{"job_id", "duplicate"}``; 401 (signature or timestamp refused), 400
-        (not JSON, or JSON that jsonb cannot hold), 422 (input invalid), 413 (payload over
-        x_jobs.max_payload_bytes) with ``{"error"}``. Other database errors raise."""
+        (not JSON, or JSON that jsonb cannot hold), 422 (input invalid, or the database refuses
+        a value the request sets: its webhook-id, or a tenant or concurrency key the declared
+        job derives from the body), 413 (payload over x_jobs.max_payload_bytes) with
+        ``{"error"}`` (a refusal's ``X_`` code and message). Other errors raise: an outage, or
+        a refusal of the receiver's own configuration (its job name, queue, the job's fixed
+        options), which the adapters answer 500 so that the sender tries again once fixed."""
         lowered = {name.lower(): value for name, value in headers.items()}
         refusal = self.verify(lowered, body)
         if refusal is not None:
@@ -312,16 +444,35 @@ class Receiver:
                 return 422, {"error": str(err)}
             payload = request.pop("input")
 
+        return self._recorded(
+            lowered["webhook-id"], name, payload, queue=queue, request=request, declared=declared
+        )
+
+    def _recorded(
+        self,
+        webhook_id: str,
+        name: str,
+        payload: Any,
+        *,
+        queue: str | None,
+        request: dict[str, Any] | None,
+        declared: Job[Any] | None,
+    ) -> Answer:
+        """``_record``'s answer: 200, or the refusal of what the request holds."""
         try:
             with unstorable_as(InputInvalid, "the body", "Send JSON without NUL characters."):
-                job_id, duplicate = self._record(
-                    lowered["webhook-id"], name, payload, queue, request
-                )
+                job_id, duplicate = self._record(webhook_id, name, payload, queue, request)
         except PayloadTooLarge as err:
             return 413, {"error": str(err)}
         except InputInvalid as err:
             # Refused for good (400): answered 500, the sender would send it again for ever.
             return 400, {"error": str(err)}
+        except InvalidArgument as err:
+            if not _from_the_request(err, declared):
+                raise
+            # The same: this request can never be recorded (an empty tenant, an id of 300
+            # characters), whoever fixes what.
+            return 422, {"error": str(err)}
         return 200, {"job_id": job_id, "duplicate": duplicate}
 
     def verify(self, headers: Mapping[str, str], body: bytes) -> str | None:
@@ -428,6 +579,22 @@ class Receiver:
 
     def _too_large(self) -> str:
         return f"the body is larger than {self.max_body} bytes"
+
+
+def _from_the_request(err: InvalidArgument, declared: Job[Any] | None) -> bool:
+    """Whether the database refused a value the request sets (its webhook-id, or what
+    ``declared`` derives from the body), not one of the receiver's configuration."""
+    if isinstance(err, WebhookInvalid):
+        return True  # the source is checked when the receiver is made: what is left is the id
+    if declared is None:
+        return False  # an undeclared job sends the body alone, whose refusals are caught above
+    if isinstance(err, TenantInvalid):
+        return callable(declared.tenant)
+    if isinstance(err, ConcurrencyInvalid):
+        # A fixed limit that is a limit leaves the key, derived from the body, to refuse.
+        limit = declared.concurrency
+        return limit is not None and limit.key is not None and limit.limit >= 1
+    return False
 
 
 def _refuse_constant(name: str) -> Any:

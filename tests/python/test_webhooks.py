@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 import queue
+import re
 import socket
 import threading
 import time
@@ -22,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 from wsgiref.simple_server import WSGIServer
 
 import httpx
@@ -33,7 +34,9 @@ from pydantic import BaseModel
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 import x_jobs
+from x_jobs.errors import QueueInvalid, TenantInvalid
 from x_jobs.outbox import DeliveryError, OutboxMessage
+from x_jobs.relay import Relay
 from x_jobs.webhooks import Receiver, WebhookSink, new_secret, serve
 
 logger = logging.getLogger(__name__)
@@ -291,6 +294,67 @@ def test_a_body_that_is_not_json_or_not_the_input_is_refused(
     assert row == ("ledger.import", "imports", {"order_id": "seven"})
 
 
+class Shipment(BaseModel):
+    order_id: int
+    shop: str
+    lane: str = "standard"
+
+
+def test_a_value_the_database_refuses_in_the_request_is_answered_422_for_good(
+    app: x_jobs.App, conn: Conn, served: str
+) -> None:
+    """A tenant or concurrency key the job derives from the body, or a webhook-id, that the
+    database refuses escaped ``receive`` and was answered 500: the sender sent it for ever."""
+
+    @app.job(
+        name="orders.shipped",
+        tenant=lambda shipment: shipment["shop"],
+        concurrency=x_jobs.Concurrency(key=lambda shipment: shipment["lane"]),
+    )
+    def shipped(input: Shipment) -> None:
+        pass
+
+    receiver = Receiver(app, secret=SECRET, job=shipped, source=SOURCE)
+    for n, (body, code) in enumerate(
+        [
+            (b'{"order_id": 1, "shop": ""}', "X_TENANT_INVALID"),
+            (b'{"order_id": 1, "shop": "acme", "lane": ""}', "X_CONCURRENCY_INVALID"),
+            (b'{"order_id": 1, "shop": "acme"}', "X_WEBHOOK_INVALID"),
+        ]
+    ):
+        webhook_id = "msg_" + "x" * 300 if code == "X_WEBHOOK_INVALID" else f"msg_{n}"
+        status, answer = receiver.receive(signed(body, webhook_id=webhook_id), body)
+        assert status == 422, answer
+        assert answer["error"].startswith(f"{code}: ")
+    assert written(conn) == (0, 0)
+
+    # Over HTTP, through the served WSGI app: the final 4xx a sender gives up on.
+    answer = httpx.post(served, content=BODY, headers=signed(BODY, webhook_id="msg_" + "y" * 300))
+    assert answer.status_code == 422
+    assert answer.json()["error"].startswith("X_WEBHOOK_INVALID: ")
+    assert written(conn) == (0, 0)
+
+
+def test_a_refusal_of_the_receivers_own_configuration_still_raises(
+    app: x_jobs.App, conn: Conn
+) -> None:
+    """A job name, queue or fixed option the database refuses is the receiver's to fix: it
+    raises (the adapters answer 500), so that the sender's retries get through once fixed."""
+
+    @app.job(name="orders.fixed", tenant="")
+    def fixed(input: Order) -> None:
+        pass
+
+    misconfigured: list[tuple[Receiver, type[Exception]]] = [
+        (Receiver(app, secret=SECRET, job=fixed, source=SOURCE), TenantInvalid),
+        (Receiver(app, secret=SECRET, job="ledger.import", source=SOURCE, queue=""), QueueInvalid),
+    ]
+    for receiver, refusal in misconfigured:
+        with pytest.raises(refusal):
+            receiver.receive(signed(BODY), BODY)
+    assert written(conn) == (0, 0)
+
+
 def _lock_waiters(conn: Conn) -> int:
     row = conn.execute(
         "SELECT count(*) FROM pg_catalog.pg_stat_activity"
@@ -469,9 +533,16 @@ class _Server(ThreadingHTTPServer):
     endpoint: Endpoint
 
 
+#: How long a trickling endpoint waits between two bytes (seconds), and how many it sends:
+#: 20 s in all, unless the endpoint is released.
+TRICKLE_GAP, TRICKLE_BYTES = 0.2, 100
+
+
 class _Scripted(BaseHTTPRequestHandler):
     """POST /<status>?<header>=<value>&...: answers that status with those headers and a short
-    body. /hold and /stall wait for the endpoint's release first (then answer 200)."""
+    body. /hold and /stall wait for the endpoint's release first (then answer 200).
+    /trickle/<status> sends its status and headers at once, then its body a byte at a time;
+    /drip sends a status line, then its headers a byte at a time (until released)."""
 
     def do_POST(self) -> None:
         endpoint = cast(_Server, self.server).endpoint
@@ -485,6 +556,12 @@ class _Scripted(BaseHTTPRequestHandler):
             endpoint.peak = max(endpoint.peak, endpoint.in_flight)
         try:
             name = url.path.strip("/")
+            if name.startswith("trickle"):
+                self._trickle(endpoint, int(name.removeprefix("trickle").strip("/") or 200))
+                return
+            if name == "drip":
+                self._drip(endpoint)
+                return
             if name in {"hold", "stall"}:
                 endpoint.release.wait(DEADLINE_SECONDS)
             status = int(name) if name.isdigit() else 200
@@ -500,6 +577,23 @@ class _Scripted(BaseHTTPRequestHandler):
         finally:
             with endpoint.lock:
                 endpoint.in_flight -= 1
+
+    def _trickle(self, endpoint: Endpoint, status: int) -> None:
+        self.send_response(status)
+        self.send_header("content-length", str(TRICKLE_BYTES))
+        self.end_headers()
+        for _ in range(TRICKLE_BYTES):
+            if endpoint.release.wait(TRICKLE_GAP):
+                return
+            self.wfile.write(b"x")
+
+    def _drip(self, endpoint: Endpoint) -> None:
+        self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+        for byte in b"x-slow: " + b"a" * TRICKLE_BYTES:
+            if endpoint.release.wait(TRICKLE_GAP):
+                return
+            self.wfile.write(bytes([byte]))
+        self.wfile.write(b"\r\ncontent-length: 0\r\n\r\n")
 
     def log_message(self, format: str, *args: Any) -> None:
         logger.debug("endpoint: %s", format % args)
@@ -556,16 +650,14 @@ def test_message_headers_cannot_override_the_signature(endpoint: Endpoint) -> No
     Webhook(SECRET).verify(seen.body, seen.headers)
 
 
-RETRY_DATE = datetime(2031, 5, 4, 3, 2, 1, tzinfo=UTC)
-
-
 @pytest.mark.parametrize(
     ("path", "retryable", "retry_at"),
     [
         ("/500", True, None),
         ("/502", True, None),
         ("/429?Retry-After=120", True, timedelta(seconds=120)),
-        (f"/503?Retry-After={format_datetime(RETRY_DATE, usegmt=True)}", True, RETRY_DATE),
+        # An HTTP-date half an hour ahead, made when the test runs (within max_retry_after).
+        ("/503?Retry-After={date}", True, "date"),
         ("/408", True, None),
         ("/400", False, None),
         ("/404", False, None),
@@ -577,8 +669,11 @@ def test_failures_say_whether_and_when_to_retry(
     endpoint: Endpoint,
     path: str,
     retryable: bool,
-    retry_at: timedelta | datetime | None,
+    retry_at: timedelta | datetime | str | None,
 ) -> None:
+    if retry_at == "date":
+        retry_at = datetime.now(UTC).replace(microsecond=0) + timedelta(minutes=30)
+        path = path.format(date=format_datetime(retry_at, usegmt=True))
     sink = WebhookSink(endpoint.url + path, secret=SECRET)
     before = datetime.now(UTC)
     try:
@@ -704,3 +799,177 @@ def test_a_delivery_is_signed_when_it_goes_out_not_while_it_queues(endpoint: End
     stamps = [int(seen.headers["webhook-timestamp"]) for seen in endpoint.seen]
     assert len(stamps) == 2
     assert stamps[1] >= int(released), stamps
+
+
+# --- one deadline per delivery, a capped Retry-After, headers that cannot frame the request ---
+
+
+@pytest.mark.parametrize("status", [200, 503])
+def test_a_trickling_answer_is_read_only_until_the_deadline(
+    endpoint: Endpoint, status: int
+) -> None:
+    """httpx's timeout bounds each read: an answer trickling a byte every 0.2 s held a delivery
+    with a 1 s timeout for the 20 s of its body. A 2xx is delivered once its headers came."""
+    sink = WebhookSink(f"{endpoint.url}/trickle/{status}", secret=SECRET, timeout=1)
+    started = time.monotonic()
+    try:
+        if status == 200:
+            sink.deliver(_message())
+        else:
+            with pytest.raises(DeliveryError, match="answered 503") as failed:
+                sink.deliver(_message())
+            assert failed.value.retryable is True
+    finally:
+        sink.close()
+    # Well before the trickle's 20 s: about the timeout, on a slow machine a few times it.
+    assert time.monotonic() - started < 6
+    assert len(endpoint.seen) == 1
+
+
+def test_a_relay_sends_a_slowly_answered_message_once(
+    dsn: str, conn: Conn, endpoint: Endpoint
+) -> None:
+    """The relay refuses a lease not above the sink's timeout, as if the timeout bounded a
+    delivery; with a trickling answer it did not, the lease lapsed, and the message went out
+    again while its first delivery still ran."""
+    app = x_jobs.App(dsn)
+    app.outbox.webhook("slow", f"{endpoint.url}/trickle", secret=SECRET, timeout=1)
+    message = app.outbox.put("slow", {"n": 1})
+    relay = Relay(app, lease=2, poll_interval=0.1)
+    thread = threading.Thread(target=relay.run, kwargs={"install_signals": False}, daemon=True)
+    thread.start()
+    try:
+        wait_for(
+            lambda: (
+                conn.execute(
+                    "SELECT state::text, attempt FROM x_jobs.outbox WHERE id = %s", [message]
+                ).fetchone()
+                == ("delivered", 1)
+            ),
+            "the message to be delivered at its first attempt",
+        )
+        assert [seen.headers["webhook-id"] for seen in endpoint.seen] == [f"msg_{message}"]
+        assert endpoint.peak == 1
+    finally:
+        relay.stop()
+        relay.stop()
+        thread.join(DEADLINE_SECONDS)
+        app.close()
+
+
+def test_a_delivery_waiting_for_a_slot_gives_up_at_its_deadline(endpoint: Endpoint) -> None:
+    """A delivery queued for one of the ``max_concurrent`` slots waited without a deadline, for
+    as long as the one ahead ran: here one whose headers trickle in, which overruns its own
+    deadline (the limit the WebhookSink docstring admits). The queued one now gives up."""
+    sink = WebhookSink(f"{endpoint.url}/drip", secret=SECRET, timeout=1, max_concurrent=1)
+    outcomes: queue.Queue[tuple[int, BaseException | None]] = queue.Queue()
+
+    def deliver(n: int) -> None:
+        try:
+            sink.deliver(_message(n))
+        except DeliveryError as err:
+            outcomes.put((n, err))
+        else:
+            outcomes.put((n, None))
+
+    first = threading.Thread(target=deliver, args=(1,))
+    second = threading.Thread(target=deliver, args=(2,))
+    try:
+        first.start()
+        wait_for(lambda: len(endpoint.seen) == 1, "the first delivery to be under way")
+        second.start()
+        second.join(DEADLINE_SECONDS / 3)
+        assert not second.is_alive(), "the queued delivery still waits for a slot"
+        n, error = outcomes.get_nowait()
+        assert n == 2
+        assert isinstance(error, DeliveryError)
+        assert "slots were busy" in str(error)
+        assert error.retryable is True
+        assert len(endpoint.seen) == 1
+    finally:
+        endpoint.release.set()
+        first.join(DEADLINE_SECONDS)
+        second.join(DEADLINE_SECONDS)
+        sink.close()
+
+
+@pytest.mark.parametrize(
+    "retry_after", ["86400000", "1" + "0" * 30, "Sun, 04 May 2031 03:02:01 GMT"]
+)
+@pytest.mark.parametrize("max_retry_after", [None, 60])
+def test_a_retry_after_is_capped_at_max_retry_after(
+    endpoint: Endpoint, retry_after: str, max_retry_after: float | None
+) -> None:
+    """``Retry-After: 86400000`` parked the message, and every later one of its key, for 1000
+    days (and a delay too long for a timedelta was ignored)."""
+    options = {} if max_retry_after is None else {"max_retry_after": max_retry_after}
+    url = f"{endpoint.url}/503?{urlencode({'Retry-After': retry_after})}"
+    sink = WebhookSink(url, secret=SECRET, **options)
+    cap = timedelta(seconds=max_retry_after or 3600)
+    before = datetime.now(UTC)
+    try:
+        with pytest.raises(DeliveryError) as failed:
+            sink.deliver(_message())
+    finally:
+        sink.close()
+    assert failed.value.retryable is True
+    assert failed.value.retry_at is not None
+    assert before + cap <= failed.value.retry_at <= datetime.now(UTC) + cap
+    with pytest.raises(ValueError, match="max_retry_after"):
+        WebhookSink(endpoint.url, secret=SECRET, max_retry_after=0)
+
+
+#: Headers no message or sink may set: they frame the request or steer the connection (httpx
+#: sets them), or they cannot be sent as written.
+UNSENDABLE = [
+    ("Content-Length", "2"),
+    ("Transfer-Encoding", "chunked"),
+    ("Host", "elsewhere.example"),
+    ("Connection", "close"),
+    ("Keep-Alive", "timeout=5"),
+    ("TE", "trailers"),
+    ("Trailer", "x-sum"),
+    ("Upgrade", "h2c"),
+    ("Proxy-Authorization", "Basic eDp5"),
+    ("X-Customer", "Zoë"),
+    ("X-Note", "one\r\nx-injected: 1"),
+    ("X-Note", "a NUL \x00"),
+    ("X Note", "a space in the name"),
+]
+
+
+@pytest.mark.parametrize(("name", "value"), UNSENDABLE)
+def test_a_message_header_that_cannot_be_sent_as_written_sends_it_to_dead(
+    endpoint: Endpoint, name: str, value: str
+) -> None:
+    """A Content-Length shorter than the body raised an untyped error, a Transfer-Encoding sent
+    a chunked frame inside a body sent with its length, a non-ASCII value a UnicodeEncodeError:
+    retried for ever, or sent wrong. Now a final DeliveryError naming the header."""
+    sink = WebhookSink(endpoint.url, secret=SECRET)
+    message = OutboxMessage(
+        id=9, topic="t", key=None, payload={"order": 42, "pad": "x" * 20}, headers={name: value}
+    )
+    try:
+        with pytest.raises(DeliveryError, match=re.escape(repr(name))) as refused:
+            sink.deliver(message)
+    finally:
+        sink.close()
+    assert refused.value.retryable is False
+    assert endpoint.seen == []
+
+
+@pytest.mark.parametrize(("name", "value"), UNSENDABLE)
+def test_a_sink_header_that_cannot_be_sent_is_refused_up_front(name: str, value: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(repr(name))):
+        WebhookSink("http://127.0.0.1:9/", secret=SECRET, headers={name: value})
+
+
+def test_whitespace_around_a_header_value_is_no_part_of_it(endpoint: Endpoint) -> None:
+    sink = WebhookSink(endpoint.url, secret=SECRET, headers={"X-Static": " on\t"})
+    message = OutboxMessage(id=10, topic="t", key=None, payload={}, headers={"X-Tenant": " acme "})
+    try:
+        sink.deliver(message)
+    finally:
+        sink.close()
+    (seen,) = endpoint.seen
+    assert (seen.headers["x-static"], seen.headers["x-tenant"]) == ("on", "acme")
