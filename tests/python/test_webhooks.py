@@ -329,9 +329,9 @@ def test_a_value_the_database_refuses_in_the_request_is_answered_422_for_good(
     assert written(conn) == (0, 0)
 
     # Over HTTP, through the served WSGI app: the final 4xx a sender gives up on.
-    answer = httpx.post(served, content=BODY, headers=signed(BODY, webhook_id="msg_" + "y" * 300))
-    assert answer.status_code == 422
-    assert answer.json()["error"].startswith("X_WEBHOOK_INVALID: ")
+    reply = httpx.post(served, content=BODY, headers=signed(BODY, webhook_id="msg_" + "y" * 300))
+    assert reply.status_code == 422
+    assert reply.json()["error"].startswith("X_WEBHOOK_INVALID: ")
     assert written(conn) == (0, 0)
 
 
@@ -902,9 +902,12 @@ def test_a_retry_after_is_capped_at_max_retry_after(
 ) -> None:
     """``Retry-After: 86400000`` parked the message, and every later one of its key, for 1000
     days (and a delay too long for a timedelta was ignored)."""
-    options = {} if max_retry_after is None else {"max_retry_after": max_retry_after}
     url = f"{endpoint.url}/503?{urlencode({'Retry-After': retry_after})}"
-    sink = WebhookSink(url, secret=SECRET, **options)
+    sink = (
+        WebhookSink(url, secret=SECRET)
+        if max_retry_after is None
+        else WebhookSink(url, secret=SECRET, max_retry_after=max_retry_after)
+    )
     cap = timedelta(seconds=max_retry_after or 3600)
     before = datetime.now(UTC)
     try:
