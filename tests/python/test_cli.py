@@ -1724,21 +1724,29 @@ def test_worker_takes_the_log_levels_it_took_in_any_case(level: str) -> None:
     assert "cannot import 'no_such_module_of_x_jobs'" in result.stderr
 
 
-def test_tables_show_control_characters_as_escapes(dsn: str, conn: Conn) -> None:
-    """ESC, BEL and C1's CSI from the database (a name, a queue, a handler's error) would steer
-    the operator's terminal: tables show them as escapes, JSON as \\u escapes."""
-    name, queue = "\x1b[31mRED\x1b[0m", "q\x1b]0;TITLE\x07"
+def _shown_everywhere(
+    dsn: str,
+    conn: Conn,
+    job: tuple[str, str, str],
+    failure: tuple[str, str],
+    message: tuple[str, dict[str, str], str],
+) -> tuple[int, int, list[str]]:
+    """A job (name, queue, the worker that claims it) failed with (error, stack), and an outbox
+    message (topic, payload, key); answers their ids and what `jobs list`, `jobs show`,
+    `queues`, `outbox list` and `outbox show` print about them."""
+    name, queue, worker = job
     job_id = enqueue(dsn, name, "--queue", queue)
     conn.execute(
-        "SELECT id FROM x_jobs.claim(queues => ARRAY[%s], worker => 'w\x1b[2J', qty => 1)",
-        [queue],
+        "SELECT id FROM x_jobs.claim(queues => ARRAY[%s], worker => %s, qty => 1)",
+        [queue, worker],
     )
     conn.execute(
-        "SELECT x_jobs.fail(id => %s, worker => 'w\x1b[2J', error => %s, error_stack => %s,"
+        "SELECT x_jobs.fail(id => %s, worker => %s, error => %s, error_stack => %s,"
         " retry_delay => '0')",
-        [job_id, "bad\x9b2Jthing", "stack\x1b[1A"],
+        [job_id, worker, *failure],
     )
-    message = put(conn, "t\x1b[5m", {"k": "\x9b"}, key="k\x07")
+    topic, payload, key = message
+    message_id = put(conn, topic, payload, key=key)
     outputs = [
         succeeded(x_jobs(*command, "--dsn", dsn)).stdout
         for command in (
@@ -1746,9 +1754,23 @@ def test_tables_show_control_characters_as_escapes(dsn: str, conn: Conn) -> None
             ["jobs", "show", str(job_id)],
             ["queues"],
             ["outbox", "list"],
-            ["outbox", "show", str(message)],
+            ["outbox", "show", str(message_id)],
         )
     ]
+    return job_id, message_id, outputs
+
+
+def test_tables_show_control_characters_as_escapes(dsn: str, conn: Conn) -> None:
+    """ESC, BEL and C1's CSI from the database (a name, a queue, a handler's error) would steer
+    the operator's terminal: tables show them as escapes, JSON as \\u escapes."""
+    name, queue = "\x1b[31mRED\x1b[0m", "q\x1b]0;TITLE\x07"
+    job_id, message, outputs = _shown_everywhere(
+        dsn,
+        conn,
+        (name, queue, "w\x1b[2J"),
+        ("bad\x9b2Jthing", "stack\x1b[1A"),
+        ("t\x1b[5m", {"k": "\x9b"}, "k\x07"),
+    )
     for output in outputs:
         assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", output), output
     listed, shown, queues, outbox, one = outputs
@@ -1776,27 +1798,13 @@ def test_tables_show_bidirectional_controls_as_escapes(dsn: str, conn: Conn) -> 
     reads as invoiceexe.jpg): tables and error lines show them as \\u escapes, as control
     characters are shown, and --json writes them as JSON's \\u escapes."""
     name, queue = "invoice\u202egpj.exe", "q\u2066\u2067\u2068x\u2069"
-    job_id = enqueue(dsn, name, "--queue", queue)
-    conn.execute(
-        "SELECT id FROM x_jobs.claim(queues => ARRAY[%s], worker => 'w\u200e', qty => 1)",
-        [queue],
+    job_id, message, outputs = _shown_everywhere(
+        dsn,
+        conn,
+        (name, queue, "w\u200e"),
+        ("bad\u202athing\u202c", "stack\u202b\u202d\u200f\u061c"),
+        ("t\u202e", {"k": "\u2066"}, "k\u200f"),
     )
-    conn.execute(
-        "SELECT x_jobs.fail(id => %s, worker => 'w\u200e', error => %s, error_stack => %s,"
-        " retry_delay => '0')",
-        [job_id, "bad\u202athing\u202c", "stack\u202b\u202d\u200f\u061c"],
-    )
-    message = put(conn, "t\u202e", {"k": "\u2066"}, key="k\u200f")
-    outputs = [
-        succeeded(x_jobs(*command, "--dsn", dsn)).stdout
-        for command in (
-            ["jobs", "list"],
-            ["jobs", "show", str(job_id)],
-            ["queues"],
-            ["outbox", "list"],
-            ["outbox", "show", str(message)],
-        )
-    ]
     for output in outputs:
         assert not BIDI.search(output), ascii(output)
     listed, shown, queues, outbox, one = outputs
