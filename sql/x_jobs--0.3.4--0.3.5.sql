@@ -1,6 +1,8 @@
 \echo Use "ALTER EXTENSION x_jobs UPDATE TO '0.3.5'" to load this file. \quit
 
--- 0.3.4 -> 0.3.5: what every function takes is unchanged; some refuse more.
+-- 0.3.4 -> 0.3.5: what every function takes is unchanged; some refuse more; one is new.
+--   * outbox_extend_lease(ids, relay, lease): the relay's heartbeat. A delivery slower than its
+--     lease was claimed again by another relay and sent a second time while it ran.
 --   * enqueue and enqueue_many refuse a run_at that is infinite or outside the years 1 to 9999
 --     (UTC), and outbox_nack such a retry_at: XJ039 X_TIME_INVALID, a new code. An infinite
 --     time never came due (or sorted first forever), and clients' date types cannot read the
@@ -1851,3 +1853,50 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT '0.3.5'::text
 $$;
+
+-- The relay's heartbeat: push the lease of the inflight messages `relay` holds among `ids` to
+-- now + lease. Answers the ids still held; a missing one was lost (its lease lapsed and another
+-- relay took it, or it was settled), and its delivery's ack will find it gone. Without it a
+-- delivery slower than the lease was claimed again and sent a second time while it ran.
+CREATE FUNCTION x_jobs.outbox_extend_lease(ids bigint[], relay text, lease interval DEFAULT '30 seconds')
+RETURNS SETOF bigint
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF outbox_extend_lease.relay IS NULL OR outbox_extend_lease.relay = '' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ036',
+            MESSAGE = pg_catalog.format('X_RELAY_INVALID: relay id %s is empty',
+                coalesce(pg_catalog.quote_literal(outbox_extend_lease.relay), 'NULL')),
+            HINT = 'Pass the id the relay claimed with.';
+    END IF;
+    IF outbox_extend_lease.lease IS NULL OR outbox_extend_lease.lease <= interval '0' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ012',
+            MESSAGE = pg_catalog.format('X_LEASE_INVALID: lease %s is not positive',
+                coalesce(outbox_extend_lease.lease::text, 'NULL')),
+            HINT = 'Pass a lease longer than the heartbeat interval, such as ''30 seconds''.';
+    END IF;
+    IF outbox_extend_lease.lease > interval '1000 years' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ012',
+            MESSAGE = pg_catalog.format('X_LEASE_INVALID: lease %s is longer than 1000 years',
+                outbox_extend_lease.lease),
+            HINT = 'Pass a lease longer than the heartbeat interval, such as ''30 seconds''.';
+    END IF;
+    RETURN QUERY
+    UPDATE x_jobs.outbox AS o
+    SET available_at = x_jobs.now() + outbox_extend_lease.lease
+    WHERE o.id = ANY (outbox_extend_lease.ids)
+        AND o.state = 'inflight'
+        AND o.relay = outbox_extend_lease.relay
+    RETURNING o.id;
+END
+$$;
+
+-- New functions are executable by PUBLIC until revoked (the fresh script revokes all at once).
+REVOKE ALL ON FUNCTION x_jobs.outbox_extend_lease(bigint[], text, interval) FROM public;
+GRANT EXECUTE ON FUNCTION x_jobs.outbox_extend_lease(bigint[], text, interval) TO x_jobs_worker;

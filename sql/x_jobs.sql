@@ -2772,6 +2772,49 @@ BEGIN
 END
 $$;
 
+-- The relay's heartbeat: push the lease of the inflight messages `relay` holds among `ids` to
+-- now + lease. Answers the ids still held; a missing one was lost (its lease lapsed and another
+-- relay took it, or it was settled), and its delivery's ack will find it gone. Without it a
+-- delivery slower than the lease was claimed again and sent a second time while it ran.
+CREATE FUNCTION x_jobs.outbox_extend_lease(ids bigint[], relay text, lease interval DEFAULT '30 seconds')
+RETURNS SETOF bigint
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF outbox_extend_lease.relay IS NULL OR outbox_extend_lease.relay = '' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ036',
+            MESSAGE = pg_catalog.format('X_RELAY_INVALID: relay id %s is empty',
+                coalesce(pg_catalog.quote_literal(outbox_extend_lease.relay), 'NULL')),
+            HINT = 'Pass the id the relay claimed with.';
+    END IF;
+    IF outbox_extend_lease.lease IS NULL OR outbox_extend_lease.lease <= interval '0' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ012',
+            MESSAGE = pg_catalog.format('X_LEASE_INVALID: lease %s is not positive',
+                coalesce(outbox_extend_lease.lease::text, 'NULL')),
+            HINT = 'Pass a lease longer than the heartbeat interval, such as ''30 seconds''.';
+    END IF;
+    IF outbox_extend_lease.lease > interval '1000 years' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ012',
+            MESSAGE = pg_catalog.format('X_LEASE_INVALID: lease %s is longer than 1000 years',
+                outbox_extend_lease.lease),
+            HINT = 'Pass a lease longer than the heartbeat interval, such as ''30 seconds''.';
+    END IF;
+    RETURN QUERY
+    UPDATE x_jobs.outbox AS o
+    SET available_at = x_jobs.now() + outbox_extend_lease.lease
+    WHERE o.id = ANY (outbox_extend_lease.ids)
+        AND o.state = 'inflight'
+        AND o.relay = outbox_extend_lease.relay
+    RETURNING o.id;
+END
+$$;
+
 -- A delivery failed. With attempts left (and retryable) the message waits until retry_at, or
 -- its backoff: min(1 hour, 1 second * 2^(attempt - 1)) with equal jitter; the messages after it
 -- in its key wait too. Else it is dead, kept for outbox_redrive. Answers the state it is in
@@ -3667,6 +3710,7 @@ GRANT USAGE ON SEQUENCE x_jobs.outbox_id_seq TO x_jobs_producer;
 -- Workers relay: they claim, deliver and settle messages.
 GRANT EXECUTE ON FUNCTION x_jobs.relay_outbox(text, integer, interval, text[]) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.outbox_ack(bigint[], text) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.outbox_extend_lease(bigint[], text, interval) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.outbox_nack(bigint, text, text, timestamptz, boolean) TO x_jobs_worker;
 GRANT UPDATE ON x_jobs.outbox TO x_jobs_worker;
 -- Admins redrive dead messages, purge delivered ones and old ledger rows.

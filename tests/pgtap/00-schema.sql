@@ -2,7 +2,7 @@
 -- volatile it is, whose rights it runs with, which settings it pins, and who may use what.
 -- A change to any of these is a change to the API: it shows up here first, on purpose.
 BEGIN;
-SELECT plan(576);
+SELECT plan(585);
 
 -- The functions of the API, one row each, with what 00-schema pins about them. `args` is how
 -- pgTAP's catalog view spells the argument types (regtype output: 'timestamp with time zone',
@@ -80,6 +80,7 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
 ('outbox_put_many', '{jsonb}', 'setof record', 'VOLATILE', NULL),
 ('relay_outbox', '{text,integer,interval,text[]}', 'setof record', 'VOLATILE', NULL),
 ('outbox_ack', '{bigint[],text}', 'setof bigint', 'VOLATILE', NULL),
+('outbox_extend_lease', '{bigint[],text,interval}', 'setof bigint', 'VOLATILE', NULL),
 ('outbox_nack', '{bigint,text,text,timestamp with time zone,boolean}', 'x_jobs.outbox_state', 'VOLATILE', NULL),
 ('outbox_redrive', '{bigint[],text,integer}', 'bigint', 'VOLATILE', NULL),
 ('purge_outbox', '{interval,integer}', 'bigint', 'VOLATILE', NULL),
@@ -150,6 +151,7 @@ INSERT INTO api_grant (fn, lowest_role, to_pg_monitor) VALUES
 ('receive_webhook', 'x_jobs_producer', FALSE),
 ('relay_outbox', 'x_jobs_worker', FALSE),
 ('outbox_ack', 'x_jobs_worker', FALSE),
+('outbox_extend_lease', 'x_jobs_worker', FALSE),
 ('outbox_nack', 'x_jobs_worker', FALSE),
 ('outbox_redrive', 'x_jobs_admin', FALSE),
 ('purge_outbox', 'x_jobs_admin', FALSE),
@@ -775,6 +777,7 @@ INSERT INTO api_param (fn, arguments) VALUES
     'topics text[] DEFAULT NULL::text[]'
 ),
 ('outbox_ack', 'ids bigint[], relay text'),
+('outbox_extend_lease', 'ids bigint[], relay text, lease interval DEFAULT ''00:00:30''::interval'),
 (
     'outbox_nack',
     'id bigint, relay text, error text, '

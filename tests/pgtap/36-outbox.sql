@@ -53,7 +53,7 @@ COMMIT;
 
 RESET default_transaction_isolation;
 BEGIN;
-SELECT plan(171);
+SELECT plan(178);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:00:00+00';
 
@@ -1368,6 +1368,54 @@ SELECT is(
     ),
     3,
     'purge_outbox with a batch of 2 should leave three of the five old messages'
+);
+
+-- outbox_extend_lease: the relay's heartbeat. A delivery slower than its lease was claimed
+-- again by another relay and sent a second time while it ran.
+SET LOCAL "x_jobs.fake_now" = '2030-03-01 00:00:00+00';
+DO $$
+BEGIN
+    PERFORM pg_temp.put('t36-hb', t.tag) FROM (VALUES ('hb1'), ('hb2'), ('hb3')) AS t (tag);
+END
+$$;
+
+SELECT is(pg_temp.relay('r-hb', 't36-hb', 2, '10 seconds'), ARRAY['hb1', 'hb2'], 'r-hb should hold two messages');
+SELECT is(pg_temp.relay('r-other', 't36-hb', 1, '10 seconds'), ARRAY['hb3'], 'r-other should hold the third');
+SELECT is(pg_temp.ack('r-hb', ARRAY['hb2']), ARRAY['hb2'], 'r-hb should deliver one of its two');
+
+SET LOCAL "x_jobs.fake_now" = '2030-03-01 00:00:08+00';
+SELECT results_eq(
+    $$
+    SELECT e FROM x_jobs.outbox_extend_lease(pg_temp.mids(ARRAY['hb1', 'hb2', 'hb3']), 'r-hb', '10 seconds') AS e
+    $$,
+    $$ SELECT pg_temp.mid('hb1') $$,
+    'outbox_extend_lease should answer only the inflight messages the relay holds (not a delivered one, not another''s)'
+);
+SELECT results_eq(
+    $$
+    SELECT o.payload ->> 'tag', o.state::text, o.available_at FROM x_jobs.outbox AS o
+    WHERE o.payload ->> 'tag' IN ('hb1', 'hb3') ORDER BY o.id
+    $$,
+    $$ VALUES ('hb1', 'inflight', '2030-03-01 00:00:18+00'::timestamptz),
+              ('hb3', 'inflight', '2030-03-01 00:00:10+00'::timestamptz) $$,
+    'The held lease should run from now, the other relay''s should be as it was'
+);
+
+-- Past the first lease (10 s), the extended message is not handed out again; the other is.
+SET LOCAL "x_jobs.fake_now" = '2030-03-01 00:00:12+00';
+SELECT is(
+    pg_temp.relay('r-late', 't36-hb', 10, '10 seconds'),
+    ARRAY['hb3'],
+    'A message whose lease was extended should not be claimed again; one whose lease lapsed should'
+);
+SELECT results_eq(
+    $$
+    SELECT c.err_state FROM tap_helpers.caught($q$ SELECT * FROM x_jobs.outbox_extend_lease('{1}', '') $q$) AS c
+    UNION ALL
+    SELECT c.err_state FROM tap_helpers.caught($q$ SELECT * FROM x_jobs.outbox_extend_lease('{1}', 'r', '0 seconds') $q$) AS c
+    $$,
+    $$ VALUES ('XJ036'), ('XJ012') $$,
+    'outbox_extend_lease should refuse an empty relay id and a lease that is not positive'
 );
 
 SELECT * FROM finish();

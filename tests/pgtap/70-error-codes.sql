@@ -148,6 +148,7 @@ SELECT set_eq(
         ('XJ034', '_require_message'),
         ('XJ035', '_require_message'), ('XJ035', 'outbox_put_many'),
         ('XJ036', 'relay_outbox'), ('XJ036', 'outbox_ack'), ('XJ036', 'outbox_nack'),
+        ('XJ036', 'outbox_extend_lease'),
         ('XJ037', 'receive_webhook')$$,
     'XJ034..XJ037 should be raised only by the outbox and webhook functions they are documented for'
 );
