@@ -25,6 +25,8 @@
 --     NaN total passed the done <= total test.
 --   * receive_webhook refuses a source or webhook id over 200 characters (XJ037): past a
 --     btree entry's size the insert failed with a bare 54000, and the sender retried for ever.
+--   * publish and step_wait refuse an event key over 400 characters (XJ028): past a btree
+--     entry's size the insert failed with a bare 54000.
 --   * purge_events and purge_webhook_ledger pick their batch once, as an array, as purge does.
 
 
@@ -65,7 +67,7 @@ AS $$
         ('XJ025', 'X_TIMEOUT_INVALID', 'A sleep is missing or negative, or a wait timeout is negative; either ends past the year 9999.'),
         ('XJ026', 'X_JOB_NOT_HELD', 'A step function was called by a worker that does not hold the job.'),
         ('XJ027', 'X_STEP_CONFLICT', 'A step name is already used by a step of another kind in the run.'),
-        ('XJ028', 'X_EVENT_INVALID', 'An event name is missing, empty or longer than 200 characters.'),
+        ('XJ028', 'X_EVENT_INVALID', 'An event name is missing, empty or longer than 200 characters, or its key is longer than 400.'),
         ('XJ029', 'X_MATCH_INVALID', 'A wait''s match is not a JSON object.'),
         ('XJ030', 'X_JOB_HELD', 'resolve_step was asked of a job that a worker holds (running).'),
         ('XJ031', 'X_STEP_NOT_FOUND', 'The job has no step of this name.'),
@@ -589,6 +591,15 @@ BEGIN
     END IF;
     v_job := x_jobs._require_held(step_wait.id, step_wait.worker, coalesce(step_wait.step, ''));
     PERFORM x_jobs._require_event(step_wait.event);
+    -- The key is in the events' and the waits' indexes with the name: past a btree entry's size
+    -- (about 2.7 kB) an insert failed with a bare 54000. 400 characters keep both within it.
+    IF pg_catalog.length(step_wait.event_key) > 400 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ028',
+            MESSAGE = pg_catalog.format('X_EVENT_INVALID: event key %s is longer than 400 characters',
+                pg_catalog.quote_literal(pg_catalog.left(step_wait.event_key, 410))),
+            HINT = 'Key events with a short text, such as an order id; put the rest in the payload.';
+    END IF;
     IF step_wait.timeout < interval '0' THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ025',
@@ -1837,6 +1848,105 @@ BEGIN
     INSERT INTO x_jobs.webhook_ledger (source, webhook_id, received_at, job_id)
     VALUES (receive_webhook.source, receive_webhook.webhook_id, x_jobs.now(), v_job);
     RETURN QUERY SELECT v_job, FALSE;
+END
+$$;
+
+-- Publish an event, in the caller's transaction: it is recorded, the open waits that match it
+-- are resolved with its payload, their suspended runs are due at once and their queues are
+-- notified, all when the caller commits (a rollback wakes nobody). A wait matches when it names
+-- this event, names no key or this key, and its `match` is contained in the payload. Answers
+-- the event's id and how many runs it woke.
+--
+-- READ COMMITTED only: the waits registered while this publish waited for the event's lock are
+-- read by a statement after it, which under a transaction snapshot would not see them.
+--
+-- SECURITY DEFINER: a producer publishes (records an event, resolves the waits on it, makes
+-- their runs due) without any right to write jobs or steps itself. Every name in the body is
+-- schema-qualified and search_path is pinned with pg_temp last.
+CREATE OR REPLACE FUNCTION x_jobs.publish(event text, payload jsonb DEFAULT NULL, key text DEFAULT NULL)
+RETURNS TABLE (event_id bigint, woken integer)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := x_jobs.now();
+    v_id bigint;
+    v_jobs bigint[];
+    v_queues text[];
+BEGIN
+    PERFORM x_jobs._require_event(publish.event);
+    -- The key is in the events' and the waits' indexes with the name: past a btree entry's size
+    -- (about 2.7 kB) an insert failed with a bare 54000. 400 characters keep both within it.
+    IF pg_catalog.length(publish.key) > 400 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ028',
+            MESSAGE = pg_catalog.format('X_EVENT_INVALID: event key %s is longer than 400 characters',
+                pg_catalog.quote_literal(pg_catalog.left(publish.key, 410))),
+            HINT = 'Key events with a short text, such as an order id; put the rest in the payload.';
+    END IF;
+    IF pg_catalog.pg_column_size(publish.payload) > x_jobs._max_payload_bytes() THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ003',
+            MESSAGE = pg_catalog.format('X_PAYLOAD_TOO_LARGE: payload of %s bytes exceeds the limit of %s',
+                pg_catalog.pg_column_size(publish.payload), x_jobs._max_payload_bytes()),
+            DETAIL = pg_catalog.format('For event %L.', publish.event),
+            HINT = 'Publish a reference to large data, or raise x_jobs.max_payload_bytes.';
+    END IF;
+    IF pg_catalog.current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ022',
+            MESSAGE = pg_catalog.format('X_ISOLATION_UNSUPPORTED: publish cannot run at isolation level %s',
+                pg_catalog.current_setting('transaction_isolation')),
+            HINT = 'Publish from a READ COMMITTED transaction (the default).';
+    END IF;
+
+    PERFORM pg_catalog.pg_advisory_xact_lock_shared(2024061702, pg_catalog.hashtext(publish.event));
+    IF publish.key IS NOT NULL THEN
+        PERFORM pg_catalog.pg_advisory_xact_lock_shared(2024061703,
+            pg_catalog.hashtext(publish.event || E'\x1f' || publish.key));
+    END IF;
+
+    INSERT INTO x_jobs.event (name, key, published_at, payload)
+    VALUES (publish.event, publish.key, x_jobs._clock(), publish.payload)
+    RETURNING id INTO v_id;
+
+    -- The matching waits, locked in job order so that two publishes resolving the same steps
+    -- cannot deadlock; a wait resolved meanwhile by another publish is passed over.
+    WITH matched AS (
+        SELECT s.job_id, s.name
+        FROM x_jobs.step AS s
+        WHERE s.status = 'waiting'
+            AND s.event = publish.event
+            AND (s.event_key IS NULL OR s.event_key = publish.key)
+            AND (s.match IS NULL OR publish.payload @> s.match)
+        ORDER BY s.job_id, s.name
+        FOR UPDATE
+    ),
+    resolved AS (
+        UPDATE x_jobs.step AS s
+        SET status = 'done', output = publish.payload, event_id = v_id,
+            resolved_by = 'event', resolved_at = v_now
+        FROM matched AS m
+        WHERE s.job_id = m.job_id AND s.name = m.name AND NOT s.compensation
+            AND s.status = 'waiting'
+        RETURNING s.job_id
+    ),
+    woke AS (
+        UPDATE x_jobs.job AS j
+        SET state = 'ready', run_at = v_now, updated_at = v_now
+        FROM resolved AS r
+        WHERE j.id = r.job_id AND j.state = 'suspended'
+        RETURNING j.id, j.queue
+    )
+    SELECT coalesce(pg_catalog.array_agg(w.id), '{}'), coalesce(pg_catalog.array_agg(DISTINCT w.queue), '{}')
+    INTO v_jobs, v_queues
+    FROM woke AS w;
+
+    PERFORM x_jobs._notify('x_jobs', q.queue) FROM unnest(v_queues) AS q (queue);
+    RETURN QUERY SELECT v_id, pg_catalog.cardinality(v_jobs);
 END
 $$;
 

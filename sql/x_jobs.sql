@@ -481,7 +481,7 @@ AS $$
         ('XJ025', 'X_TIMEOUT_INVALID', 'A sleep is missing or negative, or a wait timeout is negative; either ends past the year 9999.'),
         ('XJ026', 'X_JOB_NOT_HELD', 'A step function was called by a worker that does not hold the job.'),
         ('XJ027', 'X_STEP_CONFLICT', 'A step name is already used by a step of another kind in the run.'),
-        ('XJ028', 'X_EVENT_INVALID', 'An event name is missing, empty or longer than 200 characters.'),
+        ('XJ028', 'X_EVENT_INVALID', 'An event name is missing, empty or longer than 200 characters, or its key is longer than 400.'),
         ('XJ029', 'X_MATCH_INVALID', 'A wait''s match is not a JSON object.'),
         ('XJ030', 'X_JOB_HELD', 'resolve_step was asked of a job that a worker holds (running).'),
         ('XJ031', 'X_STEP_NOT_FOUND', 'The job has no step of this name.'),
@@ -2051,6 +2051,15 @@ BEGIN
     END IF;
     v_job := x_jobs._require_held(step_wait.id, step_wait.worker, coalesce(step_wait.step, ''));
     PERFORM x_jobs._require_event(step_wait.event);
+    -- The key is in the events' and the waits' indexes with the name: past a btree entry's size
+    -- (about 2.7 kB) an insert failed with a bare 54000. 400 characters keep both within it.
+    IF pg_catalog.length(step_wait.event_key) > 400 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ028',
+            MESSAGE = pg_catalog.format('X_EVENT_INVALID: event key %s is longer than 400 characters',
+                pg_catalog.quote_literal(pg_catalog.left(step_wait.event_key, 410))),
+            HINT = 'Key events with a short text, such as an order id; put the rest in the payload.';
+    END IF;
     IF step_wait.timeout < interval '0' THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ025',
@@ -2165,6 +2174,15 @@ DECLARE
     v_queues text[];
 BEGIN
     PERFORM x_jobs._require_event(publish.event);
+    -- The key is in the events' and the waits' indexes with the name: past a btree entry's size
+    -- (about 2.7 kB) an insert failed with a bare 54000. 400 characters keep both within it.
+    IF pg_catalog.length(publish.key) > 400 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ028',
+            MESSAGE = pg_catalog.format('X_EVENT_INVALID: event key %s is longer than 400 characters',
+                pg_catalog.quote_literal(pg_catalog.left(publish.key, 410))),
+            HINT = 'Key events with a short text, such as an order id; put the rest in the payload.';
+    END IF;
     IF pg_catalog.pg_column_size(publish.payload) > x_jobs._max_payload_bytes() THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ003',

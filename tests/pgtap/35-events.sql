@@ -50,7 +50,7 @@ COMMIT;
 
 RESET default_transaction_isolation;
 BEGIN;
-SELECT plan(41);
+SELECT plan(43);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
@@ -317,6 +317,24 @@ SELECT throws_ok(
     'XJ028',
     'X_EVENT_INVALID: event name NULL is missing, empty or longer than 200 characters',
     'publish should refuse a missing event name'
+);
+
+-- A key of thousands of characters was a bare btree error (54000) from publish and step_wait.
+SELECT results_eq(
+    $$
+    SELECT c.err_state, c.err_message, c.err_hint
+    FROM tap_helpers.caught(pg_catalog.format(
+        'SELECT * FROM x_jobs.publish(%L, %L, key => %L)', 't35.long', '{}', pg_catalog.repeat('k', 3000)
+    )) AS c
+    $$,
+    $$VALUES ('XJ028',
+              pg_catalog.format('X_EVENT_INVALID: event key %L is longer than 400 characters', pg_catalog.repeat('k', 410)),
+              'Key events with a short text, such as an order id; put the rest in the payload.')$$,
+    'publish should refuse a key longer than 400 characters, with a HINT'
+);
+SELECT lives_ok(
+    pg_catalog.format('SELECT * FROM x_jobs.publish(%L, %L, key => %L)', 't35.long', '{}', pg_catalog.repeat('k', 400)),
+    'publish should accept a key of 400 characters'
 );
 
 SELECT throws_ok(
