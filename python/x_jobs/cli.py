@@ -306,8 +306,9 @@ def worker(
     app = load_app(app_path)
     if dsn is not None:
         app.dsn = dsn
+    loop: Worker | None = None
     try:
-        Worker(
+        loop = Worker(
             app,
             queues=queue or None,
             concurrency=concurrency,
@@ -317,10 +318,15 @@ def worker(
             grace=grace,
             build=build,
             metrics_port=metrics_port,
-        ).run()
+        )
+        loop.run()
     except XJobsError as err:
-        typer.echo(f"x-jobs: {err}", err=True)
-        raise typer.Exit(2) from err
+        # A database without x_jobs (or too old), a metrics port another process holds.
+        Output(as_json=False).refuse(EXIT_USAGE, err)
+    except psycopg.Error as err:
+        if loop is not None and loop.wait_stopped(0):
+            raise  # it ran: no start-up failure (it rides out a lost connection itself)
+        _start_failed(err)
 
 
 @cli.command()
@@ -336,7 +342,7 @@ def relay(
         float,
         typer.Option(
             parser=_seconds(LEASE_LEAST),
-            help="Lease of a claimed message, seconds (1+, above sink timeouts).",
+            help="Lease of a claimed message, seconds (1+; extended while it is delivered).",
         ),
     ] = 60.0,
     poll: Poll = 1.0,
@@ -353,13 +359,36 @@ def relay(
     app = load_app(app_path)
     if dsn is not None:
         app.dsn = dsn
+    loop: Relay | None = None
     try:
-        Relay(app, concurrency=concurrency, lease=lease, poll_interval=poll, grace=grace).run()
+        loop = Relay(app, concurrency=concurrency, lease=lease, poll_interval=poll, grace=grace)
+        loop.run()
     except ValueError as err:
         raise typer.BadParameter(str(err)) from err
     except XJobsError as err:
-        typer.echo(f"x-jobs: {err}", err=True)
-        raise typer.Exit(2) from err
+        Output(as_json=False).refuse(EXIT_USAGE, err)
+    except psycopg.Error as err:
+        if loop is not None and loop.wait_stopped(0):
+            raise  # it ran: no start-up failure (it rides out a lost connection itself)
+        _start_failed(err)
+
+
+def _start_failed(err: psycopg.Error) -> NoReturn:
+    """A worker or relay that could not start on its database: one line and a hint, exit 2, as
+    any command. Raised before the loop began, so by the first connection or the version
+    check: an error without an SQLSTATE (a bad DSN) or an OperationalError is the connection's."""
+    out = Output(as_json=False)
+    if err.sqlstate is None or isinstance(err, psycopg.OperationalError):
+        out.fail(
+            EXIT_USAGE,
+            f"X_CONNECT_FAILED: cannot connect to the database: {_first_line(str(err))}",
+            CONNECT_HINT,
+            code="X_CONNECT_FAILED",
+        )
+    hint = err.diag.message_hint
+    if hint is None and isinstance(err, psycopg.errors.InsufficientPrivilege):
+        hint = PRIVILEGE_HINT
+    out.fail(EXIT_USAGE, err.diag.message_primary or str(err), hint, sqlstate=err.sqlstate)
 
 
 # --- the operator's commands ------------------------------------------------------------------

@@ -17,7 +17,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from x_jobs.errors import ClientError
+
 logger = logging.getLogger(__name__)
+
+
+class MetricsPortUnavailable(ClientError):
+    """The metrics port could not be bound (another process listens there, say)."""
+
+    code = "X_METRICS_PORT_UNAVAILABLE"
 
 
 class WorkerMetrics:
@@ -43,7 +51,14 @@ class WorkerMetrics:
         self._children: dict[tuple[str, ...], Any] = {}
         self._server: Any = None
         if port is not None:
-            self._server, _thread = start_http_server(port, registry=self.registry)
+            try:
+                self._server, _thread = start_http_server(port, registry=self.registry)
+            except OSError as err:
+                raise MetricsPortUnavailable(
+                    f"X_METRICS_PORT_UNAVAILABLE: cannot serve metrics on port {port}:"
+                    f" {err.strerror or err}",
+                    hint="Pass a --metrics-port that no other process listens on.",
+                ) from err
             logger.info("metrics served", extra={"port": port})
 
     def _child(self, metric: Any, *labels: str) -> Any:

@@ -31,7 +31,7 @@ import psycopg
 from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
-from x_jobs.errors import InputInvalid, MessageInvalid, unstorable_as
+from x_jobs.errors import InputInvalid, InvalidArgument, MessageInvalid, unstorable_as
 
 if TYPE_CHECKING:
     from x_jobs.app import App, Job
@@ -118,22 +118,62 @@ class JobSink:
             raise error
 
     def deliver_batch(self, messages: Sequence[OutboxMessage]) -> list[Exception | None]:
-        """All the messages in one ``enqueue_many`` (one commit); a payload that is not a valid
-        input fails its own message, for good."""
+        """All the messages in one ``enqueue_many`` (one commit). A message whose job cannot be
+        made fails alone, for good: a payload that is not a valid input, a tenant or key function
+        that raises on it, or a job the database refuses (an empty tenant derived from it, say).
+        Any other failure (the database away) fails the messages not enqueued, to be retried."""
         job = self.app.lookup(self.job) if isinstance(self.job, str) else self.job
         errors: list[Exception | None] = []
-        requests: list[dict[str, Any]] = []
+        requests: list[tuple[int, dict[str, Any]]] = []
         for message in messages:
             options: dict[str, Any] = {"idempotency_key": f"outbox:{message.id}"}
             if self.queue is not None:
                 options["queue"] = self.queue
             try:
-                requests.append(job.request(message.payload, **options))
+                requests.append((len(errors), job.request(message.payload, **options)))
                 errors.append(None)
             except InputInvalid as err:
                 errors.append(DeliveryError(str(err), retryable=False))
-        self.app.enqueue_requests(requests)
+            except Exception as err:  # the job's own tenant/key/dump functions, on this payload
+                errors.append(
+                    DeliveryError(
+                        f"the job's request could not be made: {self._described(err)}",
+                        retryable=False,
+                    )
+                )
+        if not requests:
+            return errors
+        try:
+            self.app.enqueue_requests([request for _, request in requests])
+        except InvalidArgument as err:
+            if len(requests) == 1:
+                errors[requests[0][0]] = self._refused(err)
+                return errors
+            # enqueue_many is one statement: one job the database refuses fails them all. One
+            # by one, so that only the refused ones fail (each with its idempotency key, so a
+            # job enqueued twice is one job).
+            for index, request in requests:
+                try:
+                    self.app.enqueue_requests([request])
+                except InvalidArgument as refusal:
+                    errors[index] = self._refused(refusal)
+                except Exception as failure:  # retried, as any sink failure
+                    errors[index] = failure
         return errors
+
+    @staticmethod
+    def _refused(err: InvalidArgument) -> DeliveryError:
+        """A job the database (or the client) refused for what it holds: enqueueing it again
+        would be refused again, so its message fails for good, naming the refusal."""
+        return DeliveryError(f"its job was refused: {err}", retryable=False)
+
+    @staticmethod
+    def _described(err: BaseException) -> str:
+        try:
+            text = str(err)
+        except Exception:  # an exception's own __str__ may fail: its type still says something
+            text = ""
+        return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
     def close(self) -> None:
         pass

@@ -1,21 +1,36 @@
 """The outbox relay: claim messages with ``x_jobs.relay_outbox``, hand each to its topic's sink,
-settle with ``x_jobs.outbox_ack`` (in batches) or ``x_jobs.outbox_nack``.
+extend the leases of those in flight with ``x_jobs.outbox_extend_lease``, and settle them with
+``x_jobs.outbox_ack`` (in batches) or ``x_jobs.outbox_nack``.
 
-Up to ``concurrency`` deliveries run at once on a thread pool; the relay claims again as soon as
-half of that room is free, so a slow endpoint holds its own messages, not the others'. Order per
-key is the database's doing: ``relay_outbox`` hands out a key's next message only once the one
-before it is acked (or dead), so the relay acks as soon as deliveries finish.
+Up to ``concurrency`` deliveries run at once, each on a delivery thread of the relay's own; the
+relay claims again as soon as half of that room is free, so a slow endpoint holds its own
+messages, not the others'. Order per key is the database's doing: ``relay_outbox`` hands out a
+key's next message only once the one before it is acked (or dead), so the relay acks as soon as
+deliveries finish.
+
+Leases: every ``lease / 3`` (5 s at most) the relay extends the lease of every message it
+holds, so that a delivery may take longer than the lease without being claimed and sent again
+meanwhile; the lease only has to outlast a few missed heartbeats (a slow or lost database). A
+message found no longer held (its lease lapsed while the database was away, and another relay
+took it) is logged; its delivery's ack finds it gone.
 
 Delivery is at least once. A relay that dies after a delivery and before its ack leaves the
-message in flight until its lease lapses; then a relay delivers it again. Keep ``lease`` well
-above the sinks' timeouts (it is checked at start), or a slow delivery is sent twice.
+message in flight until its lease lapses; then a relay delivers it again.
+
+A lost connection is reconnected with backoff; any other refusal of the database (a read-only
+session during a failover, a privilege revoked) is logged, and claiming, extending and settling
+pause with backoff on a fresh session; what is to be settled is kept meanwhile.
 
 Stopping: the first SIGTERM or SIGINT claims nothing more, lets the deliveries in flight finish
-(within ``grace``), acks them and exits; a second one exits at once (their leases will lapse).
+(within ``grace``), acks them and exits; a second one exits at once. What is still in flight
+then (a sink that hangs, a database away) is left to its lease: another relay delivers it once
+the lease lapses. The delivery threads are daemon threads, so a sink that never returns does not
+keep the process alive.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import queue
@@ -24,7 +39,7 @@ import signal
 import socket
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from types import FrameType
@@ -35,7 +50,7 @@ import psycopg
 from x_jobs._conn import connect
 from x_jobs._listen import DB_GONE, listen
 from x_jobs.app import App, Seconds, interval, seconds
-from x_jobs.errors import storable
+from x_jobs.errors import XJobsError, storable, translate
 from x_jobs.outbox import BatchSink, DeliveryError, OutboxMessage
 
 logger = logging.getLogger(__name__)
@@ -44,11 +59,17 @@ CLAIM: LiteralString = """
     SELECT id, topic, key, payload, headers, attempt
     FROM x_jobs.relay_outbox(relay => %s, qty => %s, lease => %s, topics => %s)
 """
+EXTEND: LiteralString = """
+    SELECT e FROM x_jobs.outbox_extend_lease(ids => %s, relay => %s, lease => %s) AS e
+"""
 ACK: LiteralString = "SELECT a FROM x_jobs.outbox_ack(ids => %s, relay => %s) AS a"
 NACK: LiteralString = """
     SELECT x_jobs.outbox_nack(id => %s, relay => %s, error => %s, retry_at => %s,
                               retryable => %s)::text
 """
+
+#: The longest pause after a refusal of the database, and after a failed reconnect.
+MAX_BACKOFF_SECONDS = 5.0
 
 
 @dataclass
@@ -60,17 +81,84 @@ class _Result:
     retry_at: datetime | None = None
 
 
+def _described(err: BaseException) -> str:
+    """``Type: message``; the type alone when the exception's ``str()`` itself fails (it is the
+    sink's code, and may)."""
+    name = type(err).__name__
+    try:
+        text = str(err)
+    except BaseException:  # whatever it raises, the failure is still recorded
+        return f"{name} (its message could not be read)"
+    return f"{name}: {text}" if text else name
+
+
 def _failed(message: OutboxMessage, err: BaseException) -> _Result:
     if isinstance(err, DeliveryError):
-        return _Result(
-            message, ok=False, error=str(err), retryable=err.retryable, retry_at=err.retry_at
-        )
+        try:
+            retry_at = err.retry_at if isinstance(err.retry_at, datetime) else None
+            return _Result(
+                message,
+                ok=False,
+                error=str(err),
+                retryable=bool(err.retryable),
+                retry_at=retry_at,
+            )
+        except BaseException:  # a subclass's str() or attributes: as any exception, below
+            pass
     # Any other failure of a sink is worth another try, with the outbox's backoff.
-    return _Result(message, ok=False, error=f"{type(err).__name__}: {err}")
+    return _Result(message, ok=False, error=_described(err))
+
+
+def _about_the_message(err: psycopg.Error) -> bool:
+    """Whether a refused nack was refused for what it says about its message (an x_jobs
+    refusal, a value the database cannot store), not for the session's state (read-only...)."""
+    return isinstance(err, psycopg.errors.DataError) or isinstance(translate(err), XJobsError)
 
 
 def default_relay_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{random.getrandbits(32):08x}:relay"
+
+
+class _DeliveryThreads:
+    """The relay's delivery threads: daemon threads, started as the deliveries in flight need
+    them (never more than the most that ran at once), each taking the next task when it is done.
+
+    Not a ThreadPoolExecutor: the interpreter joins its threads at exit, so one sink that never
+    returned kept a stopped relay's process alive for good, whatever the signals."""
+
+    def __init__(self) -> None:
+        self._tasks: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._busy = 0
+
+    def submit(self, task: Callable[[], None]) -> None:
+        with self._lock:
+            self._busy += 1
+            start = self._busy > self._threads
+            if start:
+                self._threads += 1
+                name = f"x_jobs-deliver-{self._threads}"
+        self._tasks.put(task)
+        if start:
+            threading.Thread(target=self._serve, name=name, daemon=True).start()
+
+    def _serve(self) -> None:
+        while (task := self._tasks.get()) is not None:
+            try:
+                task()
+            except BaseException:  # a task reports its own outcome; the thread serves on
+                logger.exception("a delivery task failed")
+            finally:
+                with self._lock:
+                    self._busy -= 1
+
+    def shutdown(self) -> None:
+        """The idle threads end; those still delivering are left to end with the process."""
+        with self._lock:
+            threads = self._threads
+        for _ in range(threads):
+            self._tasks.put(None)
 
 
 class Relay:
@@ -83,6 +171,7 @@ class Relay:
         concurrency: int = 16,
         lease: Seconds = 60,
         poll_interval: Seconds = 1.0,
+        heartbeat_interval: Seconds | None = None,
         grace: Seconds = 30,
         relay_id: str | None = None,
         check_version: bool = True,
@@ -93,12 +182,20 @@ class Relay:
             raise ValueError(f"concurrency must be 1 or more, not {concurrency}")
         self.app = app
         self.concurrency = concurrency
+        # No check of the lease against the sinks' timeouts any more: the heartbeat extends the
+        # lease of a delivery however long it runs, so the lease only has to outlast a few
+        # heartbeats (lease / 3 apart), whatever the sinks' timeouts.
         self.lease = seconds(lease)
-        slowest = max(float(getattr(s, "timeout", 0.0)) for s in app.outbox.sinks.values())
-        if self.lease <= slowest:
+        # Well before the lease lapses, as the worker's heartbeat.
+        self.heartbeat_interval = (
+            seconds(heartbeat_interval)
+            if heartbeat_interval is not None
+            else min(self.lease / 3, 5.0)
+        )
+        if not 0 < self.heartbeat_interval < self.lease:
             raise ValueError(
-                f"lease {self.lease:g} s must exceed the slowest sink's timeout ({slowest:g} s), "
-                "or a slow delivery would be sent twice"
+                f"heartbeat interval {self.heartbeat_interval:g} s must be positive and shorter"
+                f" than the lease ({self.lease:g} s)"
             )
         self.poll_interval = seconds(poll_interval)
         self.grace = seconds(grace)
@@ -110,7 +207,18 @@ class Relay:
         self._wake = threading.Event()
         self._notified = threading.Event()
         self._stop_requests = 0
+        #: Messages claimed and not settled yet: delivering, or their outcome to be settled.
         self._in_flight = 0
+        #: The ids of those messages; True while this relay still holds the message's lease
+        #: (the heartbeat extends it), False once the heartbeat found it lost.
+        self._held: dict[int, bool] = {}
+        #: Outcomes of ended deliveries waiting for their ack or nack.
+        self._pending: list[_Result] = []
+        self._next_heartbeat = 0.0
+        #: After a refusal of the database, no claim, heartbeat or settlement before this.
+        self._paused_until = 0.0
+        self._pause = 0.1
+        self._drain_deadline: float | None = None
         self._stopped = threading.Event()
         #: How many messages this relay delivered and failed: for logs and tests.
         self.delivered = 0
@@ -130,13 +238,23 @@ class Relay:
         self._connect(first=True)
         listener = threading.Thread(target=self._listen, name="x_jobs-relay-listen", daemon=True)
         listener.start()
-        pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="x_jobs-deliver")
+        threads = _DeliveryThreads()
         try:
-            self._loop(pool)
+            self._loop(threads)
         finally:
-            # Deliveries still running past the grace are not acked: their leases lapse and
-            # another relay sends them again.
-            pool.shutdown(wait=False, cancel_futures=True)
+            threads.shutdown()
+            if self._in_flight:
+                # A sink still running past the grace (or a second signal), or outcomes the
+                # database was not there to take: not acked. Their leases lapse and another
+                # relay sends them again.
+                logger.warning(
+                    "stopping with messages in flight: left to their leases",
+                    extra={
+                        "in_flight": self._in_flight,
+                        "unsettled": len(self._pending),
+                        "ids": sorted(self._held),
+                    },
+                )
             for sink in self.app.outbox.sinks.values():
                 sink.close()
             if self._conn is not None:
@@ -165,29 +283,41 @@ class Relay:
         threading.Thread(target=self._wake.set, name="x_jobs-signal", daemon=True).start()
         logger.info("signal received", extra={"signal": signal.Signals(signum).name})
 
-    def _loop(self, pool: ThreadPoolExecutor) -> None:
+    def _must_stop(self) -> bool:
+        """Whether the loop ends now: a second stop came, or the drain's grace ran out. The first
+        stop begins the drain (wherever the loop is: reconnecting too)."""
+        if self._stop_requests >= 2:
+            return True
+        if self._stop_requests == 1:
+            now = time.monotonic()
+            if self._drain_deadline is None:
+                self._drain_deadline = now + self.grace
+                logger.info("draining: claiming nothing more", extra={"in_flight": self._in_flight})
+            return now >= self._drain_deadline
+        return False
+
+    def _loop(self, threads: _DeliveryThreads) -> None:
         next_poll = 0.0
         claim_now = True
-        drain_deadline: float | None = None
-        pending: list[_Result] = []
         while True:
-            if self._stop_requests >= 2:
+            if self._must_stop():
                 return
-            pending.extend(self._collect())
-            if pending and not self._settle(pending):
-                continue
-            pending = []
+            paused = time.monotonic() < self._paused_until
+            if self._conn is None and not paused and self._ensure_connection() is None:
+                continue  # gave up: stopping
+            self._pending.extend(self._collect())
+            if self._conn is not None and not paused:
+                if self._pending:
+                    self._settle()
+                if self._conn is not None and time.monotonic() >= self._next_heartbeat:
+                    self._heartbeat()
             now = time.monotonic()
-            if self._stop_requests == 1:
-                if drain_deadline is None:
-                    drain_deadline = now + self.grace
-                    logger.info(
-                        "draining: claiming nothing more", extra={"in_flight": self._in_flight}
-                    )
-                if self._in_flight == 0 or now >= drain_deadline:
+            paused = now < self._paused_until
+            if self._drain_deadline is not None:
+                if self._in_flight == 0:
                     return
                 # Only the deliveries in flight matter now: each one that ends sets _wake.
-                wait = min(drain_deadline - now, 1.0)
+                wait = 1.0
             else:
                 if self._notified.is_set():
                     self._notified.clear()
@@ -195,32 +325,45 @@ class Relay:
                 if now >= next_poll:
                     claim_now = True
                 room = self.concurrency - self._in_flight
-                if claim_now and room * 2 >= self.concurrency:
-                    got = self._claim(pool, room)
+                can_claim = self._conn is not None and not paused
+                if claim_now and can_claim and room * 2 >= self.concurrency:
+                    got = self._claim(threads, room)
                     if got is None:
-                        continue
+                        continue  # lost (the top reconnects) or refused (a pause began)
                     claim_now = got == room
                     next_poll = time.monotonic() + self.poll_interval
                 # Due to claim but without room: wait for a delivery to end (it sets _wake), not
                 # for the poll time, which has passed (waiting for it would spin). Else until
                 # the next poll, or sooner on a notification or an ended delivery.
-                wait = 1.0 if claim_now else max(0.0, min(next_poll - time.monotonic(), 1.0))
-            if self._wake.wait(timeout=wait):
+                wait = 1.0 if claim_now else min(next_poll - time.monotonic(), 1.0)
+            # Never past the next heartbeat, the end of a pause or the drain's deadline.
+            now = time.monotonic()
+            if paused:
+                wait = min(wait, self._paused_until - now)
+            elif self._conn is not None:
+                wait = min(wait, self._next_heartbeat - now)
+            if self._drain_deadline is not None:
+                wait = min(wait, self._drain_deadline - now)
+            if self._wake.wait(timeout=max(0.0, wait)):
                 self._wake.clear()
 
-    def _claim(self, pool: ThreadPoolExecutor, room: int) -> int | None:
-        conn = self._ensure_connection()
-        if conn is None:
-            return None
+    def _claim(self, threads: _DeliveryThreads, room: int) -> int | None:
+        """Claim up to ``room`` messages and start their deliveries; None when the database is
+        away or refused (then claiming pauses)."""
+        assert self._conn is not None
         try:
-            rows = conn.execute(
+            rows = self._conn.execute(
                 CLAIM, [self.relay_id, room, interval(self.lease), self.topics]
             ).fetchall()
         except DB_GONE as err:
             self._lost_connection(err)
             return None
+        except psycopg.Error as err:
+            self._refused("claiming", err)
+            return None
+        self._pause = 0.1
         # A sink that takes batches (the job sink) gets this claim's messages of its topics in
-        # one call; the others one message per call, each on a thread of the pool.
+        # one call; the others one message per call, each on a delivery thread.
         batches: dict[int, tuple[BatchSink, list[OutboxMessage]]] = {}
         for msg_id, topic, key, payload, headers, attempt in rows:
             message = OutboxMessage(
@@ -232,36 +375,52 @@ class Relay:
                 attempt=attempt,
             )
             self._in_flight += 1
+            self._held[msg_id] = True
             sink = self.app.outbox.sink_for(topic)
             if isinstance(sink, BatchSink):
                 batches.setdefault(id(sink), (sink, []))[1].append(message)
             else:
-                pool.submit(self._deliver, message)
+                threads.submit(functools.partial(self._deliver, message))
         for sink, messages in batches.values():
-            pool.submit(self._deliver_batch, sink, messages)
+            threads.submit(functools.partial(self._deliver_batch, sink, messages))
         return len(rows)
 
     def _deliver(self, message: OutboxMessage) -> None:
-        sink = self.app.outbox.sink_for(message.topic)
+        # Every delivery reports an outcome, whatever the sink raises: without one the message
+        # would count as in flight for good, its room never freed. A BaseException that is no
+        # Exception (SystemExit, asyncio.CancelledError, a library's own) too, and even a
+        # KeyboardInterrupt: Python raises that one in the main thread only, so here a sink
+        # raised it itself. None is raised on: in a delivery thread it would only end the
+        # thread.
+        result = _Result(message, ok=False, error="the delivery ended without an outcome")
         try:
+            sink = self.app.outbox.sink_for(message.topic)
             if sink is None:
                 raise DeliveryError(f"no sink for topic {message.topic!r}", retryable=False)
             sink.deliver(message)
             result = _Result(message, ok=True)
-        except Exception as err:
+        except BaseException as err:  # see above
             result = _failed(message, err)
-        self._results.put(result)
-        self._wake.set()
+        finally:
+            self._report([result])
 
     def _deliver_batch(self, sink: BatchSink, messages: list[OutboxMessage]) -> None:
+        # As _deliver: an outcome per message whatever happens.
+        results = [
+            _Result(m, ok=False, error="the delivery ended without an outcome") for m in messages
+        ]
         try:
             errors = sink.deliver_batch(messages)
             results = [
                 _Result(m, ok=True) if e is None else _failed(m, e)
                 for m, e in zip(messages, errors, strict=True)
             ]
-        except Exception as err:
+        except BaseException as err:  # see _deliver
             results = [_failed(m, err) for m in messages]
+        finally:
+            self._report(results)
+
+    def _report(self, results: list[_Result]) -> None:
         for result in results:
             self._results.put(result)
         self._wake.set()
@@ -274,64 +433,107 @@ class Relay:
             except queue.Empty:
                 return done
 
-    def _settle(self, results: list[_Result]) -> bool:
-        """Ack the delivered messages in one call, nack the others. False (results kept by the
-        caller) when the database is away."""
-        conn = self._ensure_connection()
-        if conn is None:
-            return False
-        delivered = [r.message.id for r in results if r.ok]
+    def _heartbeat(self) -> None:
+        """Extend the leases of the messages this relay holds; log those it no longer holds."""
+        assert self._conn is not None
+        self._next_heartbeat = time.monotonic() + self.heartbeat_interval
+        ids = [msg_id for msg_id, held in self._held.items() if held]
+        if not ids:
+            return
+        try:
+            rows = self._conn.execute(EXTEND, [ids, self.relay_id, interval(self.lease)]).fetchall()
+        except DB_GONE as err:
+            self._lost_connection(err)
+            return
+        except psycopg.Error as err:
+            self._refused("extending the leases", err)
+            return
+        self._pause = 0.1
+        kept = {row[0] for row in rows}
+        lost = [msg_id for msg_id in ids if msg_id not in kept]
+        for msg_id in lost:
+            self._held[msg_id] = False
+        if lost:
+            logger.warning(
+                "lost the lease of messages in flight (it lapsed, and another relay may deliver"
+                " them again): their acks will find them gone",
+                extra={"ids": lost},
+            )
+
+    def _settle(self) -> None:
+        """Ack the delivered messages of ``self._pending`` in one call, nack the others. What the
+        database did not take (away, or refusing) stays in ``self._pending`` for a later turn."""
+        assert self._conn is not None
+        conn = self._conn
+        delivered = [r for r in self._pending if r.ok]
+        results = delivered + [r for r in self._pending if not r.ok]
+        settled = 0
         try:
             if delivered:
-                acked = {row[0] for row in conn.execute(ACK, [delivered, self.relay_id])}
-                lost = [i for i in delivered if i not in acked]
+                ids = [r.message.id for r in delivered]
+                acked = {row[0] for row in conn.execute(ACK, [ids, self.relay_id])}
+                lost = [i for i in ids if i not in acked]
                 if lost:
                     logger.warning(
                         "delivered after the lease lapsed: another relay delivers them again",
                         extra={"ids": lost},
                     )
-            for result in results:
-                if result.ok:
-                    continue
-                try:
-                    row = conn.execute(
-                        NACK,
-                        [
-                            result.message.id,
-                            self.relay_id,
-                            storable(result.error or "delivery failed"),
-                            result.retry_at,
-                            result.retryable,
-                        ],
-                    ).fetchone()
-                except DB_GONE:
-                    raise
-                except psycopg.Error as err:
-                    # One refused nack must not stop the relay: the message's lease lapses and
-                    # it goes out again.
-                    logger.error(
-                        "could not record a failed delivery; its lease will lapse",
-                        extra={"message_id": result.message.id, "error": str(err).strip()},
-                    )
-                    continue
-                state = row[0] if row else None
-                logger.warning(
-                    "delivery failed",
-                    extra={
-                        "message_id": result.message.id,
-                        "topic": result.message.topic,
-                        "attempt": result.message.attempt,
-                        "state": state,
-                        "error": result.error,
-                    },
-                )
+                settled = len(delivered)
+            for result in results[settled:]:
+                self._nack(conn, result)
+                settled += 1
         except DB_GONE as err:
             self._lost_connection(err)
-            return False
-        self._in_flight -= len(results)
-        self.delivered += len(delivered)
-        self.failed += len(results) - len(delivered)
-        return True
+        except psycopg.Error as err:
+            self._refused("settling", err)
+        else:
+            self._pause = 0.1
+        finally:
+            done, self._pending = results[:settled], results[settled:]
+            for result in done:
+                self._held.pop(result.message.id, None)
+            self._in_flight -= len(done)
+            self.delivered += sum(1 for r in done if r.ok)
+            self.failed += sum(1 for r in done if not r.ok)
+
+    def _nack(self, conn: psycopg.Connection[Any], result: _Result) -> None:
+        """Record a failed delivery. Raises when the database is away or refuses for a reason of
+        its own (the caller keeps the outcome and tries again later)."""
+        try:
+            row = conn.execute(
+                NACK,
+                [
+                    result.message.id,
+                    self.relay_id,
+                    storable(result.error or "delivery failed"),
+                    result.retry_at,
+                    result.retryable,
+                ],
+            ).fetchone()
+        except DB_GONE:
+            raise
+        except psycopg.Error as err:
+            if not _about_the_message(err):
+                raise
+            # Refused for what it says (a value the database cannot store): trying again would
+            # be refused again, and must not stop the relay. The message's lease lapses and it
+            # goes out again.
+            logger.error(
+                "could not record a failed delivery; its lease will lapse",
+                extra={"message_id": result.message.id, "error": str(err).strip()},
+            )
+            return
+        state = row[0] if row else None
+        logger.warning(
+            "delivery failed",
+            extra={
+                "message_id": result.message.id,
+                "topic": result.message.topic,
+                "attempt": result.message.attempt,
+                "state": state,
+                "error": result.error,
+            },
+        )
 
     # --- the database connection -------------------------------------------------------------
 
@@ -346,27 +548,48 @@ class Relay:
         self._conn = conn
 
     def _ensure_connection(self) -> psycopg.Connection[Any] | None:
-        """The connection, reconnecting with backoff while the database is away; None when a
-        second stop came meanwhile."""
+        """The connection, reconnecting with backoff while the database is away; None when the
+        relay must stop meanwhile (a second stop, or the drain's grace ran out)."""
         delay = 0.1
         while self._conn is None:
-            if self._stop_requests >= 2:
+            if self._must_stop():
                 return None
             try:
                 self._connect()
                 logger.info("database connection back")
+                # Extend the leases before anything else: one that lapsed meanwhile is still
+                # this relay's unless another relay took it.
+                self._next_heartbeat = 0.0
             except DB_GONE as err:
                 logger.warning(
                     "database unreachable; retrying",
                     extra={"retry_in_s": round(delay, 2), "error": str(err).strip()},
                 )
-                self._wake.wait(delay)
-                self._wake.clear()
-                delay = min(delay * 2, 5.0)
+                wait = delay
+                if self._drain_deadline is not None:
+                    wait = min(wait, max(0.0, self._drain_deadline - time.monotonic()))
+                if self._wake.wait(wait):
+                    self._wake.clear()
+                delay = min(delay * 2, MAX_BACKOFF_SECONDS)
         return self._conn
 
     def _lost_connection(self, err: Exception) -> None:
         logger.warning("database connection lost", extra={"error": str(err).strip()})
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = None
+
+    def _refused(self, what: str, err: psycopg.Error) -> None:
+        """The database refused a statement of the loop's own, the connection still up: a
+        read-only session during a failover, a privilege revoked. Log it, and pause claiming,
+        extending and settling with backoff; then go on on a new session (a session keeps
+        what it started with, a read-only default say, so the old one might never recover)."""
+        logger.error(
+            f"{what} was refused; retrying",
+            extra={"retry_in_s": round(self._pause, 2), "error": str(err).strip()},
+        )
+        self._paused_until = time.monotonic() + self._pause
+        self._pause = min(self._pause * 2, MAX_BACKOFF_SECONDS)
         if self._conn is not None:
             self._conn.close()
         self._conn = None

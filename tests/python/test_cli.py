@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import re
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
@@ -1878,3 +1879,56 @@ def test_usage_errors_with_json_in_a_real_process() -> None:
     assert error["code"] == "X_USAGE"
     assert "'ID'" in error["message"]
     assert "jobs show --help" in error["hint"]
+
+
+def _start(command: str, app: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``x-jobs worker|relay APP ARGS`` as a real process, with tests/python importable (the
+    apps.* modules); for a start that fails, so it ends by itself."""
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [tests, env.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, "-m", "x_jobs", command, app, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tests,
+        env=env,
+    )
+
+
+def _ends_with_one_line_and_hint(proc: subprocess.CompletedProcess[str]) -> tuple[str, str]:
+    """Exit 2, no traceback, and stderr (after the start-up log lines) ends with the error line
+    and its hint."""
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    *_, line, hint = proc.stderr.splitlines()
+    assert line.startswith("x-jobs: "), proc.stderr
+    assert hint.startswith("hint: "), proc.stderr
+    return line, hint
+
+
+@pytest.mark.parametrize(
+    ("command", "app"), [("worker", "apps.basic:app"), ("relay", "apps.relays:app")]
+)
+def test_worker_and_relay_that_cannot_connect_say_so_in_one_line(command: str, app: str) -> None:
+    """They printed psycopg's OperationalError with its traceback (exit 1)."""
+    proc = _start(command, app, "--dsn", "host=/nonexistent/x_jobs")
+    line, hint = _ends_with_one_line_and_hint(proc)
+    assert line.startswith("x-jobs: X_CONNECT_FAILED: cannot connect to the database: "), line
+    assert "DATABASE_URL" in hint
+
+
+def test_a_worker_whose_metrics_port_is_taken_says_so_in_one_line(dsn: str) -> None:
+    """It died of the OSError of the metrics server's bind, with its traceback (exit 1)."""
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = _start("worker", "apps.basic:app", "--metrics-port", str(port), "--dsn", dsn)
+    line, hint = _ends_with_one_line_and_hint(proc)
+    assert line.startswith(
+        f"x-jobs: X_METRICS_PORT_UNAVAILABLE: cannot serve metrics on port {port}"
+    ), line
+    assert "--metrics-port" in hint

@@ -33,6 +33,7 @@ import pydantic
 import pytest
 from apps import relays as relay_app
 from conftest import DEADLINE_SECONDS, Conn, Connect, wait_for
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 import x_jobs
@@ -140,9 +141,10 @@ class Relays:
         poll: float = 0.1,
         grace: float = 10.0,
         hook_url: str | None = None,
+        app: str = "apps.relays:app",
     ) -> RelayProcess:
-        """Start ``python -m x_jobs relay apps.relays:app`` on this test's database; with
-        ``hook_url``, its ``hooks`` topic posts there, signed with SECRET."""
+        """Start ``python -m x_jobs relay apps.relays:app`` (or ``app``) on this test's
+        database; with ``hook_url``, its ``hooks`` topic posts there, signed with SECRET."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("X_JOBS_TEST_HOOK_")}
         env.pop("DATABASE_URL", None)
         env["PGDATABASE"] = self.dbname
@@ -157,7 +159,7 @@ class Relays:
             "-m",
             "x_jobs",
             "relay",
-            "apps.relays:app",
+            app,
             "--concurrency",
             str(concurrency),
             "--lease",
@@ -639,3 +641,238 @@ def test_a_failure_the_database_cannot_store_does_not_stop_the_relay(dsn: str, c
         relay.stop()
         thread.join(30)
         app.close()
+
+
+# --- what a sink, the database or a signal may do to a relay ----------------------------------
+
+#: The relay app with the sinks the tests below need besides apps.relays' (slow, hang).
+EDGES = "apps.relay_edges:app"
+
+
+def begun(conn: Conn) -> list[int]:
+    """The message ids whose delivery began, once per delivery, in id order."""
+    return [int(r[0]) for r in conn.execute("SELECT message_id FROM public.begun ORDER BY 1")]
+
+
+def unsettled(conn: Conn) -> int:
+    row = conn.execute(
+        "SELECT count(*) FROM x_jobs.outbox WHERE state IN ('pending', 'inflight')"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+class Weird(BaseException):
+    """A library's own BaseException, no Exception."""
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("this exception's str() fails")
+
+
+def test_a_sink_raising_what_is_no_exception_still_frees_its_room(dsn: str, conn: Conn) -> None:
+    """A BaseException that is no Exception, or an exception whose str() raises, left its
+    delivery without an outcome: the message counted as in flight for good, and once half the
+    concurrency was lost so, the relay claimed nothing more."""
+    app = x_jobs.App(dsn)
+    raises: dict[str, BaseException] = {
+        "exit": SystemExit(3),
+        "interrupt": KeyboardInterrupt(),
+        "weird": Weird("a library's own"),
+        "unprintable": Unprintable(),
+    }
+
+    @app.outbox.sink("odd")
+    def deliver(message: x_jobs.OutboxMessage) -> None:
+        kind = message.payload.get("raise")
+        if kind is not None:
+            raise raises[kind]
+
+    odd = {kind: app.outbox.put("odd", {"raise": kind}, max_attempts=1) for kind in raises}
+    fine = [app.outbox.put("odd", {"n": n}) for n in range(3)]
+    # Two at once: the first two odd ones alone used to stop it.
+    relay = Relay(app, concurrency=2, lease=5, poll_interval=0.1, grace=3600)
+    thread = threading.Thread(target=relay.run, kwargs={"install_signals": False}, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: unsettled(conn) == 0, "every message to be settled")
+        assert states(conn, fine) == {"delivered": 3}
+        errors = {i: (s, e) for i, s, _, e in outbox(conn, list(odd.values()))}
+        assert {kind: errors[i] for kind, i in odd.items()} == {
+            "exit": ("dead", "SystemExit: 3"),
+            "interrupt": ("dead", "KeyboardInterrupt"),
+            "weird": ("dead", "Weird: a library's own"),
+            "unprintable": ("dead", "Unprintable (its message could not be read)"),
+        }
+        # Nothing left in flight: the first stop drains at once, not after the grace (an hour).
+        relay.stop()
+        assert relay.wait_stopped(DEADLINE_SECONDS), "the drain waited for deliveries long over"
+        assert (relay.delivered, relay.failed) == (3, 4)
+    finally:
+        relay.stop()
+        relay.stop()
+        thread.join(DEADLINE_SECONDS)
+        app.close()
+
+
+def test_the_job_sink_fails_only_the_messages_whose_job_is_refused(dsn: str, conn: Conn) -> None:
+    """One message whose job the database refused (an empty tenant derived from its payload)
+    failed the whole batch's enqueue_many: every message of the batch was retried, claimed
+    together again, and all went dead. A tenant function raising (KeyError) failed them too."""
+    app = x_jobs.App(dsn)
+
+    @app.job(name="index_order", queue="orders", tenant=lambda p: p["tenant"])
+    def index_order(order: dict[str, Any]) -> None: ...
+
+    app.outbox.to_job("orders", index_order)
+    with conn.transaction():
+        good = [
+            app.outbox.put("orders", {"tenant": "acme", "order": n}, max_attempts=3, conn=conn)
+            for n in range(4)
+        ]
+        empty = app.outbox.put("orders", {"tenant": "", "order": 98}, max_attempts=3, conn=conn)
+        missing = app.outbox.put("orders", {"order": 99}, max_attempts=3, conn=conn)
+    relay = Relay(app, lease=5, poll_interval=0.1)
+    thread = threading.Thread(target=relay.run, kwargs={"install_signals": False}, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: unsettled(conn) == 0, "every message to be settled")
+    finally:
+        relay.stop()
+        relay.stop()
+        thread.join(DEADLINE_SECONDS)
+        app.close()
+    rows = {i: (s, a, e) for i, s, a, e in outbox(conn, [*good, empty, missing])}
+    assert [rows[i] for i in good] == [("delivered", 1, None)] * 4
+    # Dead at the first attempt, for good, each saying why.
+    state, attempt, error = rows[empty]
+    assert (state, attempt) == ("dead", 1)
+    assert error is not None and "X_TENANT_INVALID" in error
+    state, attempt, error = rows[missing]
+    assert (state, attempt) == ("dead", 1)
+    assert error is not None and "KeyError" in error
+    jobs = conn.execute(
+        "SELECT idempotency_key, tenant_id, input FROM x_jobs.job ORDER BY id"
+    ).fetchall()
+    assert jobs == [
+        (f"outbox:{i}", "acme", {"tenant": "acme", "order": n}) for n, i in enumerate(good)
+    ]
+
+
+def test_a_delivery_slower_than_the_lease_goes_out_once_as_its_lease_is_extended(
+    relays: Relays, conn: Conn
+) -> None:
+    """Without a heartbeat, a delivery slower than the lease was claimed again once the lease
+    lapsed, and sent a second time while the first still ran."""
+    # Each delivery takes three leases; two relays, either may take a lapsed message.
+    ids = put(conn, "slow", [{"sleep": 6.0, "n": n} for n in range(3)])
+    fleet = [relays.start(app=EDGES, lease=2.0, concurrency=4) for _ in range(2)]
+    relays.wait_for(all_delivered(conn, ids), "the slow messages to be delivered")
+    for relay in fleet:
+        relays.stop(relay)
+
+    # Each began once and was delivered once, at its first attempt.
+    assert begun(conn) == sorted(ids)
+    assert sorted(deliveries(conn, "slow")) == [(i, 1) for i in ids]
+    assert [(s, a) for _, s, a, _ in outbox(conn, ids)] == [("delivered", 1)] * 3
+
+
+def test_a_read_only_database_pauses_the_relay_and_loses_no_outcome(
+    relays: Relays, conn: Conn
+) -> None:
+    """A refusal that is no lost connection (ReadOnlySqlTransaction, as during a failover)
+    escaped the claim and the settlement, and ended the relay."""
+    dbname = conn.info.dbname
+    relay = relays.start(app=EDGES, lease=3.0)
+    [held] = put(conn, "gated", [{"gate": "ro"}])
+    relays.wait_for(lambda: begun(conn) == [held], "the gated delivery to begin")
+
+    # New sessions are read-only; the relay's is ended, so it reconnects to a read-only one.
+    try:
+        conn.execute(
+            sql.SQL("ALTER DATABASE {} SET default_transaction_read_only = on").format(
+                sql.Identifier(dbname)
+            )
+        )
+        conn.execute(
+            "SELECT pg_catalog.pg_terminate_backend(pid) FROM pg_catalog.pg_stat_activity"
+            " WHERE datname = pg_catalog.current_database() AND application_name = 'x_jobs relay'"
+        )
+        # The delivery ends (the sink's own session predates the change): its ack is refused.
+        conn.execute("INSERT INTO public.gate (name, open) VALUES ('ro', true)")
+        relays.wait_for(
+            lambda: deliveries(conn, "gated") == [(held, 1)], "the gated delivery to end"
+        )
+        relays.wait_for(
+            lambda: relay.log().count("was refused; retrying") >= 2,
+            "the relay to be refused, and to retry",
+        )
+        assert relay.alive(), relay.log()
+        assert outbox(conn, [held]) == [(held, "inflight", 1, None)]
+    finally:
+        conn.execute(
+            sql.SQL("ALTER DATABASE {} RESET default_transaction_read_only").format(
+                sql.Identifier(dbname)
+            )
+        )
+
+    # Writable again: the outcome kept is acked (not delivered again), and claims go on.
+    relays.wait_for(all_delivered(conn, [held]), "the kept outcome to be acked")
+    [later] = put(conn, "record", [{"n": 1}])
+    relays.wait_for(all_delivered(conn, [later]), "a later message to be delivered")
+    assert deliveries(conn, "gated") == [(held, 1)]
+    assert outbox(conn, [held]) == [(held, "delivered", 1, None)]
+    relays.stop(relay)
+
+
+@pytest.mark.parametrize("how", ["grace", "second signal"])
+def test_a_sink_that_never_returns_does_not_keep_a_stopped_relay_alive(
+    relays: Relays, conn: Conn, how: str
+) -> None:
+    """The pool's threads were joined at exit: past the grace the relay said "relay stopped",
+    and its process lived on, whatever the signals."""
+    relay = relays.start(app=EDGES, grace=1.0 if how == "grace" else 3600.0)
+    [stuck] = put(conn, "hang", [{}])
+    relays.wait_for(lambda: begun(conn) == [stuck], "the hanging delivery to begin")
+
+    relay.signal(signal.SIGTERM)
+    if how == "second signal":
+        relays.wait_for(lambda: "draining" in relay.log(), "the relay to start draining")
+        relay.signal(signal.SIGTERM)
+    assert relay.wait() == 0, relay.log()
+    log = relay.log()
+    assert "left to their leases" in log and "relay stopped" in log, log
+    # Not acked: its lease lapses, and another relay sends it again.
+    assert outbox(conn, [stuck]) == [(stuck, "inflight", 1, None)]
+
+
+def test_a_sigterm_while_the_database_is_away_stops_at_the_end_of_the_grace(
+    relays: Relays, conn: Conn, admin: Conn
+) -> None:
+    """A delivery that ended while the database was away left an outcome to settle, and the
+    relay retried reconnecting for ever: the grace was ignored, only a second signal ended it."""
+    dbname = sql.Identifier(conn.info.dbname)
+    relay = relays.start(app=EDGES, grace=3.0)
+    [held] = put(conn, "gated", [{"gate": "away"}])
+    relays.wait_for(lambda: begun(conn) == [held], "the gated delivery to begin")
+    try:
+        # The database goes away for the relay: its sessions ended, new ones refused. (The
+        # sink's own session, and this test's, stay.)
+        admin.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(dbname))
+        conn.execute(
+            "SELECT pg_catalog.pg_terminate_backend(pid) FROM pg_catalog.pg_stat_activity"
+            " WHERE datname = pg_catalog.current_database()"
+            " AND application_name IN ('x_jobs relay', 'x_jobs relay listener')"
+        )
+        relay.signal(signal.SIGTERM)
+        relays.wait_for(lambda: "draining" in relay.log(), "the relay to start draining")
+        # The delivery ends: an outcome to ack, and no database to ack it.
+        conn.execute("INSERT INTO public.gate (name, open) VALUES ('away', true)")
+        assert relay.wait() == 0, relay.log()
+    finally:
+        admin.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true").format(dbname))
+    log = relay.log()
+    assert "database unreachable" in log and "left to their leases" in log, log
+    assert deliveries(conn, "gated") == [(held, 1)]
+    assert outbox(conn, [held]) == [(held, "inflight", 1, None)]
