@@ -507,7 +507,7 @@ IMMUTABLE
 PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT '0.3.5'::text
+    SELECT '0.3.6'::text
 $$;
 
 -- The bucket a settling statement adds to: its minute, in UTC whatever the session's TimeZone.
@@ -909,6 +909,7 @@ $$;
 -- Answers the row's id and run_id, and whether an existing live row with the same
 -- idempotency_key answered instead (deduped). A row due now wakes its queue (NOTIFY x_jobs).
 -- keep_done => false: completing the job deletes its row (see complete_many).
+-- SECURITY DEFINER: producers hold no rights on the tables (see Grants).
 CREATE FUNCTION x_jobs.enqueue(
     name text,
     input jsonb DEFAULT '{}',
@@ -930,6 +931,7 @@ CREATE FUNCTION x_jobs.enqueue(
 RETURNS x_jobs.enqueue_result
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
@@ -951,10 +953,12 @@ $$;
 -- Enqueue many jobs in one call: `jobs` is a JSON array of objects whose keys are enqueue's
 -- argument names. Answers one row per request, in input order (ord from 1). A request under a
 -- key that an earlier request of the batch took answers deduped, pointing at that row.
+-- SECURITY DEFINER: producers hold no rights on the tables (see Grants).
 CREATE FUNCTION x_jobs.enqueue_many(jobs jsonb)
 RETURNS SETOF x_jobs.enqueue_many_result
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
@@ -1024,6 +1028,20 @@ BEGIN
 
     RETURN QUERY SELECT * FROM x_jobs._enqueue(v_requests);
 END
+$$;
+
+-- A job's outcome, as its producer may read it: state, output and last error, and nothing else of
+-- the row (not its input). No row: no job has this id (never enqueued, purged after its
+-- retention, or a keep_done => false job that completed).
+-- SECURITY DEFINER: producers hold no rights on the tables (see Grants).
+CREATE FUNCTION x_jobs.result(id bigint)
+RETURNS TABLE (state text, output jsonb, last_error text)
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT j.state::text, j.output, j.last_error FROM x_jobs.job AS j WHERE j.id = result.id
 $$;
 
 ------------------------------------------------------------------------------------------------
@@ -2481,6 +2499,7 @@ $$;
 -- Put one message, in the caller's transaction. `key` orders delivery: the messages of one key
 -- go out one at a time, in put order; messages without a key go out in any order. Answers the
 -- message id.
+-- SECURITY DEFINER: producers hold no rights on the tables (see Grants).
 CREATE FUNCTION x_jobs.outbox_put(
     topic text,
     payload jsonb,
@@ -2491,6 +2510,7 @@ CREATE FUNCTION x_jobs.outbox_put(
 RETURNS bigint
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
@@ -2511,10 +2531,12 @@ $$;
 
 -- Put many messages in one statement: `messages` is a JSON array of objects with the fields of
 -- outbox_put (topic, payload, key, headers, max_attempts). Answers (ord, id) in input order.
+-- SECURITY DEFINER: producers hold no rights on the tables (see Grants).
 CREATE FUNCTION x_jobs.outbox_put_many(messages jsonb)
 RETURNS TABLE (ord integer, id bigint)
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
@@ -2989,6 +3011,8 @@ $$;
 -- (source, webhook id), and the ledger is read after it: the second waits for the first to
 -- commit and then answers duplicate. READ COMMITTED only: a transaction snapshot would not see
 -- the first receipt's commit.
+--
+-- SECURITY DEFINER: producers hold no rights on the tables (see Grants).
 CREATE FUNCTION x_jobs.receive_webhook(
     source text,
     webhook_id text,
@@ -3000,6 +3024,7 @@ CREATE FUNCTION x_jobs.receive_webhook(
 RETURNS TABLE (job_id bigint, duplicate boolean)
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
@@ -3637,25 +3662,26 @@ $members$;
 
 GRANT USAGE ON SCHEMA x_jobs TO x_jobs_producer, pg_monitor;
 
--- Producers: enqueue. The functions run as the caller, so the caller needs the rows they touch.
+-- Producers: enqueue and read a job's result. Those functions run as their owner (SECURITY
+-- DEFINER), as do the outbox's and publish below, so a producer holds no right on any table: it
+-- can neither read other jobs' inputs nor insert a row that skips enqueue's checks (one already
+-- running, a forged claimed_by, an input past the size limit). Until 0.3.6 it held SELECT and
+-- INSERT on x_jobs.job, x_jobs.outbox and x_jobs.webhook_ledger.
 GRANT EXECUTE ON FUNCTION x_jobs.now() TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs._fake_now() TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs.error_codes() TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs.version() TO x_jobs_producer;
-GRANT EXECUTE ON FUNCTION x_jobs._max_payload_bytes() TO x_jobs_producer;
-GRANT EXECUTE ON FUNCTION x_jobs._enqueue(x_jobs.enqueue_request[]) TO x_jobs_producer;
-GRANT EXECUTE ON FUNCTION x_jobs._run_ids(integer) TO x_jobs_producer;
-GRANT EXECUTE ON FUNCTION x_jobs._notify(text, text) TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs.enqueue(
     text, jsonb, text, timestamptz, text, integer, integer, text, text, text, text, integer, boolean, interval,
     interval, boolean
 ) TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs.enqueue_many(jsonb) TO x_jobs_producer;
-GRANT SELECT, INSERT ON x_jobs.job TO x_jobs_producer;
--- enqueue draws ids with nextval, in input order (see x_jobs._enqueue).
-GRANT USAGE ON SEQUENCE x_jobs.job_id_seq TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs.result(bigint) TO x_jobs_producer;
 
--- Workers: claim, heartbeat, settle, announce, read demand.
+-- Workers: claim, heartbeat, settle, announce, read demand. These functions run as the caller:
+-- a worker reads and updates the rows it claims and settles.
+GRANT SELECT ON x_jobs.job TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs._max_payload_bytes() TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs._minute(timestamptz) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs._require_worker(text, text) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs._shard() TO x_jobs_worker;
@@ -3718,21 +3744,20 @@ GRANT EXECUTE ON FUNCTION x_jobs._require_retention(text, interval, integer, tex
 GRANT EXECUTE ON FUNCTION x_jobs.purge_events(interval, integer) TO x_jobs_admin;
 GRANT DELETE ON x_jobs.step, x_jobs.event TO x_jobs_admin;
 
--- The outbox (0.2.0). Producers put messages and receive webhooks (which enqueue jobs).
-GRANT EXECUTE ON FUNCTION x_jobs._require_message(text, jsonb, jsonb, integer) TO x_jobs_producer;
+-- The outbox (0.2.0). Producers put messages and receive webhooks (which enqueue jobs), through
+-- functions that run as their owner.
 GRANT EXECUTE ON FUNCTION x_jobs.outbox_put(text, jsonb, text, jsonb, integer) TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs.outbox_put_many(jsonb) TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs.receive_webhook(text, text, text, jsonb, text, jsonb) TO x_jobs_producer;
-GRANT SELECT, INSERT ON x_jobs.outbox, x_jobs.webhook_ledger TO x_jobs_producer;
-GRANT USAGE ON SEQUENCE x_jobs.outbox_id_seq TO x_jobs_producer;
 -- Workers relay: they claim, deliver and settle messages.
 GRANT EXECUTE ON FUNCTION x_jobs.relay_outbox(text, integer, interval, text[]) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.outbox_ack(bigint[], text) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.outbox_extend_lease(bigint[], text, interval) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.outbox_nack(bigint, text, text, timestamptz, boolean) TO x_jobs_worker;
-GRANT UPDATE ON x_jobs.outbox TO x_jobs_worker;
+GRANT SELECT, UPDATE ON x_jobs.outbox TO x_jobs_worker;
 -- Admins redrive dead messages, purge delivered ones and old ledger rows.
 GRANT EXECUTE ON FUNCTION x_jobs.outbox_redrive(bigint[], text, integer) TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs.purge_outbox(interval, integer) TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs.purge_webhook_ledger(interval, integer) TO x_jobs_admin;
 GRANT DELETE ON x_jobs.outbox, x_jobs.webhook_ledger TO x_jobs_admin;
+GRANT SELECT ON x_jobs.webhook_ledger TO x_jobs_admin;

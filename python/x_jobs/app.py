@@ -50,8 +50,10 @@ logger = logging.getLogger(__name__)
 #: answers; 0.3.3 fixes some and refuses more (the test clock outside a superuser's session,
 #: step_wait at REPEATABLE READ, an outbox message's unknown field), none that this client sends;
 #: 0.3.4 changed claim and complete_many inside; 0.3.5 refuses a run_at or retry_at that is
-#: infinite or past the year 9999 (which this client cannot send).
-SUPPORTED_VERSIONS = frozenset({"0.3.0", "0.3.1", "0.3.2", "0.3.3", "0.3.4", "0.3.5"})
+#: infinite or past the year 9999 (which this client cannot send); 0.3.6 takes producers' rights
+#: on the tables (enqueue and the outbox run as their owner) and adds x_jobs.result, which
+#: ``App.result`` reads through from 0.3.6 on (a producer may no longer read x_jobs.job).
+SUPPORTED_VERSIONS = frozenset({"0.3.0", "0.3.1", "0.3.2", "0.3.3", "0.3.4", "0.3.5", "0.3.6"})
 
 I = TypeVar("I")  # noqa: E741 - the input type, as in Job[I]
 
@@ -273,7 +275,11 @@ DB_NOW: LiteralString = """
     SELECT CASE WHEN coalesce(pg_catalog.current_setting('x_jobs.fake_now', true), '') = ''
         THEN pg_catalog.clock_timestamp() ELSE x_jobs.now() END
 """
-RESULT: LiteralString = "SELECT state::text, output, last_error FROM x_jobs.job WHERE id = %s"
+RESULT: LiteralString = "SELECT state, output, last_error FROM x_jobs.result(%s)"
+#: Before 0.3.6 there was no x_jobs.result, and producers could read the row itself.
+RESULT_FROM_ROW: LiteralString = (
+    "SELECT state::text, output, last_error FROM x_jobs.job WHERE id = %s"
+)
 NOT_INSTALLED_HINT = (
     "Run CREATE EXTENSION x_jobs (or `x-jobs install` where extensions are not allowed), "
     "then start again."
@@ -292,6 +298,7 @@ class App:
         self.jobs: dict[str, Job[Any]] = {}
         self._pool_size = pool_size
         self._pool: ConnectionPool | None = None
+        self._result_query: LiteralString | None = None  # by the installed version, once
         #: Put messages in the outbox, and register the sinks a relay delivers them to.
         self.outbox = Outbox(self)
         self._lock = threading.Lock()
@@ -509,6 +516,21 @@ class App:
 
     # --- results ------------------------------------------------------------------------------
 
+    def _read_result(self, db: psycopg.Connection[Any], job_id: int) -> Any:
+        """The job's (state, output, last_error), or None: through x_jobs.result from 0.3.6
+        on, from the row before it."""
+        if self._result_query is None:
+            version = tuple(int(part) for part in self.check_version(db).split("."))
+            self._result_query = RESULT if version >= (0, 3, 6) else RESULT_FROM_ROW
+        try:
+            return db.execute(self._result_query, [job_id]).fetchone()
+        except psycopg.errors.InsufficientPrivilege:
+            if self._result_query == RESULT:
+                raise
+            # The database was updated to 0.3.6 under this App: producers lost the row.
+            self._result_query = RESULT
+            return db.execute(RESULT, [job_id]).fetchone()
+
     def result(self, job_id: int, *, timeout: Seconds | None = None) -> Any:
         """Wait for the job to settle and answer its output; :class:`JobFailed` when it ended
         dead, failed or cancelled (its last error attached), :class:`ResultTimeout` when it is
@@ -520,7 +542,7 @@ class App:
         pause = 0.02
         while True:
             with self.connection() as db:
-                row = db.execute(RESULT, [job_id]).fetchone()
+                row = self._read_result(db, job_id)
             if row is None:
                 raise JobNotFound(
                     f"X_JOB_NOT_FOUND: no job has id {job_id}",

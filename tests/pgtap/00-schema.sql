@@ -2,7 +2,7 @@
 -- volatile it is, whose rights it runs with, which settings it pins, and who may use what.
 -- A change to any of these is a change to the API: it shows up here first, on purpose.
 BEGIN;
-SELECT plan(585);
+SELECT plan(595);
 
 -- The functions of the API, one row each, with what 00-schema pins about them. `args` is how
 -- pgTAP's catalog view spells the argument types (regtype output: 'timestamp with time zone',
@@ -33,9 +33,16 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
     'enqueue',
     '{text,jsonb,text,timestamp with time zone,text,integer,integer,text,text,text,text,integer,boolean,'
     'interval,interval,boolean}',
-    'x_jobs.enqueue_result', 'VOLATILE', NULL
+    'x_jobs.enqueue_result', 'VOLATILE', 'so a producer enqueues without any right on the jobs table'
 ),
-('enqueue_many', '{jsonb}', 'setof x_jobs.enqueue_many_result', 'VOLATILE', NULL),
+(
+    'enqueue_many', '{jsonb}', 'setof x_jobs.enqueue_many_result', 'VOLATILE',
+    'so a producer enqueues without any right on the jobs table'
+),
+(
+    'result', '{bigint}', 'setof record', 'STABLE',
+    'so a producer reads a job''s outcome, and nothing else of any row'
+),
 ('claim', '{text[],text,interval,integer}', 'setof x_jobs.job', 'VOLATILE', NULL),
 ('extend_lease', '{bigint[],text,interval}', 'setof bigint', 'VOLATILE', NULL),
 ('release', '{bigint[],text}', 'setof bigint', 'VOLATILE', NULL),
@@ -76,15 +83,24 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
 ('purge_events', '{interval,integer}', 'bigint', 'VOLATILE', NULL),
 -- The outbox and the webhook ledger (0.2.0).
 ('_require_message', '{text,jsonb,jsonb,integer}', 'void', 'STABLE', NULL),
-('outbox_put', '{text,jsonb,text,jsonb,integer}', 'bigint', 'VOLATILE', NULL),
-('outbox_put_many', '{jsonb}', 'setof record', 'VOLATILE', NULL),
+(
+    'outbox_put', '{text,jsonb,text,jsonb,integer}', 'bigint', 'VOLATILE',
+    'so a producer puts messages without any right on the outbox'
+),
+(
+    'outbox_put_many', '{jsonb}', 'setof record', 'VOLATILE',
+    'so a producer puts messages without any right on the outbox'
+),
 ('relay_outbox', '{text,integer,interval,text[]}', 'setof record', 'VOLATILE', NULL),
 ('outbox_ack', '{bigint[],text}', 'setof bigint', 'VOLATILE', NULL),
 ('outbox_extend_lease', '{bigint[],text,interval}', 'setof bigint', 'VOLATILE', NULL),
 ('outbox_nack', '{bigint,text,text,timestamp with time zone,boolean}', 'x_jobs.outbox_state', 'VOLATILE', NULL),
 ('outbox_redrive', '{bigint[],text,integer}', 'bigint', 'VOLATILE', NULL),
 ('purge_outbox', '{interval,integer}', 'bigint', 'VOLATILE', NULL),
-('receive_webhook', '{text,text,text,jsonb,text,jsonb}', 'setof record', 'VOLATILE', NULL),
+(
+    'receive_webhook', '{text,text,text,jsonb,text,jsonb}', 'setof record', 'VOLATILE',
+    'so a producer records a webhook and its job without any right on the ledger or the jobs'
+),
 ('purge_webhook_ledger', '{interval,integer}', 'bigint', 'VOLATILE', NULL);
 
 -- Who may execute what, as the Grants section states it: the lowest x_jobs role granted
@@ -102,13 +118,15 @@ INSERT INTO api_grant (fn, lowest_role, to_pg_monitor) VALUES
 ('_fake_now', 'x_jobs_producer', TRUE),
 ('error_codes', 'x_jobs_producer', FALSE),
 ('version', 'x_jobs_producer', TRUE),
-('_max_payload_bytes', 'x_jobs_producer', FALSE),
-('_enqueue', 'x_jobs_producer', FALSE),
-('_run_ids', 'x_jobs_producer', FALSE),
-('_notify', 'x_jobs_producer', FALSE),
+-- NULL: no role; only the functions that run as their owner call it (0.3.6).
+('_max_payload_bytes', 'x_jobs_worker', FALSE),
+('_enqueue', NULL, FALSE),
+('_run_ids', NULL, FALSE),
+('_notify', NULL, FALSE),
 ('_require_retention', 'x_jobs_admin', FALSE),
 ('enqueue', 'x_jobs_producer', FALSE),
 ('enqueue_many', 'x_jobs_producer', FALSE),
+('result', 'x_jobs_producer', FALSE),
 ('_minute', 'x_jobs_worker', FALSE),
 ('_shard', 'x_jobs_worker', FALSE),
 ('_require_worker', 'x_jobs_worker', FALSE),
@@ -145,7 +163,7 @@ INSERT INTO api_grant (fn, lowest_role, to_pg_monitor) VALUES
 ('purge_events', 'x_jobs_admin', FALSE),
 -- The outbox (0.2.0): a producer puts messages and receives webhooks, a worker relays (claims,
 -- acks, nacks), an admin redrives dead messages and runs the retention of both tables.
-('_require_message', 'x_jobs_producer', FALSE),
+('_require_message', NULL, FALSE),
 ('outbox_put', 'x_jobs_producer', FALSE),
 ('outbox_put_many', 'x_jobs_producer', FALSE),
 ('receive_webhook', 'x_jobs_producer', FALSE),
@@ -708,6 +726,7 @@ INSERT INTO api_param (fn, arguments) VALUES
     'backoff_max interval DEFAULT ''01:00:00''::interval, keep_done boolean DEFAULT true'
 ),
 ('enqueue_many', 'jobs jsonb'),
+('result', 'id bigint'),
 (
     'claim',
     'queues text[], worker text, lease interval DEFAULT ''00:00:30''::interval, qty integer DEFAULT 1'
@@ -853,7 +872,7 @@ SELECT
     )
 FROM api_grant AS g
 INNER JOIN api AS a ON g.fn = a.fn
-INNER JOIN grant_role AS lr ON g.lowest_role = lr.grantee
+LEFT JOIN grant_role AS lr ON g.lowest_role = lr.grantee
 CROSS JOIN grant_role AS r
 ORDER BY g.fn, r.grantee;
 
@@ -867,7 +886,7 @@ SELECT set_eq(
     WHERE p.pronamespace = 'x_jobs'::regnamespace AND acl.grantee <> p.proowner
     $$,
     $$
-    SELECT g.fn::text, g.lowest_role::text FROM api_grant AS g
+    SELECT g.fn::text, g.lowest_role::text FROM api_grant AS g WHERE g.lowest_role IS NOT NULL
     UNION ALL
     SELECT g.fn::text, 'pg_monitor' FROM api_grant AS g WHERE g.to_pg_monitor
     $$,
@@ -884,8 +903,8 @@ SELECT set_eq(
     $$,
     $$
     VALUES
-        ('job', 'x_jobs_producer', 'SELECT'),
-        ('job', 'x_jobs_producer', 'INSERT'),
+        -- A producer has no right on any table (0.3.6): what it calls runs as its owner.
+        ('job', 'x_jobs_worker', 'SELECT'),
         ('job', 'x_jobs_worker', 'UPDATE'),
         ('job', 'x_jobs_worker', 'DELETE'),
         ('job', 'x_jobs_admin', 'DELETE'),
@@ -907,7 +926,6 @@ SELECT set_eq(
         ('counter', 'x_jobs_worker', 'UPDATE'),
         ('counter', 'x_jobs_admin', 'SELECT'),
         ('counter', 'x_jobs_admin', 'DELETE'),
-        ('job_id_seq', 'x_jobs_producer', 'USAGE'),
         -- Steps and events: publish writes both as its owner, so a producer has neither.
         ('step', 'x_jobs_worker', 'SELECT'),
         ('step', 'x_jobs_worker', 'INSERT'),
@@ -917,13 +935,10 @@ SELECT set_eq(
         ('event', 'x_jobs_worker', 'SELECT'),
         ('event', 'x_jobs_admin', 'DELETE'),
         -- The outbox and the webhook ledger.
-        ('outbox', 'x_jobs_producer', 'SELECT'),
-        ('outbox', 'x_jobs_producer', 'INSERT'),
+        ('outbox', 'x_jobs_worker', 'SELECT'),
         ('outbox', 'x_jobs_worker', 'UPDATE'),
         ('outbox', 'x_jobs_admin', 'DELETE'),
-        ('outbox_id_seq', 'x_jobs_producer', 'USAGE'),
-        ('webhook_ledger', 'x_jobs_producer', 'SELECT'),
-        ('webhook_ledger', 'x_jobs_producer', 'INSERT'),
+        ('webhook_ledger', 'x_jobs_admin', 'SELECT'),
         ('webhook_ledger', 'x_jobs_admin', 'DELETE')
     $$,
     'Table and sequence privileges should be granted directly only as the Grants section states, none to PUBLIC'
@@ -952,9 +967,9 @@ SELECT
     )
 FROM (
     VALUES
-    ('job', 'x_jobs_producer', '{INSERT,SELECT}'),
-    ('job', 'x_jobs_worker', '{DELETE,INSERT,SELECT,UPDATE}'),
-    ('job', 'x_jobs_admin', '{DELETE,INSERT,SELECT,UPDATE}'),
+    ('job', 'x_jobs_producer', '{}'),
+    ('job', 'x_jobs_worker', '{DELETE,SELECT,UPDATE}'),
+    ('job', 'x_jobs_admin', '{DELETE,SELECT,UPDATE}'),
     ('job', 'pg_monitor', '{}'),
     ('job', 'public', '{}'),
     ('job_error', 'x_jobs_producer', '{}'),
@@ -988,34 +1003,28 @@ FROM (
     ('event', 'x_jobs_admin', '{DELETE,SELECT}'),
     ('event', 'pg_monitor', '{}'),
     ('event', 'public', '{}'),
-    ('outbox', 'x_jobs_producer', '{INSERT,SELECT}'),
-    ('outbox', 'x_jobs_worker', '{INSERT,SELECT,UPDATE}'),
-    ('outbox', 'x_jobs_admin', '{DELETE,INSERT,SELECT,UPDATE}'),
+    ('outbox', 'x_jobs_producer', '{}'),
+    ('outbox', 'x_jobs_worker', '{SELECT,UPDATE}'),
+    ('outbox', 'x_jobs_admin', '{DELETE,SELECT,UPDATE}'),
     ('outbox', 'pg_monitor', '{}'),
     ('outbox', 'public', '{}'),
-    ('webhook_ledger', 'x_jobs_producer', '{INSERT,SELECT}'),
-    ('webhook_ledger', 'x_jobs_worker', '{INSERT,SELECT}'),
-    ('webhook_ledger', 'x_jobs_admin', '{DELETE,INSERT,SELECT}'),
+    ('webhook_ledger', 'x_jobs_producer', '{}'),
+    ('webhook_ledger', 'x_jobs_worker', '{}'),
+    ('webhook_ledger', 'x_jobs_admin', '{DELETE,SELECT}'),
     ('webhook_ledger', 'pg_monitor', '{}'),
     ('webhook_ledger', 'public', '{}')
 ) AS t (tbl, grantee, privs)
 INNER JOIN grant_role AS r ON t.grantee = r.grantee
 ORDER BY t.tbl, r.grantee;
 
--- Who may draw ids from each sequence: enqueue draws job ids with nextval, so whoever may
--- enqueue needs job_id_seq; the outbox's grant follows the Grants section (an identity column's
--- default draws without checking it); event ids are drawn by publish as its owner only.
+-- Who may draw ids from each sequence: nobody but the owner. enqueue, outbox_put and publish
+-- draw them as their owner (0.3.6; a producer held USAGE on job_id_seq and outbox_id_seq).
 SELECT
     sequence_privs_are(
-        'x_jobs', q.seq, r.grantee,
-        CASE WHEN q.for_chain AND r.chain_rank IS NOT NULL THEN '{USAGE}' ELSE '{}' END::name[],
-        pg_catalog.format(
-            'Role %s should %s ids from x_jobs.%s', r.grantee,
-            CASE WHEN q.for_chain AND r.chain_rank IS NOT NULL THEN 'be able to draw' ELSE 'not be able to draw' END,
-            q.seq
-        )
+        'x_jobs', q.seq, r.grantee, '{}'::name[],
+        pg_catalog.format('Role %s should not be able to draw ids from x_jobs.%s', r.grantee, q.seq)
     )
-FROM (VALUES ('job_id_seq', TRUE), ('outbox_id_seq', TRUE), ('event_id_seq', FALSE)) AS q (seq, for_chain)
+FROM (VALUES ('job_id_seq'), ('outbox_id_seq'), ('event_id_seq')) AS q (seq)
 CROSS JOIN grant_role AS r
 ORDER BY q.seq, r.grantee;
 
@@ -1032,8 +1041,7 @@ SELECT is_empty(
     'No column privilege should be granted on an x_jobs table'
 );
 
--- Effective column rights of a producer on the columns a publish writes: none beyond what the
--- table grants (it inserts and reads jobs, it never updates one, and has no right on steps).
+-- Effective column rights of a producer on the columns enqueue and publish write: none.
 SELECT
     column_privs_are(
         'x_jobs', c.tbl, c.col, 'x_jobs_producer', c.privs::name[],
@@ -1044,9 +1052,10 @@ SELECT
     )
 FROM (
     VALUES
-    ('job', 'state', '{INSERT,SELECT}'),
-    ('job', 'run_at', '{INSERT,SELECT}'),
-    ('job', 'updated_at', '{INSERT,SELECT}'),
+    ('job', 'state', '{}'),
+    ('job', 'run_at', '{}'),
+    ('job', 'updated_at', '{}'),
+    ('job', 'input', '{}'),
     ('step', 'status', '{}'),
     ('step', 'output', '{}'),
     ('step', 'resolved_by', '{}'),

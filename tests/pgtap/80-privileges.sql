@@ -7,7 +7,7 @@
 -- runs under SET ROLE and ends with RESET ROLE. The clock is moved with SET LOCAL "x_jobs.fake_now",
 -- which only a superuser's session may do (the last block).
 BEGIN;
-SELECT plan(90);
+SELECT plan(99);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
@@ -54,6 +54,54 @@ SELECT throws_ok(
     '42501',
     'permission denied for function cancel',
     'A producer should not be able to cancel'
+);
+
+-- 0.3.6: enqueue runs as its owner and a producer has no right on x_jobs.job, so it reads no
+-- other job's input and writes no row that skips enqueue's checks.
+SELECT results_eq(
+    $$SELECT e.deduped FROM x_jobs.enqueue('t80_p4', queue => 't80-own', idempotency_key => 't80-k4') AS e
+      UNION ALL
+      SELECT e.deduped FROM x_jobs.enqueue('t80_p4', queue => 't80-own', idempotency_key => 't80-k4') AS e$$,
+    ARRAY[FALSE, TRUE],
+    'A producer''s enqueue should still find the live row of its idempotency key (it reads as its owner)'
+);
+
+SELECT throws_ok(
+    $$SELECT j.input FROM x_jobs.job AS j$$,
+    '42501',
+    'permission denied for table job',
+    'A producer should not be able to read the jobs (other producers'' inputs)'
+);
+
+SELECT throws_ok(
+    $$INSERT INTO x_jobs.job (run_id, created_at, backoff_base, backoff_max, max_attempts, name, queue,
+          tenant_id, input, state, run_at, updated_at, claimed_by, visible_at)
+      VALUES (gen_random_uuid(), now(), '1 s', '1 h', 1, 't80_forged', 't80-own', 'none', '{}', 'running',
+          now(), now(), 'somebody', now() + '1 hour')$$,
+    '42501',
+    'permission denied for table job',
+    'A producer should not be able to insert a row past enqueue''s checks (a forged running row)'
+);
+
+SELECT throws_ok(
+    $$SELECT * FROM x_jobs._enqueue(ARRAY[]::x_jobs.enqueue_request[])$$,
+    '42501',
+    'permission denied for function _enqueue',
+    'A producer should not be able to call the helper that enqueue calls as its owner'
+);
+
+SELECT results_eq(
+    -- The deduped enqueue answers the id of the row the statements above inserted.
+    $$SELECT r.state, r.output, r.last_error
+      FROM x_jobs.enqueue('t80_p4', queue => 't80-own', idempotency_key => 't80-k4') AS e,
+          x_jobs.result(e.id) AS r$$,
+    $$VALUES ('ready'::text, NULL::jsonb, NULL::text)$$,
+    'A producer should be able to read a job''s outcome through result()'
+);
+
+SELECT is_empty(
+    $$SELECT * FROM x_jobs.result(-1)$$,
+    'result() of an id no job has should answer no row'
 );
 
 RESET ROLE;
@@ -176,7 +224,7 @@ SELECT is(
 );
 
 SELECT results_eq(
-    $$SELECT name, state::text FROM x_jobs.job WHERE name LIKE 't80%' ORDER BY name$$,
+    $$SELECT name, state::text FROM x_jobs.job WHERE name LIKE 't80%' AND queue = 't80-q' ORDER BY name$$,
     $$VALUES ('t80_p2', 'delayed'), ('t80_p3', 'ready')$$,
     'The admin''s calls should have taken effect: p1 purged, p3 retried'
 );
@@ -546,6 +594,28 @@ SELECT throws_ok(
     '42501',
     'permission denied for function outbox_redrive',
     'A producer should not be able to redrive messages'
+);
+
+SELECT throws_ok(
+    $$SELECT o.payload FROM x_jobs.outbox AS o$$,
+    '42501',
+    'permission denied for table outbox',
+    'A producer should not be able to read the outbox (other producers'' payloads)'
+);
+
+SELECT throws_ok(
+    $$INSERT INTO x_jobs.outbox (created_at, max_attempts, topic, payload, state, available_at)
+      VALUES (now(), 1, 't80.topic', '{}', 'pending', now())$$,
+    '42501',
+    'permission denied for table outbox',
+    'A producer should not be able to put a message past outbox_put''s checks'
+);
+
+SELECT throws_ok(
+    $$SELECT l.webhook_id FROM x_jobs.webhook_ledger AS l$$,
+    '42501',
+    'permission denied for table webhook_ledger',
+    'A producer should not be able to read the webhook ledger'
 );
 
 RESET ROLE;
