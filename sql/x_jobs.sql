@@ -611,6 +611,31 @@ BEGIN
 END
 $$;
 
+-- The refusal of a lease that is missing, not positive, or over 1000 years (one of many
+-- millennia ended past what timestamptz holds: "timestamp out of range"), shared by the claims
+-- and heartbeats of jobs and outbox messages. `p_hint` is the fix for the caller at hand.
+CREATE FUNCTION x_jobs._require_lease(p_lease interval, p_hint text)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF p_lease IS NULL OR p_lease <= interval '0' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ012',
+            MESSAGE = pg_catalog.format('X_LEASE_INVALID: lease %s is not positive', coalesce(p_lease::text, 'NULL')),
+            HINT = p_hint;
+    END IF;
+    IF p_lease > interval '1000 years' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ012',
+            MESSAGE = pg_catalog.format('X_LEASE_INVALID: lease %s is longer than 1000 years', p_lease),
+            HINT = p_hint;
+    END IF;
+END
+$$;
+
 ------------------------------------------------------------------------------------------------
 -- Functions: enqueue
 ------------------------------------------------------------------------------------------------
@@ -1133,20 +1158,9 @@ BEGIN
     PERFORM x_jobs._require_worker(
         claim.worker, 'Pass an id unique to the worker process, such as host:pid:random.'
     );
-    IF claim.lease IS NULL OR claim.lease <= interval '0' THEN
-        RAISE EXCEPTION USING
-            ERRCODE = 'XJ012',
-            MESSAGE = pg_catalog.format('X_LEASE_INVALID: lease %s is not positive',
-                coalesce(claim.lease::text, 'NULL')),
-            HINT = 'Pass a lease longer than the heartbeat interval, such as ''30 seconds''.';
-    END IF;
-    -- A lease of many millennia ended past what timestamptz holds: "timestamp out of range".
-    IF claim.lease > interval '1000 years' THEN
-        RAISE EXCEPTION USING
-            ERRCODE = 'XJ012',
-            MESSAGE = pg_catalog.format('X_LEASE_INVALID: lease %s is longer than 1000 years', claim.lease),
-            HINT = 'Pass a lease longer than the heartbeat interval, such as ''30 seconds''.';
-    END IF;
+    PERFORM x_jobs._require_lease(
+        claim.lease, 'Pass a lease longer than the heartbeat interval, such as ''30 seconds''.'
+    );
     IF claim.qty IS NULL OR claim.qty < 1 OR claim.qty > 1000 THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ013',
@@ -1398,20 +1412,9 @@ DECLARE
     v_now timestamptz := x_jobs.now();
 BEGIN
     PERFORM x_jobs._require_worker(extend_lease.worker, 'Pass the id the worker claimed with.');
-    IF extend_lease.lease IS NULL OR extend_lease.lease <= interval '0' THEN
-        RAISE EXCEPTION USING
-            ERRCODE = 'XJ012',
-            MESSAGE = pg_catalog.format('X_LEASE_INVALID: lease %s is not positive',
-                coalesce(extend_lease.lease::text, 'NULL')),
-            HINT = 'Pass a lease longer than the heartbeat interval, such as ''30 seconds''.';
-    END IF;
-    -- A lease of many millennia ended past what timestamptz holds: "timestamp out of range".
-    IF extend_lease.lease > interval '1000 years' THEN
-        RAISE EXCEPTION USING
-            ERRCODE = 'XJ012',
-            MESSAGE = pg_catalog.format('X_LEASE_INVALID: lease %s is longer than 1000 years', extend_lease.lease),
-            HINT = 'Pass a lease longer than the heartbeat interval, such as ''30 seconds''.';
-    END IF;
+    PERFORM x_jobs._require_lease(
+        extend_lease.lease, 'Pass a lease longer than the heartbeat interval, such as ''30 seconds''.'
+    );
 
     RETURN QUERY
     UPDATE x_jobs.job AS j
@@ -2663,20 +2666,9 @@ BEGIN
                 coalesce(pg_catalog.quote_literal(relay_outbox.relay), 'NULL')),
             HINT = 'Pass an id unique to the relay process, such as host:pid:random.';
     END IF;
-    IF relay_outbox.lease IS NULL OR relay_outbox.lease <= interval '0' THEN
-        RAISE EXCEPTION USING
-            ERRCODE = 'XJ012',
-            MESSAGE = pg_catalog.format('X_LEASE_INVALID: lease %s is not positive',
-                coalesce(relay_outbox.lease::text, 'NULL')),
-            HINT = 'Pass a lease longer than a delivery takes, such as ''30 seconds''.';
-    END IF;
-    -- A lease of many millennia ended past what timestamptz holds: "timestamp out of range".
-    IF relay_outbox.lease > interval '1000 years' THEN
-        RAISE EXCEPTION USING
-            ERRCODE = 'XJ012',
-            MESSAGE = pg_catalog.format('X_LEASE_INVALID: lease %s is longer than 1000 years', relay_outbox.lease),
-            HINT = 'Pass a lease longer than a delivery takes, such as ''30 seconds''.';
-    END IF;
+    PERFORM x_jobs._require_lease(
+        relay_outbox.lease, 'Pass a lease longer than a delivery takes, such as ''30 seconds''.'
+    );
     IF relay_outbox.qty IS NULL OR relay_outbox.qty < 1 OR relay_outbox.qty > 1000 THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ013',
@@ -2831,20 +2823,9 @@ BEGIN
                 coalesce(pg_catalog.quote_literal(outbox_extend_lease.relay), 'NULL')),
             HINT = 'Pass the id the relay claimed with.';
     END IF;
-    IF outbox_extend_lease.lease IS NULL OR outbox_extend_lease.lease <= interval '0' THEN
-        RAISE EXCEPTION USING
-            ERRCODE = 'XJ012',
-            MESSAGE = pg_catalog.format('X_LEASE_INVALID: lease %s is not positive',
-                coalesce(outbox_extend_lease.lease::text, 'NULL')),
-            HINT = 'Pass a lease longer than the heartbeat interval, such as ''30 seconds''.';
-    END IF;
-    IF outbox_extend_lease.lease > interval '1000 years' THEN
-        RAISE EXCEPTION USING
-            ERRCODE = 'XJ012',
-            MESSAGE = pg_catalog.format('X_LEASE_INVALID: lease %s is longer than 1000 years',
-                outbox_extend_lease.lease),
-            HINT = 'Pass a lease longer than the heartbeat interval, such as ''30 seconds''.';
-    END IF;
+    PERFORM x_jobs._require_lease(
+        outbox_extend_lease.lease, 'Pass a lease longer than the heartbeat interval, such as ''30 seconds''.'
+    );
     RETURN QUERY
     UPDATE x_jobs.outbox AS o
     SET available_at = x_jobs.now() + outbox_extend_lease.lease
@@ -3684,6 +3665,7 @@ GRANT SELECT ON x_jobs.job TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs._max_payload_bytes() TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs._minute(timestamptz) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs._require_worker(text, text) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs._require_lease(interval, text) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs._shard() TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.claim(text[], text, interval, integer) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.extend_lease(bigint[], text, interval) TO x_jobs_worker;

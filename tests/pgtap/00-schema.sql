@@ -2,7 +2,7 @@
 -- volatile it is, whose rights it runs with, which settings it pins, and who may use what.
 -- A change to any of these is a change to the API: it shows up here first, on purpose.
 BEGIN;
-SELECT plan(595);
+SELECT plan(603);
 
 -- The functions of the API, one row each, with what 00-schema pins about them. `args` is how
 -- pgTAP's catalog view spells the argument types (regtype output: 'timestamp with time zone',
@@ -25,6 +25,7 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
 ('_shard', '{}', 'smallint', 'STABLE', NULL),
 ('_max_payload_bytes', '{}', 'integer', 'STABLE', NULL),
 ('_require_worker', '{text,text}', 'void', 'IMMUTABLE', NULL),
+('_require_lease', '{interval,text}', 'void', 'IMMUTABLE', NULL),
 ('_notify', '{text,text}', 'void', 'VOLATILE', NULL),
 ('_require_retention', '{text,interval,integer,text}', 'void', 'IMMUTABLE', NULL),
 ('_enqueue', '{x_jobs.enqueue_request[]}', 'setof x_jobs.enqueue_many_result', 'VOLATILE', NULL),
@@ -130,6 +131,7 @@ INSERT INTO api_grant (fn, lowest_role, to_pg_monitor) VALUES
 ('_minute', 'x_jobs_worker', FALSE),
 ('_shard', 'x_jobs_worker', FALSE),
 ('_require_worker', 'x_jobs_worker', FALSE),
+('_require_lease', 'x_jobs_worker', FALSE),
 ('claim', 'x_jobs_worker', FALSE),
 ('extend_lease', 'x_jobs_worker', FALSE),
 ('release', 'x_jobs_worker', FALSE),
