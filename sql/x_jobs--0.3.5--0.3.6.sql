@@ -14,6 +14,15 @@
 --     x_jobs.outbox (they had it as producers); admins SELECT on x_jobs.webhook_ledger (for
 --     purge_webhook_ledger). The helpers only owner-run functions call (_enqueue, _run_ids,
 --     _notify, _require_message) are granted to no role; _max_payload_bytes moves to workers.
+--   * A session's own x_jobs.max_payload_bytes counts only up to 1 MiB, and above it only up
+--     to what ALTER DATABASE or ALTER ROLE set: any role can SET a custom setting, and with
+--     enqueue running as its owner a producer could lift the limit for itself.
+--   * publish, step_record, resolve_step and the outbox measure a payload uncompressed
+--     (_payload_bytes): one read from a table arrives compressed, and 80 MB of one repeated
+--     letter passed publish's limit as 0.9 MB.
+--   * queue_demand counts a running row whose lease lapsed as the next claim sees it: only in
+--     an unpaused queue (no claim takes one from a paused queue), whoever held it (a live
+--     draining worker's lapsed rows were left out though another worker would take them).
 --   * claim, extend_lease, relay_outbox and outbox_extend_lease refuse a lease through one
 --     helper, _require_lease (the same codes, messages and hints as before).
 
@@ -636,4 +645,420 @@ BEGIN
         AND o.relay = outbox_extend_lease.relay
     RETURNING o.id;
 END
+$$;
+
+-- The size limit for inputs and outputs, default 1 MiB, set per database or role:
+-- ALTER DATABASE app SET x_jobs.max_payload_bytes = 4194304. Any role can SET a custom setting,
+-- and producers enqueue through functions that run as their owner, so a session's own value
+-- counts only up to 1 MiB; above it, only up to what ALTER DATABASE or ALTER ROLE set (the most
+-- specific, as PostgreSQL applies them; only a superuser, or a role granted SET on it, may set
+-- those). The catalog is read only for a value above 1 MiB: the common path costs nothing.
+CREATE OR REPLACE FUNCTION x_jobs._max_payload_bytes()
+RETURNS integer
+LANGUAGE sql
+STABLE
+PARALLEL SAFE
+AS $$
+    SELECT CASE
+        WHEN s.bytes <= 1048576 THEN s.bytes
+        ELSE least(s.bytes, coalesce((
+            SELECT pg_catalog.split_part(c.setting, '=', 2)::integer
+            FROM pg_catalog.pg_db_role_setting AS d
+            CROSS JOIN LATERAL pg_catalog.unnest(d.setconfig) AS c (setting)
+            WHERE d.setdatabase IN (0, (SELECT b.oid FROM pg_catalog.pg_database AS b
+                                        WHERE b.datname = pg_catalog.current_database()))
+                AND d.setrole IN (0, (SELECT r.oid FROM pg_catalog.pg_roles AS r WHERE r.rolname = session_user))
+                AND pg_catalog.split_part(c.setting, '=', 1) = 'x_jobs.max_payload_bytes'
+            ORDER BY d.setrole <> 0 DESC, d.setdatabase <> 0 DESC
+            LIMIT 1
+        ), 1048576))
+    END
+    FROM (
+        SELECT coalesce(
+            nullif(pg_catalog.current_setting('x_jobs.max_payload_bytes', true), '')::integer, 1048576
+        ) AS bytes
+    ) AS s
+$$;
+
+-- A payload's size as the limit counts it: uncompressed. pg_column_size counts a value as it is
+-- stored, and one read from a table can arrive compressed: 80 MB of one repeated letter passed
+-- publish as 0.9 MB. A composite value holds its fields uncompressed, so a compressed payload is
+-- measured inside a one-field row (less the row's 24-byte header).
+CREATE FUNCTION x_jobs._payload_bytes(p_payload jsonb)
+RETURNS integer
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+AS $$
+    SELECT CASE
+        WHEN pg_catalog.pg_column_compression(p_payload) IS NULL THEN pg_catalog.pg_column_size(p_payload)
+        ELSE pg_catalog.pg_column_size(ROW(p_payload)) - 24
+    END
+$$;
+
+REVOKE ALL ON FUNCTION x_jobs._payload_bytes(jsonb) FROM public;
+GRANT EXECUTE ON FUNCTION x_jobs._payload_bytes(jsonb) TO x_jobs_worker;
+
+-- The refusals shared by the put functions: a topic, headers that are an object, a payload.
+CREATE OR REPLACE FUNCTION x_jobs._require_message(
+    p_topic text, p_payload jsonb, p_headers jsonb, p_max_attempts integer
+)
+RETURNS void
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF p_topic IS NULL OR p_topic = '' OR pg_catalog.length(p_topic) > 200 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ034',
+            MESSAGE = pg_catalog.format('X_TOPIC_INVALID: topic %s is missing, empty or longer than 200 characters',
+                coalesce(pg_catalog.quote_literal(p_topic), 'NULL')),
+            HINT = 'Name the topic the relays route by, such as ''orders.created''.';
+    END IF;
+    IF p_payload IS NULL THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ035',
+            MESSAGE = pg_catalog.format('X_MESSAGE_INVALID: message of topic %L has no payload', p_topic),
+            HINT = 'Pass a JSON payload (use ''null''::jsonb for a message that carries nothing).';
+    END IF;
+    IF x_jobs._payload_bytes(p_payload) > x_jobs._max_payload_bytes() THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ003',
+            MESSAGE = pg_catalog.format('X_PAYLOAD_TOO_LARGE: payload of %s bytes exceeds the limit of %s',
+                x_jobs._payload_bytes(p_payload), x_jobs._max_payload_bytes()),
+            DETAIL = pg_catalog.format('For a message of topic %L.', p_topic),
+            HINT = 'Put a reference to large data in the message, or raise x_jobs.max_payload_bytes.';
+    END IF;
+    IF p_headers IS NOT NULL AND (pg_catalog.jsonb_typeof(p_headers) <> 'object' OR EXISTS (
+        SELECT FROM pg_catalog.jsonb_each(p_headers) AS h WHERE pg_catalog.jsonb_typeof(h.value) <> 'string'
+    )) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ035',
+            MESSAGE = pg_catalog.format('X_MESSAGE_INVALID: headers %s are not an object of strings', p_headers),
+            HINT = 'Pass headers as a JSON object of string values, such as ''{"x-tenant": "acme"}''.';
+    END IF;
+    IF p_max_attempts < 1 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ004',
+            MESSAGE = pg_catalog.format('X_MAX_ATTEMPTS_INVALID: max_attempts %s is below 1', p_max_attempts),
+            HINT = 'Pass 1 or more, or NULL for the default of 10.';
+    END IF;
+END
+$$;
+
+-- Record the result of a run step (or, compensation => true, of the compensation of a step):
+-- its output, or the error it ended with (status failed). A done step is never changed: the
+-- first result recorded is the one every replay answers. A failed one is replaced by the next
+-- attempt's result. Answers the status recorded now.
+CREATE OR REPLACE FUNCTION x_jobs.step_record(
+    id bigint,
+    worker text,
+    step text,
+    output jsonb DEFAULT NULL,
+    error text DEFAULT NULL,
+    compensation boolean DEFAULT FALSE
+)
+RETURNS x_jobs.step_status
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := x_jobs.now();
+    v_job x_jobs.job;
+    v_status x_jobs.step_status;
+    v_kind text;
+BEGIN
+    v_job := x_jobs._require_held(step_record.id, step_record.worker, coalesce(step_record.step, ''));
+    IF x_jobs._payload_bytes(step_record.output) > x_jobs._max_payload_bytes() THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ003',
+            MESSAGE = pg_catalog.format('X_PAYLOAD_TOO_LARGE: output of %s bytes exceeds the limit of %s',
+                x_jobs._payload_bytes(step_record.output), x_jobs._max_payload_bytes()),
+            DETAIL = pg_catalog.format('For step %L of job %s.', step_record.step, step_record.id),
+            HINT = 'Store large results elsewhere and return a reference, or raise x_jobs.max_payload_bytes.';
+    END IF;
+
+    INSERT INTO x_jobs.step AS s (
+        job_id, name, compensation, kind, created_at, status, attempt, output, error,
+        resolved_by, resolved_at
+    )
+    VALUES (
+        step_record.id, step_record.step, coalesce(step_record.compensation, FALSE), 'run',
+        x_jobs._clock(),
+        CASE WHEN step_record.error IS NULL THEN 'done' ELSE 'failed' END::x_jobs.step_status,
+        v_job.attempt, step_record.output, step_record.error, 'worker', v_now
+    )
+    ON CONFLICT (job_id, name, compensation) DO UPDATE
+    SET status = excluded.status,
+        attempt = excluded.attempt,
+        output = excluded.output,
+        error = excluded.error,
+        resolved_at = excluded.resolved_at
+    WHERE s.kind = 'run' AND s.status = 'failed'
+    RETURNING s.status INTO v_status;
+
+    IF v_status IS NOT NULL THEN
+        RETURN v_status;
+    END IF;
+    SELECT s.status, s.kind INTO v_status, v_kind
+    FROM x_jobs.step AS s
+    WHERE s.job_id = step_record.id
+        AND s.name = step_record.step
+        AND s.compensation = coalesce(step_record.compensation, FALSE);
+    IF v_kind <> 'run' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ027',
+            MESSAGE = pg_catalog.format('X_STEP_CONFLICT: step %L of job %s is a %s step, not a run step',
+                step_record.step, step_record.id, v_kind),
+            HINT = 'Give every step of a run its own name.';
+    END IF;
+    RETURN v_status;
+END
+$$;
+
+-- Publish an event, in the caller's transaction: it is recorded, the open waits that match it
+-- are resolved with its payload, their suspended runs are due at once and their queues are
+-- notified, all when the caller commits (a rollback wakes nobody). A wait matches when it names
+-- this event, names no key or this key, and its `match` is contained in the payload. Answers
+-- the event's id and how many runs it woke.
+--
+-- READ COMMITTED only: the waits registered while this publish waited for the event's lock are
+-- read by a statement after it, which under a transaction snapshot would not see them.
+--
+-- SECURITY DEFINER: a producer publishes (records an event, resolves the waits on it, makes
+-- their runs due) without any right to write jobs or steps itself. Every name in the body is
+-- schema-qualified and search_path is pinned with pg_temp last.
+CREATE OR REPLACE FUNCTION x_jobs.publish(event text, payload jsonb DEFAULT NULL, key text DEFAULT NULL)
+RETURNS TABLE (event_id bigint, woken integer)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := x_jobs.now();
+    v_id bigint;
+    v_jobs bigint[];
+    v_queues text[];
+BEGIN
+    PERFORM x_jobs._require_event(publish.event);
+    -- The key is in the events' and the waits' indexes with the name: past a btree entry's size
+    -- (about 2.7 kB) an insert failed with a bare 54000. 400 characters keep both within it.
+    IF pg_catalog.length(publish.key) > 400 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ028',
+            MESSAGE = pg_catalog.format('X_EVENT_INVALID: event key %s is longer than 400 characters',
+                pg_catalog.quote_literal(pg_catalog.left(publish.key, 410))),
+            HINT = 'Key events with a short text, such as an order id; put the rest in the payload.';
+    END IF;
+    IF x_jobs._payload_bytes(publish.payload) > x_jobs._max_payload_bytes() THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ003',
+            MESSAGE = pg_catalog.format('X_PAYLOAD_TOO_LARGE: payload of %s bytes exceeds the limit of %s',
+                x_jobs._payload_bytes(publish.payload), x_jobs._max_payload_bytes()),
+            DETAIL = pg_catalog.format('For event %L.', publish.event),
+            HINT = 'Publish a reference to large data, or raise x_jobs.max_payload_bytes.';
+    END IF;
+    IF pg_catalog.current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ022',
+            MESSAGE = pg_catalog.format('X_ISOLATION_UNSUPPORTED: publish cannot run at isolation level %s',
+                pg_catalog.current_setting('transaction_isolation')),
+            HINT = 'Publish from a READ COMMITTED transaction (the default).';
+    END IF;
+
+    PERFORM pg_catalog.pg_advisory_xact_lock_shared(2024061702, pg_catalog.hashtext(publish.event));
+    IF publish.key IS NOT NULL THEN
+        PERFORM pg_catalog.pg_advisory_xact_lock_shared(2024061703,
+            pg_catalog.hashtext(publish.event || E'\x1f' || publish.key));
+    END IF;
+
+    INSERT INTO x_jobs.event (name, key, published_at, payload)
+    VALUES (publish.event, publish.key, x_jobs._clock(), publish.payload)
+    RETURNING id INTO v_id;
+
+    -- The matching waits, locked in job order so that two publishes resolving the same steps
+    -- cannot deadlock; a wait resolved meanwhile by another publish is passed over.
+    WITH matched AS (
+        SELECT s.job_id, s.name
+        FROM x_jobs.step AS s
+        WHERE s.status = 'waiting'
+            AND s.event = publish.event
+            AND (s.event_key IS NULL OR s.event_key = publish.key)
+            AND (s.match IS NULL OR publish.payload @> s.match)
+        ORDER BY s.job_id, s.name
+        FOR UPDATE
+    ),
+    resolved AS (
+        UPDATE x_jobs.step AS s
+        SET status = 'done', output = publish.payload, event_id = v_id,
+            resolved_by = 'event', resolved_at = v_now
+        FROM matched AS m
+        WHERE s.job_id = m.job_id AND s.name = m.name AND NOT s.compensation
+            AND s.status = 'waiting'
+        RETURNING s.job_id
+    ),
+    woke AS (
+        UPDATE x_jobs.job AS j
+        SET state = 'ready', run_at = v_now, updated_at = v_now
+        FROM resolved AS r
+        WHERE j.id = r.job_id AND j.state = 'suspended'
+        RETURNING j.id, j.queue
+    )
+    SELECT coalesce(pg_catalog.array_agg(w.id), '{}'), coalesce(pg_catalog.array_agg(DISTINCT w.queue), '{}')
+    INTO v_jobs, v_queues
+    FROM woke AS w;
+
+    PERFORM x_jobs._notify('x_jobs', q.queue) FROM unnest(v_queues) AS q (queue);
+    RETURN QUERY SELECT v_id, pg_catalog.cardinality(v_jobs);
+END
+$$;
+
+-- An operator resolves a waiting step by hand (a sleep to end now, an approval given outside the
+-- system): the step is done with `output`, and its run, if suspended, is due at once. Refused
+-- while a worker holds the job (its body may be about to record the step itself).
+CREATE OR REPLACE FUNCTION x_jobs.resolve_step(job bigint, step text, output jsonb DEFAULT NULL)
+RETURNS x_jobs.step
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := x_jobs.now();
+    v_job x_jobs.job;
+    v_step x_jobs.step;
+BEGIN
+    -- The step row is locked before the job row, as publish locks them: the other order could
+    -- deadlock with a publish of the same event (and abort the publisher's transaction).
+    SELECT s.* INTO v_step
+    FROM x_jobs.step AS s
+    WHERE s.job_id = resolve_step.job AND s.name = resolve_step.step AND NOT s.compensation
+    FOR UPDATE;
+    SELECT j.* INTO v_job FROM x_jobs.job AS j WHERE j.id = resolve_step.job FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ014',
+            MESSAGE = pg_catalog.format('X_JOB_NOT_FOUND: no job has id %s', coalesce(resolve_step.job::text, 'NULL')),
+            HINT = 'Check the id; finished jobs are removed by purge after their retention.';
+    END IF;
+    IF v_job.state = 'running' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ030',
+            MESSAGE = pg_catalog.format('X_JOB_HELD: job %s is running on worker %L', resolve_step.job,
+                v_job.claimed_by),
+            HINT = 'Resolve a step while its run is suspended; wait for the worker to suspend or settle it.';
+    END IF;
+
+    IF v_step.job_id IS NULL THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ031',
+            MESSAGE = pg_catalog.format('X_STEP_NOT_FOUND: job %s has no step %L', resolve_step.job,
+                coalesce(resolve_step.step, 'NULL')),
+            HINT = 'List the job''s steps with `x-jobs jobs show`; a step exists once the run reached it.';
+    END IF;
+    IF v_step.status <> 'waiting' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ032',
+            MESSAGE = pg_catalog.format('X_STEP_NOT_WAITING: step %L of job %s is %s', resolve_step.step,
+                resolve_step.job, v_step.status),
+            HINT = 'Only a waiting step (a sleep or a wait on an event) can be resolved.';
+    END IF;
+    IF x_jobs._payload_bytes(resolve_step.output) > x_jobs._max_payload_bytes() THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ003',
+            MESSAGE = pg_catalog.format('X_PAYLOAD_TOO_LARGE: output of %s bytes exceeds the limit of %s',
+                x_jobs._payload_bytes(resolve_step.output), x_jobs._max_payload_bytes()),
+            HINT = 'Pass a smaller output, or raise x_jobs.max_payload_bytes.';
+    END IF;
+
+    UPDATE x_jobs.step AS s
+    SET status = 'done', output = resolve_step.output, resolved_by = 'operator', resolved_at = v_now
+    WHERE s.job_id = resolve_step.job AND s.name = resolve_step.step AND NOT s.compensation
+    RETURNING s.* INTO v_step;
+
+    IF v_job.state = 'suspended' THEN
+        UPDATE x_jobs.job AS j
+        SET state = 'ready', run_at = v_now, updated_at = v_now
+        WHERE j.id = resolve_step.job;
+        PERFORM pg_catalog.pg_notify('x_jobs', v_job.queue);
+    END IF;
+    RETURN v_step;
+END
+$$;
+
+-- Per queue, the rows a serving worker must hold: due rows of unpaused queues; running rows
+-- whose lease holds, unless a live draining worker holds them (it finishes them itself, so no
+-- worker a scaler adds could take them; a claimer with no live row, killed or lapsed, stays
+-- counted: its jobs come back to the queue); and running rows whose lease lapsed, which the
+-- next claim takes, so only in unpaused queues and whoever held them. Queues with no demand are
+-- absent. This is what KEDA polls.
+--
+-- A due row with a concurrency key counts only while its key has room, as claim grants them
+-- (by rank within the key against the row's limit less the key's running rows): 50 rows of a
+-- key limited to 1 are one worker's work, not 50, and counting them scaled out workers that
+-- could claim nothing.
+--
+-- SECURITY DEFINER: monitoring roles (pg_monitor, an autoscaler's login) get counts without
+-- being able to read job inputs. It reads only; search_path is pinned.
+CREATE OR REPLACE FUNCTION x_jobs.queue_demand()
+RETURNS TABLE (queue text, demand bigint)
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH due AS (
+        SELECT j.queue, j.concurrency_key, j.concurrency_limit, j.priority, j.run_at, j.id
+        FROM x_jobs.job AS j
+        WHERE j.state = 'ready' AND j.run_at <= x_jobs.now()
+            AND NOT EXISTS (SELECT FROM x_jobs.queue_pause AS p WHERE p.queue = j.queue)
+        UNION ALL
+        SELECT j.queue, j.concurrency_key, j.concurrency_limit, j.priority, j.run_at, j.id
+        FROM x_jobs.job AS j
+        WHERE j.state IN ('delayed', 'suspended') AND j.run_at <= x_jobs.now()
+            AND NOT EXISTS (SELECT FROM x_jobs.queue_pause AS p WHERE p.queue = j.queue)
+    ),
+    busy AS (
+        SELECT j.concurrency_key, count(*) AS running
+        FROM x_jobs.job AS j
+        WHERE j.concurrency_key IS NOT NULL AND j.state = 'running'
+        GROUP BY j.concurrency_key
+    )
+    SELECT d.queue, count(*) AS demand
+    FROM (
+        SELECT u.queue FROM due AS u
+        WHERE u.concurrency_key IS NULL
+        UNION ALL
+        SELECT k.queue
+        FROM (
+            SELECT u.queue, u.concurrency_limit - coalesce(b.running, 0) AS room,
+                   pg_catalog.row_number() OVER (
+                       PARTITION BY u.concurrency_key ORDER BY u.priority, u.run_at, u.id
+                   ) AS rank
+            FROM due AS u
+            LEFT JOIN busy AS b ON b.concurrency_key = u.concurrency_key
+            WHERE u.concurrency_key IS NOT NULL
+        ) AS k
+        WHERE k.rank <= k.room
+        UNION ALL
+        SELECT j.queue FROM x_jobs.job AS j
+        WHERE j.state = 'running'
+            AND CASE
+                WHEN j.visible_at <= x_jobs.now()
+                    THEN NOT EXISTS (SELECT FROM x_jobs.queue_pause AS p WHERE p.queue = j.queue)
+                ELSE NOT EXISTS (
+                    SELECT FROM x_jobs.worker AS w
+                    WHERE w.id = j.claimed_by
+                        AND w.draining_at IS NOT NULL
+                        AND w.expires_at > x_jobs.now()
+                )
+            END
+    ) AS d
+    GROUP BY d.queue
+    ORDER BY d.queue COLLATE "C"
 $$;

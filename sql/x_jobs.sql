@@ -531,18 +531,53 @@ AS $$
     SELECT (pg_catalog.pg_backend_pid() % 16)::smallint
 $$;
 
--- The size limit for inputs and outputs, settable per database or role:
--- ALTER DATABASE app SET x_jobs.max_payload_bytes = 4194304. Default 1 MiB.
+-- The size limit for inputs and outputs, default 1 MiB, set per database or role:
+-- ALTER DATABASE app SET x_jobs.max_payload_bytes = 4194304. Any role can SET a custom setting,
+-- and producers enqueue through functions that run as their owner, so a session's own value
+-- counts only up to 1 MiB; above it, only up to what ALTER DATABASE or ALTER ROLE set (the most
+-- specific, as PostgreSQL applies them; only a superuser, or a role granted SET on it, may set
+-- those). The catalog is read only for a value above 1 MiB: the common path costs nothing.
 CREATE FUNCTION x_jobs._max_payload_bytes()
 RETURNS integer
 LANGUAGE sql
 STABLE
 PARALLEL SAFE
 AS $$
-    SELECT coalesce(
-        nullif(pg_catalog.current_setting('x_jobs.max_payload_bytes', true), '')::integer,
-        1048576
-    )
+    SELECT CASE
+        WHEN s.bytes <= 1048576 THEN s.bytes
+        ELSE least(s.bytes, coalesce((
+            SELECT pg_catalog.split_part(c.setting, '=', 2)::integer
+            FROM pg_catalog.pg_db_role_setting AS d
+            CROSS JOIN LATERAL pg_catalog.unnest(d.setconfig) AS c (setting)
+            WHERE d.setdatabase IN (0, (SELECT b.oid FROM pg_catalog.pg_database AS b
+                                        WHERE b.datname = pg_catalog.current_database()))
+                AND d.setrole IN (0, (SELECT r.oid FROM pg_catalog.pg_roles AS r WHERE r.rolname = session_user))
+                AND pg_catalog.split_part(c.setting, '=', 1) = 'x_jobs.max_payload_bytes'
+            ORDER BY d.setrole <> 0 DESC, d.setdatabase <> 0 DESC
+            LIMIT 1
+        ), 1048576))
+    END
+    FROM (
+        SELECT coalesce(
+            nullif(pg_catalog.current_setting('x_jobs.max_payload_bytes', true), '')::integer, 1048576
+        ) AS bytes
+    ) AS s
+$$;
+
+-- A payload's size as the limit counts it: uncompressed. pg_column_size counts a value as it is
+-- stored, and one read from a table can arrive compressed: 80 MB of one repeated letter passed
+-- publish as 0.9 MB. A composite value holds its fields uncompressed, so a compressed payload is
+-- measured inside a one-field row (less the row's 24-byte header).
+CREATE FUNCTION x_jobs._payload_bytes(p_payload jsonb)
+RETURNS integer
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+AS $$
+    SELECT CASE
+        WHEN pg_catalog.pg_column_compression(p_payload) IS NULL THEN pg_catalog.pg_column_size(p_payload)
+        ELSE pg_catalog.pg_column_size(ROW(p_payload)) - 24
+    END
 $$;
 
 -- Run ids for `p_count` new jobs, as UUIDv7 (RFC 9562): 48 bits of Unix time in milliseconds,
@@ -1920,11 +1955,11 @@ DECLARE
     v_kind text;
 BEGIN
     v_job := x_jobs._require_held(step_record.id, step_record.worker, coalesce(step_record.step, ''));
-    IF pg_catalog.pg_column_size(step_record.output) > x_jobs._max_payload_bytes() THEN
+    IF x_jobs._payload_bytes(step_record.output) > x_jobs._max_payload_bytes() THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ003',
             MESSAGE = pg_catalog.format('X_PAYLOAD_TOO_LARGE: output of %s bytes exceeds the limit of %s',
-                pg_catalog.pg_column_size(step_record.output), x_jobs._max_payload_bytes()),
+                x_jobs._payload_bytes(step_record.output), x_jobs._max_payload_bytes()),
             DETAIL = pg_catalog.format('For step %L of job %s.', step_record.step, step_record.id),
             HINT = 'Store large results elsewhere and return a reference, or raise x_jobs.max_payload_bytes.';
     END IF;
@@ -2204,11 +2239,11 @@ BEGIN
                 pg_catalog.quote_literal(pg_catalog.left(publish.key, 410))),
             HINT = 'Key events with a short text, such as an order id; put the rest in the payload.';
     END IF;
-    IF pg_catalog.pg_column_size(publish.payload) > x_jobs._max_payload_bytes() THEN
+    IF x_jobs._payload_bytes(publish.payload) > x_jobs._max_payload_bytes() THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ003',
             MESSAGE = pg_catalog.format('X_PAYLOAD_TOO_LARGE: payload of %s bytes exceeds the limit of %s',
-                pg_catalog.pg_column_size(publish.payload), x_jobs._max_payload_bytes()),
+                x_jobs._payload_bytes(publish.payload), x_jobs._max_payload_bytes()),
             DETAIL = pg_catalog.format('For event %L.', publish.event),
             HINT = 'Publish a reference to large data, or raise x_jobs.max_payload_bytes.';
     END IF;
@@ -2317,11 +2352,11 @@ BEGIN
                 resolve_step.job, v_step.status),
             HINT = 'Only a waiting step (a sleep or a wait on an event) can be resolved.';
     END IF;
-    IF pg_catalog.pg_column_size(resolve_step.output) > x_jobs._max_payload_bytes() THEN
+    IF x_jobs._payload_bytes(resolve_step.output) > x_jobs._max_payload_bytes() THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ003',
             MESSAGE = pg_catalog.format('X_PAYLOAD_TOO_LARGE: output of %s bytes exceeds the limit of %s',
-                pg_catalog.pg_column_size(resolve_step.output), x_jobs._max_payload_bytes()),
+                x_jobs._payload_bytes(resolve_step.output), x_jobs._max_payload_bytes()),
             HINT = 'Pass a smaller output, or raise x_jobs.max_payload_bytes.';
     END IF;
 
@@ -2474,11 +2509,11 @@ BEGIN
             MESSAGE = pg_catalog.format('X_MESSAGE_INVALID: message of topic %L has no payload', p_topic),
             HINT = 'Pass a JSON payload (use ''null''::jsonb for a message that carries nothing).';
     END IF;
-    IF pg_catalog.pg_column_size(p_payload) > x_jobs._max_payload_bytes() THEN
+    IF x_jobs._payload_bytes(p_payload) > x_jobs._max_payload_bytes() THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ003',
             MESSAGE = pg_catalog.format('X_PAYLOAD_TOO_LARGE: payload of %s bytes exceeds the limit of %s',
-                pg_catalog.pg_column_size(p_payload), x_jobs._max_payload_bytes()),
+                x_jobs._payload_bytes(p_payload), x_jobs._max_payload_bytes()),
             DETAIL = pg_catalog.format('For a message of topic %L.', p_topic),
             HINT = 'Put a reference to large data in the message, or raise x_jobs.max_payload_bytes.';
     END IF;
@@ -3375,10 +3410,12 @@ BEGIN
 END
 $$;
 
--- Per queue, the rows a serving worker must hold: due rows of unpaused queues, plus running rows
--- not held by a live draining worker (such a worker finishes them itself, so no worker a scaler
--- adds could take them; a claimer with no live row, killed or lapsed, stays counted: its jobs
--- come back to the queue). Queues with no demand are absent. This is what KEDA polls.
+-- Per queue, the rows a serving worker must hold: due rows of unpaused queues; running rows
+-- whose lease holds, unless a live draining worker holds them (it finishes them itself, so no
+-- worker a scaler adds could take them; a claimer with no live row, killed or lapsed, stays
+-- counted: its jobs come back to the queue); and running rows whose lease lapsed, which the
+-- next claim takes, so only in unpaused queues and whoever held them. Queues with no demand are
+-- absent. This is what KEDA polls.
 --
 -- A due row with a concurrency key counts only while its key has room, as claim grants them
 -- (by rank within the key against the row's limit less the key's running rows): 50 rows of a
@@ -3430,12 +3467,16 @@ AS $$
         UNION ALL
         SELECT j.queue FROM x_jobs.job AS j
         WHERE j.state = 'running'
-            AND NOT EXISTS (
-                SELECT FROM x_jobs.worker AS w
-                WHERE w.id = j.claimed_by
-                    AND w.draining_at IS NOT NULL
-                    AND w.expires_at > x_jobs.now()
-            )
+            AND CASE
+                WHEN j.visible_at <= x_jobs.now()
+                    THEN NOT EXISTS (SELECT FROM x_jobs.queue_pause AS p WHERE p.queue = j.queue)
+                ELSE NOT EXISTS (
+                    SELECT FROM x_jobs.worker AS w
+                    WHERE w.id = j.claimed_by
+                        AND w.draining_at IS NOT NULL
+                        AND w.expires_at > x_jobs.now()
+                )
+            END
     ) AS d
     GROUP BY d.queue
     ORDER BY d.queue COLLATE "C"
@@ -3663,6 +3704,7 @@ GRANT EXECUTE ON FUNCTION x_jobs.result(bigint) TO x_jobs_producer;
 -- a worker reads and updates the rows it claims and settles.
 GRANT SELECT ON x_jobs.job TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs._max_payload_bytes() TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs._payload_bytes(jsonb) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs._minute(timestamptz) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs._require_worker(text, text) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs._require_lease(interval, text) TO x_jobs_worker;

@@ -2,7 +2,7 @@
 -- volatile it is, whose rights it runs with, which settings it pins, and who may use what.
 -- A change to any of these is a change to the API: it shows up here first, on purpose.
 BEGIN;
-SELECT plan(603);
+SELECT plan(611);
 
 -- The functions of the API, one row each, with what 00-schema pins about them. `args` is how
 -- pgTAP's catalog view spells the argument types (regtype output: 'timestamp with time zone',
@@ -24,6 +24,7 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
 ('_minute', '{timestamp with time zone}', 'timestamp with time zone', 'IMMUTABLE', NULL),
 ('_shard', '{}', 'smallint', 'STABLE', NULL),
 ('_max_payload_bytes', '{}', 'integer', 'STABLE', NULL),
+('_payload_bytes', '{jsonb}', 'integer', 'IMMUTABLE', NULL),
 ('_require_worker', '{text,text}', 'void', 'IMMUTABLE', NULL),
 ('_require_lease', '{interval,text}', 'void', 'IMMUTABLE', NULL),
 ('_notify', '{text,text}', 'void', 'VOLATILE', NULL),
@@ -121,6 +122,7 @@ INSERT INTO api_grant (fn, lowest_role, to_pg_monitor) VALUES
 ('version', 'x_jobs_producer', TRUE),
 -- NULL: no role; only the functions that run as their owner call it (0.3.6).
 ('_max_payload_bytes', 'x_jobs_worker', FALSE),
+('_payload_bytes', 'x_jobs_worker', FALSE),
 ('_enqueue', NULL, FALSE),
 ('_run_ids', NULL, FALSE),
 ('_notify', NULL, FALSE),
@@ -642,9 +644,9 @@ SELECT set_eq(
             SELECT FROM unnest(p.proconfig) AS s (setting) WHERE s.setting LIKE 'search\_path=%'
         )
     $$,
-    ARRAY['now', '_minute', '_shard', '_max_payload_bytes', '_clock'],
-    'Every function should pin search_path except the tiny SQL helpers now, _minute, _shard, _max_payload_bytes '
-    'and _clock'
+    ARRAY['now', '_minute', '_shard', '_max_payload_bytes', '_payload_bytes', '_clock'],
+    'Every function should pin search_path except the tiny SQL helpers now, _minute, _shard, _max_payload_bytes, '
+    '_payload_bytes and _clock'
 );
 
 SELECT is_empty(
@@ -654,7 +656,7 @@ SELECT is_empty(
     INNER JOIN pg_catalog.pg_language AS l ON p.prolang = l.oid
     WHERE
         p.pronamespace = 'x_jobs'::regnamespace
-        AND p.proname IN ('now', '_minute', '_shard', '_max_payload_bytes', '_clock')
+        AND p.proname IN ('now', '_minute', '_shard', '_max_payload_bytes', '_payload_bytes', '_clock')
         AND (l.lanname <> 'sql' OR p.proconfig IS NOT NULL OR p.prosecdef)
     $$,
     'The helpers that skip search_path should be plain SQL functions with no SET clause, so they can inline'

@@ -2,7 +2,7 @@
 -- live idempotency key dedupes and when it is free again, and every refusal with its SQLSTATE,
 -- message, detail and hint.
 BEGIN;
-SELECT plan(58);
+SELECT plan(62);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:00:00+00';
 
@@ -347,6 +347,46 @@ SELECT throws_like(
     'X_PAYLOAD_TOO_LARGE: input of % bytes exceeds the limit of 1048576',
     'Without x_jobs.max_payload_bytes, an input over 1 MiB should be refused'
 );
+
+-- A session may lower the limit, not raise it (0.3.6): enqueue runs as its owner, and any role
+-- can set a custom setting. ALTER DATABASE and ALTER ROLE raise it (rolled back with the test).
+SET LOCAL "x_jobs.max_payload_bytes" = 2147483647;
+SELECT throws_like(
+    $$ SELECT x_jobs.enqueue('big_job', jsonb_build_object('x', repeat('a', 2000000))) $$,
+    'X_PAYLOAD_TOO_LARGE: input of % bytes exceeds the limit of 1048576',
+    'A session that sets x_jobs.max_payload_bytes higher should still be held to 1 MiB'
+);
+DO $$
+BEGIN
+    EXECUTE pg_catalog.format(
+        'ALTER DATABASE %I SET "x_jobs.max_payload_bytes" = 4194304', pg_catalog.current_database()
+    );
+END
+$$;
+SELECT lives_ok(
+    $$ SELECT x_jobs.enqueue('big_job', jsonb_build_object('x', repeat('a', 2000000))) $$,
+    'A limit raised by ALTER DATABASE should hold (the session''s higher value capped by it)'
+);
+DO $$
+BEGIN
+    EXECUTE pg_catalog.format(
+        'ALTER ROLE %I IN DATABASE %I SET "x_jobs.max_payload_bytes" = 3000000',
+        current_user, pg_catalog.current_database()
+    );
+END
+$$;
+SELECT throws_like(
+    $$ SELECT x_jobs.enqueue('big_job', jsonb_build_object('x', repeat('a', 3500000))) $$,
+    'X_PAYLOAD_TOO_LARGE: input of % bytes exceeds the limit of 3000000',
+    'A limit set for the role in this database should take precedence over the database''s'
+);
+SET LOCAL "x_jobs.max_payload_bytes" = 2500000;
+SELECT throws_like(
+    $$ SELECT x_jobs.enqueue('big_job', jsonb_build_object('x', repeat('a', 2600000))) $$,
+    'X_PAYLOAD_TOO_LARGE: input of % bytes exceeds the limit of 2500000',
+    'A session should still be able to lower the limit below the configured one'
+);
+SET LOCAL "x_jobs.max_payload_bytes" = '';
 
 -- max_attempts (XJ004)
 SELECT throws_ok(

@@ -50,7 +50,7 @@ COMMIT;
 
 RESET default_transaction_isolation;
 BEGIN;
-SELECT plan(43);
+SELECT plan(44);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
@@ -367,6 +367,18 @@ SELECT results_eq(
 );
 
 RESET "x_jobs.max_payload_bytes";
+
+-- A payload read from a table arrives compressed: 3 MB of one letter is stored in about 35 kB,
+-- which pg_column_size counted (0.3.6 measures it uncompressed).
+CREATE TEMP TABLE t35_stored (payload jsonb);
+INSERT INTO t35_stored SELECT pg_catalog.jsonb_build_object('x', pg_catalog.repeat('x', 3000000));
+
+SELECT throws_ok(
+    $$SELECT p.* FROM t35_stored AS s, x_jobs.publish('t35.big', s.payload) AS p$$,
+    'XJ003',
+    'X_PAYLOAD_TOO_LARGE: payload of 3000017 bytes exceeds the limit of 1048576',
+    'publish should measure a compressed payload (from a table) by its uncompressed size'
+);
 
 SELECT is_empty(
     $$SELECT * FROM x_jobs.event WHERE name IN ('', 't35.big')$$,

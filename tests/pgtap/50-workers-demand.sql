@@ -3,7 +3,7 @@
 -- due rows of open queues, and running rows not held by a live draining worker.
 -- The clock is moved with SET LOCAL "x_jobs.fake_now".
 BEGIN;
-SELECT plan(33);
+SELECT plan(35);
 
 ------------------------------------------------------------------------------------------------
 -- announce_worker
@@ -306,14 +306,29 @@ SELECT results_eq(
     'queue_demand should answer one row per queue with demand, ordered by queue'
 );
 
+-- 10:05: the leases of 10:00 (1 minute) lapsed; the workers' rows (10 minutes) live on.
+SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:05:00+00';
+
+SELECT is(
+    pg_temp.demand('dq-b'),
+    4::bigint,
+    'queue_demand should count the lapsed rows of a live draining worker: the next claim takes them'
+);
+
+SELECT is(
+    pg_temp.demand('dq-p'),
+    NULL,
+    'queue_demand should leave out a lapsed running row of a paused queue: no claim can take it'
+);
+
 -- 12:00: the future rows came due, and the draining worker's row expired (10:10).
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:00:00+00';
 
 SELECT results_eq(
     $$SELECT * FROM x_jobs.queue_demand() WHERE queue LIKE 'dq-%'$$,
     $$VALUES ('dq-a', 6::bigint), ('dq-b', 4::bigint), ('dq-c', 2::bigint), ('dq-d', 1::bigint),
-             ('dq-e', 1::bigint), ('dq-p', 1::bigint)$$,
-    'Later, queue_demand should count the rows that came due and the rows of the expired draining worker'
+             ('dq-e', 1::bigint)$$,
+    'Later, queue_demand should count the rows that came due and the lapsed running rows of open queues'
 );
 
 SELECT is(
