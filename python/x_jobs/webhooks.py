@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import http
+import itertools
 import json
 import logging
 import math
@@ -32,6 +34,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from email.utils import parsedate_to_datetime
 from typing import Any, LiteralString
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
@@ -108,6 +111,96 @@ RECEIVE: LiteralString = """
 """
 
 
+def _json_int(text: str) -> int | Decimal:
+    # Python reads no int of more than 4300 digits (a guard against slow parsing); jsonb can.
+    return int(text) if len(text) <= 4000 else Decimal(text)
+
+
+def _loads_exact(body: bytes) -> Any:
+    """A JSON body with its numbers as written: a fraction or an exponent is read as a Decimal,
+    which holds every digit (a float keeps 17, and turns 1e400 into infinity), a long integer
+    too. NaN and Infinity, which jsonb refuses, are no JSON."""
+    return json.loads(
+        body, parse_float=Decimal, parse_int=_json_int, parse_constant=_refuse_constant
+    )
+
+
+def _dumps_exact(value: Any, *, ensure_ascii: bool = False) -> str:
+    """Compact JSON for ``value`` with every Decimal written as the exact number it is
+    (json.dumps refuses Decimals, and a float would round them); anything else is json.dumps's,
+    byte for byte. NaN and infinities are refused (ValueError), as jsonb would."""
+    verbatim: list[str] = []
+    # Each Decimal goes through json.dumps as a string that stands for it, then its JSON text
+    # replaces the string. The stand-in holds NUL (which no jsonb string holds) and a random
+    # tag, so that no string of the payload reads as one.
+    tag = secrets.token_hex(8)
+
+    def mark(item: Any) -> Any:
+        if isinstance(item, Decimal):
+            if not item.is_finite():
+                raise ValueError(f"{item} is not JSON")
+            verbatim.append(str(item))
+            return f"\0{tag}{len(verbatim) - 1}\0"
+        if isinstance(item, dict):
+            return {key: mark(inner) for key, inner in item.items()}
+        if isinstance(item, list | tuple):
+            return [mark(inner) for inner in item]
+        return item
+
+    text = json.dumps(
+        mark(value), separators=(",", ":"), ensure_ascii=ensure_ascii, allow_nan=False
+    )
+    if not verbatim:
+        return text
+    stand_in = re.compile(r'"\\u0000' + tag + r'(\d+)\\u0000"')
+    return stand_in.sub(lambda found: verbatim[int(found[1])], text)
+
+
+def _jsonb(value: Any) -> Jsonb:
+    """``value`` for a jsonb parameter, its Decimals exact. ASCII, as psycopg's own dumps
+    writes it: a lone surrogate goes as an escape that the database refuses (as a request's
+    error), not as text that cannot be encoded."""
+    return Jsonb(value, dumps=lambda item: _dumps_exact(item, ensure_ascii=True))
+
+
+def _v1_signatures(header: str) -> list[str]:
+    """The well-formed ``v1`` signatures of a webhook-signature header, as written. Its entries
+    are ``version,base64`` separated by spaces. Several header lines reach the receiver joined
+    by commas (a WSGI server's environ, httpx's Headers), so that one run without spaces may
+    hold several entries: each ``v1`` followed by strict base64 is one. Other versions and
+    malformed entries (no comma, not base64) are skipped: they verify nothing, and must not
+    stop a valid signature next to them from verifying."""
+    found = []
+    for run in header.split():
+        parts = run.split(",")
+        for version, signature in itertools.pairwise(parts):
+            if version == "v1" and signature and _is_base64(signature):
+                found.append(signature)
+    return found
+
+
+def _is_base64(text: str) -> bool:
+    try:
+        base64.b64decode(text, validate=True)
+    except binascii.Error:
+        return False
+    return True
+
+
+def _lowered(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """Header lines as one mapping with lower-case names. Every webhook-signature line is kept
+    (a sender rotating its secret may sign once per secret, one line each), joined by a space
+    as the entries of one line are; any other repeated header keeps its last line."""
+    lowered: dict[str, str] = {}
+    for name, value in headers:
+        key = name.lower()
+        if key == "webhook-signature" and key in lowered:
+            lowered[key] = f"{lowered[key]} {value}"
+        else:
+            lowered[key] = value
+    return lowered
+
+
 def new_secret() -> str:
     """A fresh shared secret in the Standard Webhooks form: ``whsec_`` + base64 of 32 random
     bytes. Give the same string to the sender and the receiver."""
@@ -130,12 +223,13 @@ def _webhook(secret: str | bytes) -> Webhook:
 class WebhookSink:
     """An outbox sink that POSTs each message to ``url``, signed with ``secret``.
 
-    The body is the payload as compact JSON. The headers are the sink's ``headers``, then the
-    message's own, then ``content-type`` and the three Standard Webhooks headers (which nothing
-    overrides); names are sent lower-case. Headers that frame the request or steer the
-    connection (:data:`FRAMING_HEADERS`, ``proxy-*``) are refused, as are names that are no
-    HTTP token and values that are not printable ASCII: in ``headers`` with a ValueError, in a
-    message's with a final :class:`DeliveryError` (the message goes to dead, naming the header).
+    The body is the payload as compact JSON, a Decimal written as the exact number it is. The
+    headers are the sink's ``headers``, then the message's own, then ``content-type`` and the
+    three Standard Webhooks headers (which nothing overrides); names are sent lower-case.
+    Headers that frame the request or steer the connection (:data:`FRAMING_HEADERS`,
+    ``proxy-*``) are refused, as are names that are no HTTP token and values that are not
+    printable ASCII: in ``headers`` with a ValueError, in a message's with a final
+    :class:`DeliveryError` (the message goes to dead, naming the header).
 
     ``timeout`` (seconds) is one deadline for each delivery, counted from the call: the wait for
     one of the ``max_concurrent`` slots (at most that many requests to the endpoint run at once,
@@ -215,9 +309,9 @@ class WebhookSink:
         # checked against this timeout (the wait for a slot included).
         deadline = time.monotonic() + self.timeout
         own = self._message_headers(message)
-        body = json.dumps(
-            message.payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-        )
+        # Decimals (numbers as jsonb holds them) are written with every digit; the signature
+        # below is over these very bytes.
+        body = _dumps_exact(message.payload)
         if not self._slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
             raise self._busy()
         try:
@@ -379,9 +473,9 @@ class Receiver:
     ``job`` is a declared :class:`~x_jobs.Job` or a job name. A declared job (or a name this
     app declares) validates the body as its input, as ``app.enqueue`` does, and sets the queue
     unless ``queue`` is given; an undeclared name (a job handled by another service's workers)
-    takes the body as it is. ``tolerance`` is how far, in seconds, the ``webhook-timestamp`` may
-    be from now (at most 300, the limit of the verifying library). ``max_body`` caps what the
-    WSGI and ASGI adapters read (bytes).
+    takes the body as it is, every number with the digits it was written with. ``tolerance``
+    is how far, in seconds, the ``webhook-timestamp`` may be from now (at most 300, the limit of
+    the verifying library). ``max_body`` caps what the WSGI and ASGI adapters read (bytes).
     """
 
     def __init__(
@@ -420,17 +514,24 @@ class Receiver:
         ``{"error"}`` (a refusal's ``X_`` code and message). Other errors raise: an outage, or
         a refusal of the receiver's own configuration (its job name, queue, the job's fixed
         options), which the adapters answer 500 so that the sender tries again once fixed."""
-        lowered = {name.lower(): value for name, value in headers.items()}
+        lowered = _lowered(headers.items())
         refusal = self.verify(lowered, body)
         if refusal is not None:
             logger.info("webhook from %s refused: %s", self.source, refusal)
             return 401, {"error": refusal}
+        declared = self.job if isinstance(self.job, Job) else self.app.jobs.get(self.job)
         try:
-            payload = json.loads(body, parse_constant=_refuse_constant)
+            if declared is None:
+                # Taken as it is: every number as the body wrote it (jsonb keeps them all).
+                payload = _loads_exact(body)
+            else:
+                # The job's type decides what its input holds, as in app.enqueue: the body is
+                # read as Python reads JSON, since pydantic writes a Decimal that reaches an
+                # untyped field (Any) as a string.
+                payload = json.loads(body, parse_constant=_refuse_constant)
         except ValueError as err:
             return 400, {"error": f"the body is not JSON: {err}"}
 
-        declared = self.job if isinstance(self.job, Job) else self.app.jobs.get(self.job)
         request: dict[str, Any] | None = None
         if declared is None:
             name, queue = str(self.job), self.queue
@@ -485,12 +586,23 @@ class Receiver:
             return "the webhook-timestamp header is missing or not a number"
         if not math.isfinite(sent) or abs(time.time() - sent) > self.tolerance:
             return f"the webhook-timestamp is more than {self.tolerance:g} s away from now"
+        header = headers.get("webhook-signature", "")
+        # The library gives up on the first entry it cannot parse (no comma, not base64), and
+        # a valid signature after it went untried: it gets the well-formed v1 entries alone.
+        signatures = _v1_signatures(header)
+        if header.strip() and not signatures:
+            return "the signature does not verify: the header holds no well-formed v1 signature"
         try:
-            # Checks the timestamp again (its own fixed five minutes) and every v1 signature of
-            # the header against the body; json_parse=False, so a JSON error is not a refusal.
-            self._webhook.verify(body, dict(headers), json_parse=False)
+            # Checks the timestamp again (its own fixed five minutes) and each v1 signature,
+            # in constant time, against the body; json_parse=False, so a JSON error is not a
+            # refusal. A header missing or empty is refused there.
+            self._webhook.verify(
+                body,
+                {**headers, "webhook-signature": " ".join(f"v1,{sig}" for sig in signatures)},
+                json_parse=False,
+            )
         except (WebhookVerificationError, ValueError) as err:
-            # ValueError: a body that is not UTF-8, or a malformed signature header.
+            # ValueError: a body that is not UTF-8.
             return f"the signature does not verify: {err}"
         return None
 
@@ -511,9 +623,9 @@ class Receiver:
                     self.source,
                     webhook_id,
                     name,
-                    Jsonb(payload),
+                    _jsonb(payload),
                     queue,
-                    None if request is None else Jsonb(request),
+                    None if request is None else _jsonb(request),
                 ],
             ).fetchone()
         assert row is not None
@@ -570,10 +682,10 @@ class Receiver:
                 return
             if not event.get("more_body", False):
                 break
-        headers = {
-            name.decode("latin-1").lower(): value.decode("latin-1")
-            for name, value in scope["headers"]
-        }
+        # Each header line is its own pair here: several webhook-signature lines are all kept.
+        headers = _lowered(
+            (name.decode("latin-1"), value.decode("latin-1")) for name, value in scope["headers"]
+        )
         answer = await asyncio.to_thread(self._answer, headers, bytes(body))
         await _asgi_answer(send, answer)
 

@@ -17,9 +17,10 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
@@ -201,6 +202,37 @@ def _the_vector_at_its_time() -> tuple[dict[str, str], bytes]:
     }, VECTOR_PAYLOAD.encode()
 
 
+#: webhook-signature entries that verify nothing: not base64, without a comma or a signature,
+#: with two commas, of an unknown version.
+MALFORMED_ENTRIES = [
+    "v1,not-base64!!",
+    "v1,AAA",
+    "v1",
+    "v1,",
+    ",",
+    "v1,AAAA,AAAA",
+    "v2,Ceo5qEr07ixe2NLpvHk3FH9bwy/WavXrAFQ/9tdO6mc=",
+]
+
+
+def _malformed_entries_and_a_wrong_signature() -> tuple[dict[str, str], bytes]:
+    wrong = signed(BODY, secret=new_secret())["Webhook-Signature"]
+    return signed(BODY) | {"Webhook-Signature": " ".join([*MALFORMED_ENTRIES, wrong])}, BODY
+
+
+def _the_valid_signature_as_another_version() -> tuple[dict[str, str], bytes]:
+    headers = signed(BODY)
+    return headers | {"Webhook-Signature": headers["Webhook-Signature"].replace("v1,", "v2,")}, BODY
+
+
+def _two_header_lines_neither_valid() -> tuple[httpx.Headers, bytes]:
+    headers = signed(BODY)
+    wrong = [signed(BODY, secret=new_secret())["Webhook-Signature"] for _ in range(2)]
+    del headers["Webhook-Signature"]
+    # httpx's Headers is a Mapping that answers the two lines joined by ", ".
+    return httpx.Headers([*headers.items(), *(("webhook-signature", w) for w in wrong)]), BODY
+
+
 @pytest.mark.parametrize(
     "request_of",
     [
@@ -212,13 +244,16 @@ def _the_vector_at_its_time() -> tuple[dict[str, str], bytes]:
         _garbled_signature,
         _not_utf8,
         _the_vector_at_its_time,
+        _malformed_entries_and_a_wrong_signature,
+        _the_valid_signature_as_another_version,
+        _two_header_lines_neither_valid,
     ],
 )
 def test_unverified_webhooks_are_refused_and_write_nothing(
     app: x_jobs.App,
     receiver: Receiver,
     conn: Conn,
-    request_of: Callable[[], tuple[dict[str, str], bytes]],
+    request_of: Callable[[], tuple[Mapping[str, str], bytes]],
 ) -> None:
     headers, body = request_of()
     if request_of is _the_vector_at_its_time:
@@ -466,34 +501,42 @@ def test_the_sink_and_the_served_receiver_agree_end_to_end(served: str, conn: Co
     assert (answer.status_code, answer.headers["allow"]) == (405, "POST")
 
 
+def _call_asgi(
+    receiver: Receiver, method: str, headers: Iterable[tuple[str, str]], chunks: list[bytes]
+) -> tuple[int, Any]:
+    """The receiver's ASGI app called as a server calls it: each header line as its own pair,
+    the body in ``chunks``. Answers the status and the JSON answer."""
+    events: list[MutableMapping[str, Any]] = [
+        {"type": "http.request", "body": chunk, "more_body": n < len(chunks) - 1}
+        for n, chunk in enumerate(chunks)
+    ]
+    sent: list[MutableMapping[str, Any]] = []
+
+    async def receive() -> MutableMapping[str, Any]:
+        return events.pop(0) if events else {"type": "http.disconnect"}
+
+    async def send(event: MutableMapping[str, Any]) -> None:
+        sent.append(event)
+
+    scope: dict[str, Any] = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "path": "/hooks",
+        "headers": [(k.lower().encode(), v.encode()) for k, v in headers],
+    }
+    asyncio.run(receiver.asgi(scope, receive, send))
+    assert [event["type"] for event in sent] == ["http.response.start", "http.response.body"]
+    assert (b"content-type", b"application/json") in sent[0]["headers"]
+    return int(sent[0]["status"]), json.loads(sent[1]["body"])
+
+
 def test_the_asgi_app_answers_a_signed_request(receiver: Receiver, conn: Conn) -> None:
     body = b'{"order_id": 9}'
 
     def call(method: str, headers: dict[str, str], chunks: list[bytes]) -> tuple[int, Any]:
-        events: list[MutableMapping[str, Any]] = [
-            {"type": "http.request", "body": chunk, "more_body": n < len(chunks) - 1}
-            for n, chunk in enumerate(chunks)
-        ]
-        sent: list[MutableMapping[str, Any]] = []
-
-        async def receive() -> MutableMapping[str, Any]:
-            return events.pop(0) if events else {"type": "http.disconnect"}
-
-        async def send(event: MutableMapping[str, Any]) -> None:
-            sent.append(event)
-
-        scope: dict[str, Any] = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": method,
-            "path": "/hooks",
-            "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
-        }
-        asyncio.run(receiver.asgi(scope, receive, send))
-        assert [event["type"] for event in sent] == ["http.response.start", "http.response.body"]
-        assert (b"content-type", b"application/json") in sent[0]["headers"]
-        return int(sent[0]["status"]), json.loads(sent[1]["body"])
+        return _call_asgi(receiver, method, headers.items(), chunks)
 
     # The body in two chunks, as a server streams it.
     status, answer = call("POST", signed(body, webhook_id="msg_asgi"), [body[:5], body[5:]])
@@ -504,6 +547,78 @@ def test_the_asgi_app_answers_a_signed_request(receiver: Receiver, conn: Conn) -
     assert call("POST", signed(body, secret=new_secret()), [body])[0] == 401
     assert call("GET", {}, [b""])[0] == 405
     assert written(conn) == (1, 1)
+
+
+# --- signature headers as senders and servers write them -------------------------------------
+
+
+@pytest.mark.parametrize("malformed", MALFORMED_ENTRIES)
+def test_a_malformed_signature_entry_does_not_hide_a_valid_one(
+    receiver: Receiver, conn: Conn, malformed: str
+) -> None:
+    """An entry of the webhook-signature header that is no ``v1,<base64>`` made the whole
+    verification fail, so the valid signature after it was answered 401 (final: the sender
+    gave the webhook up). Every well-formed v1 entry is tried; the others are skipped."""
+    headers = signed(BODY, webhook_id="msg_rotated")
+    headers["Webhook-Signature"] = f"{malformed} {headers['Webhook-Signature']}"
+    status, answer = receiver.receive(headers, BODY)
+    assert status == 200, answer
+    assert written(conn) == (1, 1)
+
+
+def test_signatures_on_several_header_lines_are_all_tried(
+    receiver: Receiver, conn: Conn, served: str
+) -> None:
+    """A sender rotating its secret may send the new signature and the old one on two
+    webhook-signature lines. They reached the verification joined by commas (wsgiref's
+    environ, httpx's Headers), which it could not parse, or as the last line alone (the ASGI
+    adapter): the valid signature was refused."""
+    stamp = time.time()
+
+    def lines(webhook_id: str) -> list[tuple[str, str]]:
+        valid = signed(BODY, webhook_id=webhook_id, timestamp=stamp)
+        old = signed(BODY, webhook_id=webhook_id, timestamp=stamp, secret=new_secret())
+        return [
+            ("webhook-id", webhook_id),
+            ("webhook-timestamp", valid["Webhook-Timestamp"]),
+            ("webhook-signature", valid["Webhook-Signature"]),
+            ("webhook-signature", old["Webhook-Signature"]),
+        ]
+
+    # A multi-valued mapping (httpx's Headers answers the lines joined by ", ").
+    status, answer = receiver.receive(httpx.Headers(lines("msg_mapping")), BODY)
+    assert status == 200, answer
+    # The served WSGI app: wsgiref joins the lines with "," in the environ.
+    reply = httpx.post(served, content=BODY, headers=lines("msg_wsgi"))
+    assert reply.status_code == 200, reply.text
+    # The ASGI app, which gets each line as its own pair.
+    status, answer = _call_asgi(receiver, "POST", lines("msg_asgi"), [BODY])
+    assert status == 200, answer
+    assert written(conn) == (3, 3)
+
+
+# --- JSON numbers as they were written -------------------------------------------------------
+
+#: JSON numbers a Python float changes: more digits than a double holds, an integer written
+#: with an exponent, beyond a double's range both ways, an integer Python does not read.
+EXACT = (
+    b'{"price": 0.10000000000000000001, "big": 12345678901234567890e0, "tiny": 1e-400,'
+    b' "huge": 1E400, "long": 1' + b"0" * 5000 + b', "plain": [7, -0.5, "x"]}'
+)
+
+
+def test_a_body_taken_as_it_is_keeps_its_numbers(app: x_jobs.App, conn: Conn) -> None:
+    """The receiver read the body into floats: 0.10000000000000000001 became 0.1 in the job's
+    input, 12345678901234567890e0 became 12345678901234567000, 1e-400 became 0, and 1E400
+    (infinity) or a 5000-digit integer was refused. jsonb holds every one of them."""
+    loose = Receiver(app, secret=SECRET, job="ledger.import", source=SOURCE, queue="imports")
+    status, answer = loose.receive(signed(EXACT), EXACT)
+    assert status == 200, answer
+    row = conn.execute(
+        "SELECT input = %s::jsonb, input->>'price', input->>'big' FROM x_jobs.job WHERE id = %s",
+        [EXACT.decode(), answer["job_id"]],
+    ).fetchone()
+    assert row == (True, "0.10000000000000000001", "12345678901234567890")
 
 
 # --- the sink against scripted endpoints ---------------------------------------------------
@@ -965,6 +1080,42 @@ def test_a_message_header_that_cannot_be_sent_as_written_sends_it_to_dead(
 def test_a_sink_header_that_cannot_be_sent_is_refused_up_front(name: str, value: str) -> None:
     with pytest.raises(ValueError, match=re.escape(repr(name))):
         WebhookSink("http://127.0.0.1:9/", secret=SECRET, headers={name: value})
+
+
+def test_the_sink_sends_exact_numbers_exactly_and_signs_those_bytes(
+    endpoint: Endpoint, app: x_jobs.App, conn: Conn
+) -> None:
+    """A payload holding Decimals (numbers read from jsonb with every digit) raised TypeError
+    in json.dumps, retried for ever. They go out as the numbers they are, in the bytes signed;
+    a float and the rest of the body are written as before."""
+    payload = {
+        "price": Decimal("0.10000000000000000001"),
+        "big": Decimal("12345678901234567890E0"),
+        "tiny": Decimal("-1E-400"),
+        "plain": [7, 0.5, "é", None, True],
+    }
+    message = OutboxMessage(id=11, topic="t", key=None, payload=payload)
+    sink = WebhookSink(endpoint.url, secret=SECRET)
+    try:
+        sink.deliver(message)
+    finally:
+        sink.close()
+    sent = (
+        '{"price":0.10000000000000000001,"big":12345678901234567890,"tiny":-1E-400,'
+        '"plain":[7,0.5,"é",null,true]}'
+    )
+    (seen,) = endpoint.seen
+    assert seen.body == sent.encode()
+    Webhook(SECRET).verify(seen.body, seen.headers, json_parse=False)
+    # A receiver that takes the body as it is stores the very numbers.
+    loose = Receiver(app, secret=SECRET, job="ledger.import", source=SOURCE, queue="imports")
+    status, answer = loose.receive(seen.headers, seen.body)
+    assert status == 200, answer
+    row = conn.execute(
+        "SELECT input = %s::jsonb, input->>'price' FROM x_jobs.job WHERE id = %s",
+        [sent, answer["job_id"]],
+    ).fetchone()
+    assert row == (True, "0.10000000000000000001")
 
 
 def test_whitespace_around_a_header_value_is_no_part_of_it(endpoint: Endpoint) -> None:
