@@ -162,7 +162,8 @@ class Job(Generic[I]):
                 f"{err.errors(include_url=False)}",
                 hint=f"Pass an input that validates as {self.type_name}.",
             ) from err
-        except PydanticSerializationError as err:
+        except (PydanticSerializationError, ValueError) as err:
+            # ValueError: a list or dict that holds itself ("Circular reference detected").
             raise InputInvalid(
                 f"X_INPUT_INVALID: input of job {self.name!r} is not JSON: {err}",
                 hint="Pass JSON values (dicts, lists, strings, numbers, booleans, None), or "
@@ -171,14 +172,17 @@ class Job(Generic[I]):
 
     def _refuse_lossy(self, value: Any) -> None:
         """Refuse what the JSON dump would silently change: NaN and infinities (written as
-        null) and pydantic's secrets (written masked, as '**********')."""
+        null) and pydantic's secrets (written masked, as '**********'). Each container is
+        walked once: one that holds itself would be walked for ever (the JSON dump refuses it)."""
         stack = [value]
+        walked: set[int] = set()
         while stack:
             item = stack.pop()
-            if isinstance(item, dict):
-                stack.extend(item.values())
-            elif isinstance(item, list | tuple | set | frozenset):
-                stack.extend(item)
+            if isinstance(item, dict | list | tuple | set | frozenset):
+                if id(item) in walked:
+                    continue
+                walked.add(id(item))
+                stack.extend(item.values() if isinstance(item, dict) else item)
             elif isinstance(item, float) and not math.isfinite(item):
                 raise InputInvalid(
                     f"X_INPUT_INVALID: input of job {self.name!r} holds {item}, which JSON "
