@@ -264,8 +264,15 @@ class ResultTimeout(ClientError, TimeoutError):
 
 def storable(text: str) -> str:
     """``text`` as PostgreSQL can store it: it refuses NUL, which an exception's message may
-    hold (and a refused error text would leave its job or message unsettled)."""
-    return text.replace("\x00", "\\x00")
+    hold, and no encoding takes a lone surrogate (what ``surrogateescape`` decoding leaves in a
+    str): both escaped. A refused error text would leave its job or message unsettled."""
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def ascii_only(text: str) -> str:
+    """``text`` with everything past ASCII escaped: what a database whose encoding cannot hold
+    a character (LATIN1 and the euro sign) still stores."""
+    return storable(text).encode("ascii", "backslashreplace").decode("ascii")
 
 
 @contextmanager

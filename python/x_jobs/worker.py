@@ -46,7 +46,7 @@ from psycopg.types.json import Jsonb
 from x_jobs._conn import connect
 from x_jobs._listen import DB_GONE, listen
 from x_jobs.app import App, Job, Seconds, interval, seconds
-from x_jobs.errors import JobNotHeld, OutputInvalid, storable
+from x_jobs.errors import JobNotHeld, OutputInvalid, ascii_only, storable
 from x_jobs.metrics import WorkerMetrics
 from x_jobs.steps import AsyncSteps, Steps, StepStore, Suspended, _Journal, progress
 
@@ -73,6 +73,9 @@ EXTEND: LiteralString = (
 )
 RELEASE: LiteralString = "SELECT r FROM x_jobs.release(ids => %s::bigint[], worker => %s) AS r"
 ROW_STATES: LiteralString = "SELECT id, state::text FROM x_jobs.job WHERE id = ANY(%s::bigint[])"
+HELD_AT: LiteralString = (
+    "SELECT id, state::text, attempt, claimed_by FROM x_jobs.job WHERE id = ANY(%s::bigint[])"
+)
 ANNOUNCE: LiteralString = """
     SELECT draining_at FROM x_jobs.announce_worker(
         worker => %s, queues => %s, build => %s, draining => %s, ttl => %s)
@@ -191,11 +194,12 @@ class _Run:
     task: asyncio.Task[None] | None = None  # an async handler's, made on the event loop
     #: Set once the dispatcher settled or dropped the job: a late outcome is ignored.
     done: bool = False
-    #: Its final attempt timed out with compensations to run: the handler was told to stop and
-    #: has the worker's grace to unwind and undo its steps before the failure is settled.
+    #: Its timeout passed: the handler was told to stop, and the attempt fails as timed out
+    #: once it returns. The job stays held (and its slot taken) until then.
+    timed_out: bool = False
+    #: Its final attempt timed out with compensations to run: the handler unwinds, then undoes
+    #: its steps, before the failure is settled.
     undoing: bool = False
-    #: The handler unwound within that grace and is running the compensations.
-    compensating: bool = False
 
 
 @dataclass(slots=True)
@@ -441,6 +445,12 @@ class Worker:
                     next_poll = time.monotonic() + self.poll_interval
 
             wake_at = next_heartbeat if self._draining else min(next_heartbeat, next_poll)
+            # A timeout or the drain's grace is acted on when it comes, not at the next poll.
+            if self._draining:
+                wake_at = min(wake_at, self._drain_deadline)
+            for run in self._timed.values():
+                if run.deadline is not None:
+                    wake_at = min(wake_at, run.deadline)
             # While a settlement is in flight the next waits for it (one at a time), and its
             # end wakes this loop: a wake-up for the settle delay would only spin until then.
             if self._pending and not self._settling:
@@ -646,22 +656,30 @@ class Worker:
             self._wake.clear()
 
     def _settle_loop(self) -> None:
-        """The settler thread: all completions of a batch in one complete_many call, failures
-        one by one. A lost connection is retried with backoff, the batch kept, until a second
-        stop gives up (the leases of what it held will lapse)."""
+        """The settler thread: each batch in one transaction (all completions in one
+        complete_many call, failures one by one). A lost connection is retried with backoff,
+        the batch kept, until a second stop gives up (the leases of what it held will lapse).
+        Nothing a batch raises ends the thread: a dead settler would settle nothing again."""
         conn: psycopg.Connection[Any] | None = None
         while (batch := self._to_settle.get()) is not None:
             delay = 0.1
+            in_doubt = False
             while True:
                 try:
                     if conn is None:
                         conn = connect(self.app.dsn, "x_jobs settler")
-                    result = self._settle_batch(conn, batch)
+                    if in_doubt:
+                        result = self._settle_in_doubt(conn, batch)
+                    else:
+                        result = self._settle_batch(conn, batch)
                     break
                 except DB_GONE as err:
                     if conn is not None:
                         conn.close()
                     conn = None
+                    # The batch's transaction rolled back, unless the connection went during
+                    # its commit: the retry first reads which of its jobs are still held.
+                    in_doubt = True
                     if self._stop_requests >= 2:
                         result = _Settlement(batch, set(), {})
                         break
@@ -671,20 +689,51 @@ class Worker:
                     )
                     time.sleep(delay)
                     delay = min(delay * 2, 5.0)
+                except Exception:
+                    # _settle_batch answers for each outcome what the database refuses; this is
+                    # the worker's own fault. The jobs' leases will lapse, and they run again.
+                    logger.exception("settling a batch failed", extra={"jobs": len(batch)})
+                    result = _Settlement(batch, set(), {})
+                    break
             self._settled.put(result)
             self._wake.set()
         if conn is not None:
             conn.close()
 
+    def _settle_in_doubt(self, conn: psycopg.Connection[Any], batch: list[_Outcome]) -> _Settlement:
+        """Settle a batch whose last try lost its connection, maybe once committed: only the
+        outcomes whose job this worker still holds at that attempt. Sent again as it was, a
+        failure that did commit would fail the job's next attempt, if this worker claimed it
+        meanwhile. A job no longer held is taken as settled when its row says so (done, or
+        gone after a complete for keep_done=false; failed at that attempt); otherwise lost."""
+        rows = {
+            row[0]: row[1:] for row in conn.execute(HELD_AT, [_ids(o.id for o in batch)]).fetchall()
+        }
+        held, completed, states = [], set(), {}
+        for outcome in batch:
+            state, attempt, holder = rows.get(outcome.id, (None, None, None))
+            same = attempt == outcome.run.ctx.attempt
+            if state == "running" and same and holder == self.worker_id:
+                held.append(outcome)
+            elif outcome.ok and (state is None or (state == "done" and same)):
+                completed.add(outcome.id)
+            elif not outcome.ok and same and state in {"ready", "delayed", "dead", "failed"}:
+                states[outcome.id] = state
+        if not held:
+            return _Settlement(batch, completed, states)
+        settled = self._settle_batch(conn, held)
+        return _Settlement(batch, completed | settled.completed, {**states, **settled.states})
+
     def _settle_batch(self, conn: psycopg.Connection[Any], batch: list[_Outcome]) -> _Settlement:
-        """Settle a batch together; when the database refuses it (an output over
-        x_jobs.max_payload_bytes, text it cannot store), one by one, so that one outcome cannot
-        stop the others, nor this thread."""
+        """Settle a batch together; when that is refused (an output over
+        x_jobs.max_payload_bytes, text the database cannot store, a value psycopg cannot send),
+        one by one, so that one outcome cannot stop the others, nor this thread. The refused
+        transaction rolled back: nothing of it is settled twice."""
         try:
             return self._settle_together(conn, batch)
         except DB_GONE:
             raise
-        except psycopg.Error as err:
+        except Exception as err:
             logger.warning(
                 "settling a batch was refused; settling its jobs one by one",
                 extra={"jobs": len(batch), "error": str(err).strip()},
@@ -701,97 +750,94 @@ class Worker:
         return _Settlement(batch, completed, states)
 
     def _settle_alone(self, conn: psycopg.Connection[Any], outcome: _Outcome) -> _Settlement | None:
-        """One outcome; a refused output fails its job for good, saying why. None (logged) when
-        the database refuses the settlement itself: the job's lease will lapse."""
+        """One outcome: a refused output fails its job for good, saying why; a refused error
+        text is sent again in ASCII (a LATIN1 database cannot store a euro sign). None (logged)
+        when even that is refused: the job's lease will lapse."""
+        escaped = False
         while True:
             try:
                 return self._settle_together(conn, [outcome])
             except DB_GONE:
                 raise
-            except psycopg.Error as err:
-                if not outcome.ok:
+            except Exception as err:
+                reason = str(err).strip() or type(err).__name__
+                if outcome.ok:
+                    outcome.ok, outcome.output, outcome.retryable = False, None, False
+                    outcome.error = f"its output was refused: {reason}"
+                elif not escaped:
+                    escaped = True
+                    outcome.error = ascii_only(outcome.error)
+                    outcome.stack = None if outcome.stack is None else ascii_only(outcome.stack)
+                else:
                     logger.error(
                         "could not settle a job; its lease will lapse",
-                        extra={"job_id": outcome.id, "error": str(err).strip()},
+                        extra={"job_id": outcome.id, "error": reason},
                     )
                     return None
-                outcome.ok, outcome.output, outcome.retryable = False, None, False
-                outcome.error = f"its output was refused: {str(err).strip()}"
 
     def _settle_together(self, conn: psycopg.Connection[Any], batch: list[_Outcome]) -> _Settlement:
+        """One transaction: a refusal, or a connection lost before the commit, leaves none of
+        the batch settled, so that it can be sent again."""
         completions = [o for o in batch if o.ok]
         completed: set[int] = set()
-        if completions:
-            rows = conn.execute(
-                COMPLETE_MANY,
-                [
-                    _ids(o.id for o in completions),
-                    self.worker_id,
-                    # Outputs NULL when every handler answered None (no-op jobs): no array to send.
-                    None
-                    if all(o.output is None for o in completions)
-                    else [None if o.output is None else Jsonb(o.output) for o in completions],
-                ],
-            ).fetchall()
-            completed = {row[0] for row in rows}
         states: dict[int, str | None] = {}
-        for outcome in batch:
-            if outcome.ok:
-                continue
-            row = conn.execute(
-                FAIL,
-                [
-                    outcome.id,
-                    self.worker_id,
-                    storable(outcome.error) or "error",
-                    None if outcome.stack is None else storable(outcome.stack),
-                    None,
-                    outcome.retryable,
-                ],
-            ).fetchone()
-            states[outcome.id] = row[0] if row else None
+        with conn.transaction():
+            if completions:
+                rows = conn.execute(
+                    COMPLETE_MANY,
+                    [
+                        _ids(o.id for o in completions),
+                        self.worker_id,
+                        # Outputs NULL when every handler answered None (no-op jobs): no array.
+                        None
+                        if all(o.output is None for o in completions)
+                        else [None if o.output is None else Jsonb(o.output) for o in completions],
+                    ],
+                ).fetchall()
+                completed = {row[0] for row in rows}
+            for outcome in batch:
+                if outcome.ok:
+                    continue
+                row = conn.execute(
+                    FAIL,
+                    [
+                        outcome.id,
+                        self.worker_id,
+                        storable(outcome.error) or "error",
+                        None if outcome.stack is None else storable(outcome.stack),
+                        None,
+                        outcome.retryable,
+                    ],
+                ).fetchone()
+                states[outcome.id] = row[0] if row else None
         return _Settlement(batch, completed, states)
 
     def _check_deadlines(self, now: float) -> None:
+        """Tell the handlers whose timeout passed to stop. The attempt is settled as timed out
+        when the handler returns, not now: a sync body cannot be killed, and a job failed (or
+        handed back) while its body runs on could be claimed again and run twice at once. A
+        handler still running a grace later is logged once; it keeps the job, and its slot."""
         for run in list(self._timed.values()):
             if run.done or run.ctx.id not in self._held:
                 del self._timed[run.ctx.id]
                 continue
             if run.deadline is None or now < run.deadline:
                 continue
-            del self._timed[run.ctx.id]
             assert run.job.timeout is not None
-            if not run.undoing and self._undoes_on_timeout(run):
-                # The attempt fails for good, so, as for a failure of its own, the handler
-                # undoes its completed steps; the failure is settled with its outcome.
-                run.undoing = True
-                run.deadline = now + self.grace
-                self._timed[run.ctx.id] = run
-                self._tell_stop(run, "timeout")
-                continue
-            if run.undoing:
-                with self._start_lock:
-                    if run.compensating:
-                        continue  # its outcome settles the job once the compensations end
-                    run.done = True
+            if run.timed_out:
+                del self._timed[run.ctx.id]
                 logger.warning(
-                    "job timed out on its final attempt and its handler did not stop within "
-                    "the grace; its compensations did not run",
+                    "job timed out and its handler did not stop within the grace; the job stays "
+                    "held, and its slot taken, until the handler returns",
                     extra={"job_id": run.ctx.id, "job": run.job.name, "grace_s": self.grace},
                 )
-            else:
-                with self._start_lock:
-                    if run.compensating:
-                        # It failed for good on its own and undoes its steps: that outcome
-                        # settles the job, not a timeout that would retry it, undone.
-                        continue
-                    run.done = True
-                self._tell_stop(run, "timeout")
-            if not self._pending:
-                self._pending_since = now
-            self._pending.append(
-                _Outcome(run, ok=False, error=f"timed out after {run.job.timeout:g} s")
-            )
+                continue
+            run.timed_out = True
+            # On the final attempt with completed steps, the handler unwinds and then undoes
+            # them, as for a failure of its own (see _final).
+            run.undoing = self._undoes_on_timeout(run)
+            run.deadline = now + self.grace
+            self._tell_stop(run, "timeout")
 
     def _heartbeat(self) -> bool:
         """Extend the leases of the held jobs; stop those that were lost. False when the
@@ -1045,26 +1091,12 @@ class Worker:
         if not self._begin(run):
             return
         try:
-            output = await self._invoke_async(run)
-            outcome = self._success(run, output)
-        except Suspended:
-            outcome = _Outcome(run, ok=False, suspended=True)
-        except asyncio.CancelledError:
-            outcome = _Outcome(run, ok=False, error=f"stopped: {run.ctx.reason}")
+            outcome = await self._call_async(run)
         except BaseException as err:
-            # Whatever a handler raises (SystemExit included) is its job's outcome, and never
-            # stops the worker.
-            outcome = self._failure(run, err)
-        if not outcome.suspended:
-            outcome = self._timed_out(run, outcome)
-            if self._final(run, outcome):
-                try:
-                    # Made here if this attempt reached no step: earlier ones may have.
-                    steps = run.ctx.step
-                    assert isinstance(steps, AsyncSteps)
-                    self._add_compensation_errors(outcome, await steps.compensate())
-                except BaseException as err:
-                    outcome = self._compensations_stopped(outcome, err)
+            # As in _execute_sync: the worker's own failure around the handler. The job fails
+            # with it rather than stay held, unsettled, for as long as the worker runs.
+            logger.exception("running a job failed", extra={"job_id": run.ctx.id})
+            outcome = _Outcome(run, ok=False, error=f"the worker failed running it: {err!r}")
         self._outbox.put(outcome)
         # This task is done: its slot goes to the next waiting run now, not when its done
         # callback runs (a loop iteration later), and counted among the live ones it made a
@@ -1073,6 +1105,29 @@ class Worker:
             self._async_live.discard(task)
         self._fill_async()
         self._nudge(queued=bool(self._async_waiting) or len(self._async_live) >= self.concurrency)
+
+    async def _call_async(self, run: _Run) -> _Outcome:
+        try:
+            output = await self._invoke_async(run)
+            outcome = self._success(run, output)
+        except Suspended:
+            return _Outcome(run, ok=False, suspended=True)
+        except asyncio.CancelledError:
+            outcome = _Outcome(run, ok=False, error=f"stopped: {run.ctx.reason}")
+        except BaseException as err:
+            # Whatever a handler raises (SystemExit included) is its job's outcome, and never
+            # stops the worker.
+            outcome = self._failure(run, err)
+        outcome = self._timed_out(run, outcome)
+        if self._final(run, outcome):
+            try:
+                # Made here if this attempt reached no step: earlier ones may have.
+                steps = run.ctx.step
+                assert isinstance(steps, AsyncSteps)
+                self._add_compensation_errors(outcome, await steps.compensate())
+            except BaseException as err:
+                outcome = self._compensations_stopped(outcome, err)
+        return outcome
 
     def _invoke(self, run: _Run) -> Any:
         value = run.job.validate_json(run.payload)
@@ -1112,8 +1167,9 @@ class Worker:
 
     @staticmethod
     def _timed_out(run: _Run, outcome: _Outcome) -> _Outcome:
-        """A handler stopped by its final timeout failed as timed out, whatever it answered."""
-        if not run.undoing or run.ctx.reason != "timeout":
+        """A handler stopped by its timeout failed as timed out, whatever it answered: for good
+        when it undoes its steps (its final attempt), else to be retried."""
+        if not run.timed_out or outcome.lost:
             return outcome
         assert run.job.timeout is not None
         return _Outcome(
@@ -1121,7 +1177,7 @@ class Worker:
             ok=False,
             error=f"timed out after {run.job.timeout:g} s",
             stack=outcome.stack,
-            retryable=False,
+            retryable=not run.undoing,
         )
 
     def _final(self, run: _Run, outcome: _Outcome) -> bool:
@@ -1129,10 +1185,10 @@ class Worker:
         of earlier attempts it did not reach are named? Asked of every such failure, steps or
         none: a final attempt that failed before its first step reached none, and the step rows
         (one query) still say what earlier attempts completed. Not when the worker stopped the
-        handler (cancel, lost, shutdown, a timeout with attempts left): that outcome is dropped,
-        and the row's next claim (or its burial) decides. A final attempt that timed out does,
-        unless the dispatcher gave up waiting for it (checked last, under the lock, so that
-        from then on it waits for the compensations instead)."""
+        handler (cancel, lost, shutdown, a timeout with attempts left): the row's next claim (or
+        its burial) decides. A final attempt that timed out does (it is undoing), unless the
+        dispatcher dropped the run meanwhile (handed back in a drain, lost: checked under the
+        lock that the dispatcher drops runs under)."""
         if outcome.ok or outcome.lost:
             return False
         if run.ctx.is_cancelled() and not (run.undoing and run.ctx.reason == "timeout"):
@@ -1140,10 +1196,7 @@ class Worker:
         if outcome.retryable and run.ctx.attempt < run.ctx.max_attempts:
             return False
         with self._start_lock:
-            if run.done:
-                return False
-            run.compensating = True
-        return True
+            return not run.done
 
     @staticmethod
     def _compensations_stopped(outcome: _Outcome, err: BaseException) -> _Outcome:
@@ -1165,7 +1218,8 @@ class Worker:
             outcome.stack = "\n".join([outcome.stack or "", *failures])
 
     def _success(self, run: _Run, output: Any) -> _Outcome:
-        if output is not None and not isinstance(output, str | int | float | bool):
+        # An int is checked too: one past Python's 4300 digits has no JSON text.
+        if output is not None and not isinstance(output, str | bool):
             try:
                 json.dumps(output)
             except (TypeError, ValueError) as err:
@@ -1181,11 +1235,20 @@ class Worker:
 
     @staticmethod
     def _failure(run: _Run, err: BaseException) -> _Outcome:
+        # Whatever the exception's __str__ raises: describing it must not fail its job's outcome.
+        try:
+            error = f"{type(err).__name__}: {err}"
+        except Exception:
+            error = f"{type(err).__name__} (its message could not be read)"
+        try:
+            stack = "".join(traceback.format_exception(err))
+        except Exception:
+            stack = None
         return _Outcome(
             run,
             ok=False,
-            error=f"{type(err).__name__}: {err}",
-            stack="".join(traceback.format_exception(err)),
+            error=error,
+            stack=stack,
             retryable=not isinstance(err, PermanentError | JobNotHeld),
             lost=isinstance(err, JobNotHeld),
         )

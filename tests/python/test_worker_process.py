@@ -187,37 +187,37 @@ def test_a_job_past_its_timeout_is_stopped_and_failed_as_timed_out(
     fleet.wait_for(lambda: outcomes() == want, f"the bodies to see the timeout: {want}")
 
 
-def test_a_timed_out_attempt_that_returns_late_does_not_settle_the_next_attempt(
+def test_a_timed_out_handler_keeps_its_job_until_it_returns_so_it_never_runs_twice(
     fleet: Fleet, conn: Conn
 ) -> None:
     # A sync body cannot be killed: attempt 1 of stubborn_timeout ignores the stop and runs on
-    # past its 2 s timeout, while the worker fails the attempt and claims attempt 2.
+    # past its 2 s timeout. Failed then, the job was claimed again (here, or by another worker)
+    # and ran twice at once. It stays held until the body returns; a grace later, it is logged.
     job_id = basic.app.enqueue(basic.stubborn_timeout, {}, conn=conn).id
-    fleet.start(concurrency=2)
+    worker = fleet.start(concurrency=2, grace=0.5)
+    other = fleet.start(concurrency=2, grace=0.5)
     fleet.wait_for(
-        lambda: any(r.attempt == 2 for r in fleet.runs()), "attempt 2 to start after a timeout"
-    )
-
-    # Now attempt 1's body returns. Its outcome is that of a run the worker already gave up on:
-    # it must be dropped, not taken for attempt 2's, which still runs.
-    fleet.open_gate("first")
-    fleet.wait_for(
-        lambda: any(r.attempt == 1 and r.finished is not None for r in fleet.runs()),
-        "attempt 1's body to return",
+        lambda: "did not stop within the grace" in worker.log() + other.log(),
+        "the timeout and the grace to pass with attempt 1 still running",
     )
     marker = basic.app.enqueue(basic.noop, {}, conn=conn).id
     fleet.wait_for(lambda: fleet.all_in([marker], "done"), "a later job to run")
     row = conn.execute(
         "SELECT state::text, attempt FROM x_jobs.job WHERE id = %s", [job_id]
     ).fetchone()
-    assert row == ("running", 2), "attempt 1's late outcome settled attempt 2 while it ran"
+    assert row == ("running", 1), "the timed-out attempt let go of its job while it ran"
+    assert [r.attempt for r in fleet.runs() if r.job_id == job_id] == [1]
 
+    # Its body returns: the attempt fails as timed out, whatever it answered, and the retry
+    # starts only now.
+    fleet.open_gate("first")
     fleet.open_gate("later")
     fleet.wait_for(lambda: fleet.all_in([job_id], "done"), "attempt 2 to finish")
     errors = conn.execute(
         "SELECT attempt, error FROM x_jobs.job_error WHERE job_id = %s", [job_id]
     ).fetchall()
     assert errors == [(1, "timed out after 2 s")]
+    assert fleet.overlaps() == []
 
 
 def test_cancel_reaches_a_running_handler_and_the_row_stays_cancelled(

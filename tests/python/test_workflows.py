@@ -250,22 +250,26 @@ def test_a_final_attempt_that_times_out_undoes_its_steps(
     assert [s for s in _steps(fleet, job_id) if s[1]] == [("book", True, "run", "done", 1)]
 
 
-def test_a_handler_that_does_not_stop_within_the_grace_fails_without_undoing(
+def test_a_handler_that_stops_past_the_grace_keeps_its_job_and_undoes_its_steps_then(
     fleet: Fleet, conn: Conn, client: x_jobs.App
 ) -> None:
     deaf = flows.app.enqueue(flows.slow_saga, {"deaf_for": 5.0}, conn=conn).id
     # One handler thread: the next job runs only once the deaf one has returned for good.
     after = flows.app.enqueue(flows.reporter, {}, conn=conn).id
-    fleet.start(target=TARGET, concurrency=1, grace=0.5)
+    worker = fleet.start(target=TARGET, concurrency=1, grace=0.5)
 
+    fleet.wait_for(
+        lambda: "did not stop within the grace" in worker.log(), "the grace to pass, logged"
+    )
+    assert fleet.states([deaf]) == {deaf: "running"}, "let go of while its handler ran"
     with pytest.raises(x_jobs.JobFailed) as failed:
         client.result(deaf, timeout=60)
     assert failed.value.state == "dead"
     assert "timed out after 0.5 s" in (failed.value.error or "")
     assert client.result(after, timeout=60) is True
-    # It stopped at last, 5 s in, long after the job had failed: too late to undo anything.
-    assert _effects(fleet, deaf) == [("book", 1), ("stopped: timeout", 1)]
-    assert [s for s in _steps(fleet, deaf) if s[1]] == []
+    # It stopped at last, 5 s in; the job was still its own, so its booking was undone then.
+    assert _effects(fleet, deaf) == [("book", 1), ("stopped: timeout", 1), ("unbook b1", 1)]
+    assert [s for s in _steps(fleet, deaf) if s[1]] == [("book", True, "run", "done", 1)]
 
 
 def test_a_cancelled_saga_is_not_undone_by_the_worker_that_lost_it(
