@@ -55,6 +55,9 @@ class OutboxMessage:
     headers: Mapping[str, str] = field(default_factory=dict)
     #: Which delivery this is, from 1: a sink sees a message again after a failure or a crash.
     attempt: int = 1
+    #: The payload as jsonb wrote it, every number with all its digits (``payload`` reads them
+    #: as floats); set by the relay, None for a message made by hand.
+    payload_json: str | None = None
 
 
 class DeliveryError(Exception):

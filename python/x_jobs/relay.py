@@ -31,6 +31,7 @@ keep the process alive.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import queue
@@ -56,7 +57,7 @@ from x_jobs.outbox import BatchSink, DeliveryError, OutboxMessage
 logger = logging.getLogger(__name__)
 
 CLAIM: LiteralString = """
-    SELECT id, topic, key, payload, headers, attempt
+    SELECT id, topic, key, payload::text, headers, attempt
     FROM x_jobs.relay_outbox(relay => %s, qty => %s, lease => %s, topics => %s)
 """
 EXTEND: LiteralString = """
@@ -370,9 +371,12 @@ class Relay:
                 id=msg_id,
                 topic=topic,
                 key=key,
-                payload=payload,
+                # As text, parsed here as psycopg would: the webhook sink sends the text's
+                # numbers as they are, not as floats made of them.
+                payload=json.loads(payload),
                 headers=headers or {},
                 attempt=attempt,
+                payload_json=payload,
             )
             self._in_flight += 1
             self._held[msg_id] = True

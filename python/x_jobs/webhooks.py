@@ -116,7 +116,7 @@ def _json_int(text: str) -> int | Decimal:
     return int(text) if len(text) <= 4000 else Decimal(text)
 
 
-def _loads_exact(body: bytes) -> Any:
+def _loads_exact(body: str | bytes) -> Any:
     """A JSON body with its numbers as written: a fraction or an exponent is read as a Decimal,
     which holds every digit (a float keeps 17, and turns 1e400 into infinity), a long integer
     too. NaN and Infinity, which jsonb refuses, are no JSON."""
@@ -309,9 +309,12 @@ class WebhookSink:
         # checked against this timeout (the wait for a slot included).
         deadline = time.monotonic() + self.timeout
         own = self._message_headers(message)
-        # Decimals (numbers as jsonb holds them) are written with every digit; the signature
-        # below is over these very bytes.
-        body = _dumps_exact(message.payload)
+        # Numbers as jsonb holds them (the relay's text of the payload, or Decimals) are
+        # written with every digit; the signature below is over these very bytes.
+        payload = message.payload
+        if message.payload_json is not None:
+            payload = _loads_exact(message.payload_json)
+        body = _dumps_exact(payload)
         if not self._slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
             raise self._busy()
         try:

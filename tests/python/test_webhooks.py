@@ -1118,6 +1118,33 @@ def test_the_sink_sends_exact_numbers_exactly_and_signs_those_bytes(
     assert row == (True, "0.10000000000000000001")
 
 
+def test_a_relayed_payload_keeps_its_numbers(dsn: str, conn: Conn, endpoint: Endpoint) -> None:
+    """The way out through a relay: jsonb holds 0.10000000000000000001 and a 30-digit integer;
+    the relay read the payload as floats, and the sink sent 0.1. It sends the digits jsonb holds,
+    and signs those bytes, while a function sink still gets plain floats."""
+    app = x_jobs.App(dsn)
+    app.outbox.webhook("exact", endpoint.url, secret=SECRET)
+    conn.execute(
+        "SELECT x_jobs.outbox_put(topic => 'exact', payload => %s::jsonb)",
+        ['{"price": 0.10000000000000000001, "big": 1e30, "n": [1, 2.50]}'],
+    )
+    relay = Relay(app, poll_interval=0.1)
+    thread = threading.Thread(target=relay.run, kwargs={"install_signals": False}, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: len(endpoint.seen) == 1, "the message to be delivered")
+    finally:
+        relay.stop()
+        thread.join(DEADLINE_SECONDS)
+        app.close()
+    (seen,) = endpoint.seen
+    # In jsonb's key order (shortest first), every digit as jsonb keeps it (2.50 included).
+    assert seen.body == (
+        b'{"n":[1,2.50],"big":1000000000000000000000000000000,"price":0.10000000000000000001}'
+    )
+    Webhook(SECRET).verify(seen.body, dict(seen.headers))
+
+
 def test_whitespace_around_a_header_value_is_no_part_of_it(endpoint: Endpoint) -> None:
     sink = WebhookSink(endpoint.url, secret=SECRET, headers={"X-Static": " on\t"})
     message = OutboxMessage(id=10, topic="t", key=None, payload={}, headers={"X-Tenant": " acme "})
