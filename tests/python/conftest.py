@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -67,6 +69,25 @@ def wait_for_lock_waiters(observer: Conn, pids: Sequence[int]) -> None:
         return int(row[0]) == len(pids)
 
     wait_for(all_blocked, f"{len(pids)} backends to wait on a lock")
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now, for a worker's --metrics-port."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def scrape(port: int) -> dict[str, float]:
+    """The samples of a worker's metrics page, keyed by their name and labels as printed."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
+        text = page.read().decode()
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
 
 
 def _drop_database(admin: Conn, name: str) -> None:

@@ -10,9 +10,7 @@ another's error. The handlers are in ``apps.edges``; they record their runs in `
 from __future__ import annotations
 
 import logging
-import socket
 import threading
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,7 +20,7 @@ import psycopg
 import pytest
 from apps import edges
 from apps.workers import Fleet
-from conftest import Conn, wait_for
+from conftest import Conn, free_port, scrape, wait_for
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
@@ -51,24 +49,6 @@ def settled(fleet: Fleet, condition: Callable[[], bool], what: str) -> None:
     except pytest.fail.Exception as err:
         failed = str(err)
     pytest.fail(f"{failed}\n{fleet.report()}")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def scrape(port: int) -> dict[str, float]:
-    """The samples of a worker's metrics page, keyed by their name and labels as printed."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
-        text = page.read().decode()
-    samples: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            samples[name] = float(value)
-    return samples
 
 
 def errors_of(conn: Conn, job_id: int) -> list[tuple[int, str]]:

@@ -9,34 +9,15 @@ import socket
 import subprocess
 import sys
 import threading
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Conn, wait_for
+from conftest import Conn, free_port, scrape, wait_for
 
 import x_jobs
 
 TESTS = Path(__file__).resolve().parent
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def scrape(port: int) -> dict[str, float]:
-    """The samples of the metrics page, keyed by their name and labels as printed."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
-        text = page.read().decode()
-    samples: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            samples[name] = float(value)
-    return samples
 
 
 def test_metrics_count_what_the_worker_did(dsn: str, conn: Conn) -> None:
