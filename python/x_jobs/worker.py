@@ -198,8 +198,8 @@ class _Run:
     #: Its timeout passed: the handler was told to stop, and the attempt fails as timed out
     #: once it returns. The job stays held (and its slot taken) until then.
     timed_out: bool = False
-    #: Its final attempt timed out with compensations to run: the handler unwinds, then undoes
-    #: its steps, before the failure is settled.
+    #: Its final attempt timed out: once the handler has unwound, its steps are undone (and
+    #: those of earlier attempts it did not reach named), as for a failure of its own.
     undoing: bool = False
 
 
@@ -836,9 +836,8 @@ class Worker:
                 )
                 continue
             run.timed_out = True
-            # On the final attempt with completed steps, the handler unwinds and then undoes
-            # them, as for a failure of its own (see _final).
-            run.undoing = self._undoes_on_timeout(run)
+            # On the final attempt the failure is for good: see _final.
+            run.undoing = run.ctx.attempt >= run.ctx.max_attempts
             run.deadline = now + self.grace
             self._tell_stop(run, "timeout")
 
@@ -1159,14 +1158,6 @@ class Worker:
             except BaseException as err:
                 outcome = self._compensations_stopped(outcome, err)
         return outcome
-
-    @staticmethod
-    def _undoes_on_timeout(run: _Run) -> bool:
-        """Is this timed-out attempt the last, with completed steps to undo?"""
-        steps = run.ctx._steps
-        return run.ctx.attempt >= run.ctx.max_attempts and bool(
-            steps is not None and steps.has_compensations
-        )
 
     @staticmethod
     def _timed_out(run: _Run, outcome: _Outcome) -> _Outcome:

@@ -500,6 +500,23 @@ def test_an_event_key_that_is_not_a_str_or_an_int_is_refused_before_the_database
         )
 
 
+def test_a_final_attempt_that_times_out_before_earlier_steps_names_them_in_its_error(
+    fleet: Fleet, conn: Conn, client: x_jobs.App
+) -> None:
+    """As a failure of its own: the timeout of the final attempt, reached before any step, said
+    nothing of the steps attempt 1 completed (the worker settled that timeout itself)."""
+    job_id = step_edges.app.enqueue(step_edges.unreached_timeout, {}, conn=conn).id
+    fleet.start(target=EDGES)
+
+    with pytest.raises(x_jobs.JobFailed) as failed:
+        client.result(job_id, timeout=60)
+    assert failed.value.state == "dead"
+    assert failed.value.error == (
+        "timed out after 0.5 s; steps 'reserve', 'charge' completed on an earlier attempt and"
+        " were not reached on the final one: their compensations, if any, did not run"
+    )
+
+
 @pytest.mark.parametrize(
     ("job", "before_any"),
     [

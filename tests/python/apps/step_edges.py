@@ -112,6 +112,26 @@ def unreached(input: Unreached, ctx: x_jobs.JobContext) -> None:
     ctx.step.run("ship", lambda: _ship(ctx))
 
 
+@app.job(name="unreached_timeout", max_attempts=2, retry=FAST_RETRY, timeout=0.5)
+def unreached_timeout(input: dict[str, Any], ctx: x_jobs.JobContext) -> None:
+    """Attempt 1 reserves and charges, then fails at ship; the final attempt times out before
+    its first step."""
+    if ctx.attempt > 1:
+        ctx.cancelled.wait(30)
+        return
+    ctx.step.run(
+        "reserve",
+        lambda: _done(ctx, "reserve", "r1"),
+        compensate=lambda out: effect(ctx, f"unreserve {out}"),
+    )
+    ctx.step.run(
+        "charge",
+        lambda: _done(ctx, "charge", "ch_1"),
+        compensate=lambda out: effect(ctx, f"refund {out}"),
+    )
+    ctx.step.run("ship", lambda: _ship(ctx))
+
+
 @app.job(name="async_unreached", max_attempts=2, retry=FAST_RETRY)
 async def async_unreached(input: Unreached, ctx: x_jobs.AsyncJobContext) -> None:
     """As ``unreached``, awaited."""
