@@ -1301,21 +1301,16 @@ BEGIN
             -- Serialize the claimers of each key, then count its running rows afresh: this
             -- statement's snapshot is taken after the locks, so it sees every claim that held
             -- them before. The rows not granted stay locked, unclaimed, until this call ends.
-            -- The first pass waits for its keys, in key order. A later pass still holds the keys
-            -- of the earlier ones, so waiting then, for a key below one of those, could close a
-            -- cycle with a claimer that holds it and waits for ours (two claims deadlocked so):
-            -- it only tries, and leaves the rows of a key it cannot have now to other claims.
-            IF v_pass = 1 THEN
-                PERFORM pg_catalog.pg_advisory_xact_lock(2024061701, pg_catalog.hashtext(k.key))
+            -- It only tries, and leaves the rows of a key it cannot have now to other claims: a
+            -- claim never waits for another claimer. Until 0.3.6 the first pass waited, in key
+            -- order, which stalled every claimer of a key behind a claim made in a long
+            -- transaction, and deadlocked two claims whose keys' hashes collided (the lock is
+            -- taken on the hash, and text order is not hash order).
+            v_busy_keys := ARRAY(
+                SELECT k.key
                 FROM unnest(v_keys) AS k (key)
-                ORDER BY k.key;
-            ELSE
-                v_busy_keys := ARRAY(
-                    SELECT k.key
-                    FROM unnest(v_keys) AS k (key)
-                    WHERE NOT pg_catalog.pg_try_advisory_xact_lock(2024061701, pg_catalog.hashtext(k.key))
-                );
-            END IF;
+                WHERE NOT pg_catalog.pg_try_advisory_xact_lock(2024061701, pg_catalog.hashtext(k.key))
+            );
 
             v_granted := pg_catalog.cardinality(v_take);
             SELECT v_take || coalesce(pg_catalog.array_agg(g.id), '{}'),
