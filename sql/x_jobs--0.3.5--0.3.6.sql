@@ -23,6 +23,15 @@
 --   * queue_demand counts a running row whose lease lapsed as the next claim sees it: only in
 --     an unpaused queue (no claim takes one from a paused queue), whoever held it (a live
 --     draining worker's lapsed rows were left out though another worker would take them).
+--   * The functions a worker calls (claim, extend_lease, release, complete, complete_many,
+--     fail, announce_worker, steps, step_record, step_sleep, step_wait, progress, relay_outbox,
+--     outbox_ack, outbox_extend_lease, outbox_nack) run as their owner, and x_jobs_worker keeps
+--     only SELECT on x_jobs.job and x_jobs.outbox: it could rewrite or delete any job, step,
+--     message or worker row directly. x_jobs_admin gets directly the rights its functions (run
+--     as the caller) had through x_jobs_worker.
+--   * claim only tries the lock of a concurrency key, in every pass: its first pass waited,
+--     stalling other claimers behind a claim in a long transaction, and deadlocked two claims
+--     whose keys' hashes collided.
 --   * claim, extend_lease, relay_outbox and outbox_extend_lease refuse a lease through one
 --     helper, _require_lease (the same codes, messages and hints as before).
 
@@ -77,6 +86,38 @@ REVOKE EXECUTE ON FUNCTION x_jobs._max_payload_bytes() FROM x_jobs_producer;
 GRANT SELECT ON x_jobs.job, x_jobs.outbox TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs._max_payload_bytes() TO x_jobs_worker;
 GRANT SELECT ON x_jobs.webhook_ledger TO x_jobs_admin;
+
+ALTER FUNCTION x_jobs.release(bigint[], text) SECURITY DEFINER;
+ALTER FUNCTION x_jobs.complete(bigint, text, jsonb) SECURITY DEFINER;
+ALTER FUNCTION x_jobs.complete_many(bigint[], text, jsonb[]) SECURITY DEFINER;
+ALTER FUNCTION x_jobs.fail(bigint, text, text, text, interval, boolean) SECURITY DEFINER;
+ALTER FUNCTION x_jobs.announce_worker(text, text[], text, boolean, interval) SECURITY DEFINER;
+ALTER FUNCTION x_jobs.steps(bigint, text) SECURITY DEFINER;
+ALTER FUNCTION x_jobs.step_sleep(bigint, text, text, interval) SECURITY DEFINER;
+ALTER FUNCTION x_jobs.step_wait(
+    bigint, text, text, text, text, jsonb, interval, timestamptz
+) SECURITY DEFINER;
+ALTER FUNCTION x_jobs.progress(bigint, text, double precision, double precision, text) SECURITY DEFINER;
+ALTER FUNCTION x_jobs.outbox_ack(bigint[], text) SECURITY DEFINER;
+ALTER FUNCTION x_jobs.outbox_nack(bigint, text, text, timestamptz, boolean) SECURITY DEFINER;
+
+REVOKE UPDATE, DELETE ON x_jobs.job FROM x_jobs_worker;
+REVOKE SELECT, INSERT, DELETE ON x_jobs.job_error FROM x_jobs_worker;
+REVOKE SELECT ON x_jobs.queue_pause FROM x_jobs_worker;
+REVOKE SELECT, INSERT, UPDATE ON x_jobs.counter FROM x_jobs_worker;
+REVOKE SELECT, INSERT, UPDATE, DELETE ON x_jobs.worker FROM x_jobs_worker;
+REVOKE SELECT, INSERT, UPDATE, DELETE ON x_jobs.step FROM x_jobs_worker;
+REVOKE SELECT ON x_jobs.event FROM x_jobs_worker;
+REVOKE UPDATE ON x_jobs.outbox FROM x_jobs_worker;
+GRANT UPDATE, DELETE ON x_jobs.job TO x_jobs_admin;
+GRANT SELECT, DELETE ON x_jobs.job_error TO x_jobs_admin;
+GRANT SELECT, INSERT, UPDATE, DELETE ON x_jobs.counter TO x_jobs_admin;
+GRANT SELECT, INSERT, DELETE ON x_jobs.queue_pause TO x_jobs_admin;
+GRANT SELECT ON x_jobs.worker TO x_jobs_admin;
+GRANT SELECT, UPDATE, DELETE ON x_jobs.step TO x_jobs_admin;
+GRANT SELECT, DELETE ON x_jobs.event TO x_jobs_admin;
+GRANT UPDATE, DELETE ON x_jobs.outbox TO x_jobs_admin;
+GRANT SELECT, DELETE ON x_jobs.webhook_ledger TO x_jobs_admin;
 
 -- The refusal of a lease that is missing, not positive, or over 1000 years (one of many
 -- millennia ended past what timestamptz holds: "timestamp out of range"), shared by the claims
@@ -138,6 +179,7 @@ GRANT EXECUTE ON FUNCTION x_jobs._require_lease(interval, text) TO x_jobs_worker
 -- Slots spent on rows it could not hand out (buried, or denied by a key) are claimed again in
 -- up to two more passes. Rows a scan locked and the outer LIMIT dropped stay locked until the
 -- transaction ends; called on its own, a claim is its own transaction and that is at once.
+-- SECURITY DEFINER: workers hold no right to write the tables (see Grants).
 CREATE OR REPLACE FUNCTION x_jobs.claim(
     queues text[],
     worker text,
@@ -147,6 +189,7 @@ CREATE OR REPLACE FUNCTION x_jobs.claim(
 RETURNS SETOF x_jobs.job
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 -- Every call would otherwise be planned afresh: the generic plans are costed above the custom
 -- ones (LIMIT of a parameter), so the plan cache keeps re-planning, which cost 2 ms a call here
@@ -425,10 +468,12 @@ $$;
 -- The heartbeat: push the lease of the running rows `worker` holds among `ids` to now + lease.
 -- Answers the ids still held; an id missing from the answer was lost (lapsed and re-claimed,
 -- cancelled, or settled), and its body should stop.
+-- SECURITY DEFINER: workers hold no right to write the tables (see Grants).
 CREATE OR REPLACE FUNCTION x_jobs.extend_lease(ids bigint[], worker text, lease interval DEFAULT '30 seconds')
 RETURNS SETOF bigint
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 -- Planned for a batch of any size, as complete_many is (see there).
 SET plan_cache_mode = force_generic_plan
@@ -470,6 +515,7 @@ $$;
 -- Each arm walks its partial index in order and reads about `qty` entries plus the messages of
 -- keys that are busy: delivered messages are in neither index. Answers the messages in the
 -- order to deliver them, with the attempt this delivery is.
+-- SECURITY DEFINER: workers hold no right to write the tables (see Grants).
 CREATE OR REPLACE FUNCTION x_jobs.relay_outbox(
     relay text,
     qty integer DEFAULT 100,
@@ -479,6 +525,7 @@ CREATE OR REPLACE FUNCTION x_jobs.relay_outbox(
 RETURNS TABLE (id bigint, topic text, key text, payload jsonb, headers jsonb, attempt integer)
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
@@ -614,10 +661,12 @@ $$;
 -- now + lease. Answers the ids still held; a missing one was lost (its lease lapsed and another
 -- relay took it, or it was settled), and its delivery's ack will find it gone. Without it a
 -- delivery slower than the lease was claimed again and sent a second time while it ran.
+-- SECURITY DEFINER: workers hold no right to write the tables (see Grants).
 CREATE OR REPLACE FUNCTION x_jobs.outbox_extend_lease(ids bigint[], relay text, lease interval DEFAULT '30 seconds')
 RETURNS SETOF bigint
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
@@ -746,6 +795,7 @@ $$;
 -- its output, or the error it ended with (status failed). A done step is never changed: the
 -- first result recorded is the one every replay answers. A failed one is replaced by the next
 -- attempt's result. Answers the status recorded now.
+-- SECURITY DEFINER: workers hold no right to write the tables (see Grants).
 CREATE OR REPLACE FUNCTION x_jobs.step_record(
     id bigint,
     worker text,
@@ -757,6 +807,7 @@ CREATE OR REPLACE FUNCTION x_jobs.step_record(
 RETURNS x_jobs.step_status
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column

@@ -1140,6 +1140,7 @@ $$;
 -- Slots spent on rows it could not hand out (buried, or denied by a key) are claimed again in
 -- up to two more passes. Rows a scan locked and the outer LIMIT dropped stay locked until the
 -- transaction ends; called on its own, a claim is its own transaction and that is at once.
+-- SECURITY DEFINER: workers hold no right to write the tables (see Grants).
 CREATE FUNCTION x_jobs.claim(
     queues text[],
     worker text,
@@ -1149,6 +1150,7 @@ CREATE FUNCTION x_jobs.claim(
 RETURNS SETOF x_jobs.job
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 -- Every call would otherwise be planned afresh: the generic plans are costed above the custom
 -- ones (LIMIT of a parameter), so the plan cache keeps re-planning, which cost 2 ms a call here
@@ -1427,10 +1429,12 @@ $$;
 -- The heartbeat: push the lease of the running rows `worker` holds among `ids` to now + lease.
 -- Answers the ids still held; an id missing from the answer was lost (lapsed and re-claimed,
 -- cancelled, or settled), and its body should stop.
+-- SECURITY DEFINER: workers hold no right to write the tables (see Grants).
 CREATE FUNCTION x_jobs.extend_lease(ids bigint[], worker text, lease interval DEFAULT '30 seconds')
 RETURNS SETOF bigint
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 -- Planned for a batch of any size, as complete_many is (see there).
 SET plan_cache_mode = force_generic_plan
@@ -1461,10 +1465,12 @@ $$;
 -- drain whose grace ran out, a shutdown). They are due again at once, in their old place in the
 -- queue (run_at is kept), and the interrupted attempt is not counted, so that deploys cannot
 -- use up a job's attempts. Answers the ids released; those the worker no longer held are left.
+-- SECURITY DEFINER: workers hold no right to write the tables (see Grants).
 CREATE FUNCTION x_jobs.release(ids bigint[], worker text)
 RETURNS SETOF bigint
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 -- Planned for a batch of any size, as complete_many is (see there).
 SET plan_cache_mode = force_generic_plan
@@ -1512,10 +1518,12 @@ $$;
 -- The same transaction adds to the job name's counter bucket. A job enqueued with keep_done =>
 -- false is deleted instead of kept as 'done', with its steps and error history: for jobs whose
 -- result nobody reads, so that the table does not fill with rows only purge would delete.
+-- SECURITY DEFINER: workers hold no right to write the tables (see Grants).
 CREATE FUNCTION x_jobs.complete_many(ids bigint[], worker text, outputs jsonb[] DEFAULT NULL)
 RETURNS SETOF bigint
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 -- Planned once, for a batch of any size: a seek per id. A custom plan knows the batch's size,
 -- and with statistics that saw few running rows (a backlog analyzed before its workers
@@ -1652,10 +1660,12 @@ $$;
 
 -- Complete one job: complete_many for a single id. Answers true when this worker held the row
 -- and it is now done, false when the worker no longer held it (nothing changed).
+-- SECURITY DEFINER: workers hold no right to write the tables (see Grants).
 CREATE FUNCTION x_jobs.complete(id bigint, worker text, output jsonb DEFAULT NULL)
 RETURNS boolean
 LANGUAGE sql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT EXISTS (
@@ -1670,6 +1680,7 @@ $$;
 -- attempts left, or retryable false, it settles dead, or failed for a job that wants no dead
 -- letters. Answers the state the row is in now, or NULL when the worker no longer held it
 -- (nothing changed). Every failed attempt is kept in x_jobs.job_error.
+-- SECURITY DEFINER: workers hold no right to write the tables (see Grants).
 CREATE FUNCTION x_jobs.fail(
     id bigint,
     worker text,
@@ -1681,6 +1692,7 @@ CREATE FUNCTION x_jobs.fail(
 RETURNS x_jobs.job_state
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
@@ -1893,10 +1905,12 @@ $$;
 -- The steps a run recorded, for the worker to replay: first the timers that ran out are
 -- resolved (a sleep is done, a wait failed with a timeout), then every step is answered in the
 -- order the run reached them. Refused unless `worker` holds the job.
+-- SECURITY DEFINER: workers hold no right to write the tables (see Grants).
 CREATE FUNCTION x_jobs.steps(id bigint, worker text)
 RETURNS SETOF x_jobs.step
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
@@ -1929,6 +1943,7 @@ $$;
 -- its output, or the error it ended with (status failed). A done step is never changed: the
 -- first result recorded is the one every replay answers. A failed one is replaced by the next
 -- attempt's result. Answers the status recorded now.
+-- SECURITY DEFINER: workers hold no right to write the tables (see Grants).
 CREATE FUNCTION x_jobs.step_record(
     id bigint,
     worker text,
@@ -1940,6 +1955,7 @@ CREATE FUNCTION x_jobs.step_record(
 RETURNS x_jobs.step_status
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
@@ -2001,10 +2017,12 @@ $$;
 -- crash, or the claim that ends the sleep) finds the step and keeps its first wake-up time, so a
 -- crash never restarts the sleep. Answers the step: status done when the time has come (go on),
 -- waiting when the run is now suspended (the caller stops the body; its row is no longer held).
+-- SECURITY DEFINER: workers hold no right to write the tables (see Grants).
 CREATE FUNCTION x_jobs.step_sleep(id bigint, worker text, step text, duration interval)
 RETURNS x_jobs.step
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
@@ -2067,6 +2085,7 @@ $$;
 -- step or the timeout comes. A wait names a key to match only events published with that key,
 -- and `match` (a JSON object) to match only payloads that contain it. A replay keeps the step's
 -- first `since` and timeout.
+-- SECURITY DEFINER: workers hold no right to write the tables (see Grants).
 CREATE FUNCTION x_jobs.step_wait(
     id bigint,
     worker text,
@@ -2080,6 +2099,7 @@ CREATE FUNCTION x_jobs.step_wait(
 RETURNS x_jobs.step
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
@@ -2373,6 +2393,7 @@ $$;
 -- A running job's progress, as its body reports it: done out of total (either may be NULL) and
 -- a note, with the instant. Answers true, or false when the worker no longer holds the job
 -- (nothing changed: its body should stop).
+-- SECURITY DEFINER: workers hold no right to write the tables (see Grants).
 CREATE FUNCTION x_jobs.progress(
     id bigint,
     worker text,
@@ -2383,6 +2404,7 @@ CREATE FUNCTION x_jobs.progress(
 RETURNS boolean
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
@@ -2665,6 +2687,7 @@ $$;
 -- Each arm walks its partial index in order and reads about `qty` entries plus the messages of
 -- keys that are busy: delivered messages are in neither index. Answers the messages in the
 -- order to deliver them, with the attempt this delivery is.
+-- SECURITY DEFINER: workers hold no right to write the tables (see Grants).
 CREATE FUNCTION x_jobs.relay_outbox(
     relay text,
     qty integer DEFAULT 100,
@@ -2674,6 +2697,7 @@ CREATE FUNCTION x_jobs.relay_outbox(
 RETURNS TABLE (id bigint, topic text, key text, payload jsonb, headers jsonb, attempt integer)
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
@@ -2807,10 +2831,12 @@ $$;
 
 -- The messages `relay` delivered: answers the ids it held among `ids` (now delivered); a
 -- missing id was not held (its lease lapsed and another relay took it): it goes out again.
+-- SECURITY DEFINER: workers hold no right to write the tables (see Grants).
 CREATE FUNCTION x_jobs.outbox_ack(ids bigint[], relay text)
 RETURNS SETOF bigint
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
@@ -2838,10 +2864,12 @@ $$;
 -- now + lease. Answers the ids still held; a missing one was lost (its lease lapsed and another
 -- relay took it, or it was settled), and its delivery's ack will find it gone. Without it a
 -- delivery slower than the lease was claimed again and sent a second time while it ran.
+-- SECURITY DEFINER: workers hold no right to write the tables (see Grants).
 CREATE FUNCTION x_jobs.outbox_extend_lease(ids bigint[], relay text, lease interval DEFAULT '30 seconds')
 RETURNS SETOF bigint
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
@@ -2870,6 +2898,7 @@ $$;
 -- its backoff: min(1 hour, 1 second * 2^(attempt - 1)) with equal jitter; the messages after it
 -- in its key wait too. Else it is dead, kept for outbox_redrive. Answers the state it is in
 -- now, or NULL when `relay` did not hold it (nothing changed).
+-- SECURITY DEFINER: workers hold no right to write the tables (see Grants).
 CREATE FUNCTION x_jobs.outbox_nack(
     id bigint,
     relay text,
@@ -2880,6 +2909,7 @@ CREATE FUNCTION x_jobs.outbox_nack(
 RETURNS x_jobs.outbox_state
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
@@ -3344,6 +3374,7 @@ $$;
 -- well under ttl. The first announce with draining true stamps draining_at, and every later one
 -- keeps it: a worker that began to drain never serves again. Rows of workers gone for a day are
 -- swept here, so the table holds only the recent fleet. Answers the worker's row.
+-- SECURITY DEFINER: workers hold no right to write the tables (see Grants).
 CREATE FUNCTION x_jobs.announce_worker(
     worker text,
     queues text[],
@@ -3354,6 +3385,7 @@ CREATE FUNCTION x_jobs.announce_worker(
 RETURNS x_jobs.worker
 LANGUAGE plpgsql
 VOLATILE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
@@ -3695,8 +3727,11 @@ GRANT EXECUTE ON FUNCTION x_jobs.enqueue(
 GRANT EXECUTE ON FUNCTION x_jobs.enqueue_many(jsonb) TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs.result(bigint) TO x_jobs_producer;
 
--- Workers: claim, heartbeat, settle, announce, read demand. These functions run as the caller:
--- a worker reads and updates the rows it claims and settles.
+-- Workers: claim, heartbeat, settle, announce, read demand. These functions run as their owner
+-- (since 0.3.6), so a worker writes no table but through them: it can settle only what it
+-- claimed, and cannot rewrite or delete other rows. It reads the jobs (the Python worker asks
+-- its jobs' states after a lost connection). The helpers below are granted for the admins'
+-- functions, which run as the caller.
 GRANT SELECT ON x_jobs.job TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs._max_payload_bytes() TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs._payload_bytes(jsonb) TO x_jobs_worker;
@@ -3712,16 +3747,9 @@ GRANT EXECUTE ON FUNCTION x_jobs.complete_many(bigint[], text, jsonb[]) TO x_job
 GRANT EXECUTE ON FUNCTION x_jobs.fail(bigint, text, text, text, interval, boolean) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.announce_worker(text, text[], text, boolean, interval) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.queue_demand() TO x_jobs_worker;
-GRANT UPDATE ON x_jobs.job TO x_jobs_worker;
-GRANT SELECT, INSERT ON x_jobs.job_error TO x_jobs_worker;
-GRANT SELECT ON x_jobs.queue_pause TO x_jobs_worker;
-GRANT SELECT, INSERT, UPDATE ON x_jobs.counter TO x_jobs_worker;
-GRANT SELECT, INSERT, UPDATE, DELETE ON x_jobs.worker TO x_jobs_worker;
--- Completing a keep_done => false job deletes its row, steps and errors (0.3.0). A worker can
--- rewrite any job row already (UPDATE), so deleting one gives it no new power over the jobs.
-GRANT DELETE ON x_jobs.job, x_jobs.job_error TO x_jobs_worker;
 
--- Admins: operate the queues and run retention.
+-- Admins: operate the queues and run retention. These functions run as the caller: an admin
+-- holds the rights on the rows they change (before 0.3.6 some came through x_jobs_worker).
 GRANT EXECUTE ON FUNCTION x_jobs.cancel(bigint) TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs.retry(bigint) TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs.list_jobs(text, text, bigint, integer) TO x_jobs_admin;
@@ -3730,9 +3758,11 @@ GRANT EXECUTE ON FUNCTION x_jobs.pause_queue(text) TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs.resume_queue(text) TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs.rollup_counters(interval, interval, interval) TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs.purge(interval, integer) TO x_jobs_admin;
-GRANT DELETE ON x_jobs.job, x_jobs.job_error, x_jobs.counter TO x_jobs_admin;
-GRANT INSERT, DELETE ON x_jobs.queue_pause TO x_jobs_admin;
-GRANT SELECT ON x_jobs.worker, x_jobs.counter, x_jobs.job_error TO x_jobs_admin;
+GRANT UPDATE, DELETE ON x_jobs.job TO x_jobs_admin;
+GRANT SELECT, DELETE ON x_jobs.job_error TO x_jobs_admin;
+GRANT SELECT, INSERT, UPDATE, DELETE ON x_jobs.counter TO x_jobs_admin;
+GRANT SELECT, INSERT, DELETE ON x_jobs.queue_pause TO x_jobs_admin;
+GRANT SELECT ON x_jobs.worker TO x_jobs_admin;
 
 -- Monitoring: demand counts only (queue_demand is SECURITY DEFINER, see above).
 GRANT EXECUTE ON FUNCTION x_jobs.queue_demand(), x_jobs.now(), x_jobs.version() TO pg_monitor;
@@ -3741,8 +3771,8 @@ GRANT EXECUTE ON FUNCTION x_jobs._fake_now() TO pg_monitor;
 
 -- Steps and events (0.2.0). A producer publishes; publish runs as its owner (see there).
 GRANT EXECUTE ON FUNCTION x_jobs.publish(text, jsonb, text) TO x_jobs_producer;
--- Workers replay, record and suspend the steps of the runs they hold, and read the events a
--- wait matches.
+-- Workers replay, record and suspend the steps of the runs they hold, through functions that
+-- run as their owner (since 0.3.6: they held every right on x_jobs.step, and read x_jobs.event).
 GRANT EXECUTE ON FUNCTION x_jobs._clock() TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs._require_event(text) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs._require_held(bigint, text, text) TO x_jobs_worker;
@@ -3755,13 +3785,12 @@ GRANT EXECUTE ON FUNCTION x_jobs.step_wait(
 ) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.progress(bigint, text, double precision, double precision, text)
 TO x_jobs_worker;
-GRANT SELECT, INSERT, UPDATE, DELETE ON x_jobs.step TO x_jobs_worker;
-GRANT SELECT ON x_jobs.event TO x_jobs_worker;
 -- Admins resolve steps by hand and purge old events (and the steps of purged jobs).
 GRANT EXECUTE ON FUNCTION x_jobs.resolve_step(bigint, text, jsonb) TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs._require_retention(text, interval, integer, text) TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs.purge_events(interval, integer) TO x_jobs_admin;
-GRANT DELETE ON x_jobs.step, x_jobs.event TO x_jobs_admin;
+GRANT SELECT, UPDATE, DELETE ON x_jobs.step TO x_jobs_admin;
+GRANT SELECT, DELETE ON x_jobs.event TO x_jobs_admin;
 
 -- The outbox (0.2.0). Producers put messages and receive webhooks (which enqueue jobs), through
 -- functions that run as their owner.
@@ -3773,10 +3802,10 @@ GRANT EXECUTE ON FUNCTION x_jobs.relay_outbox(text, integer, interval, text[]) T
 GRANT EXECUTE ON FUNCTION x_jobs.outbox_ack(bigint[], text) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.outbox_extend_lease(bigint[], text, interval) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.outbox_nack(bigint, text, text, timestamptz, boolean) TO x_jobs_worker;
-GRANT SELECT, UPDATE ON x_jobs.outbox TO x_jobs_worker;
+GRANT SELECT ON x_jobs.outbox TO x_jobs_worker;
 -- Admins redrive dead messages, purge delivered ones and old ledger rows.
 GRANT EXECUTE ON FUNCTION x_jobs.outbox_redrive(bigint[], text, integer) TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs.purge_outbox(interval, integer) TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs.purge_webhook_ledger(interval, integer) TO x_jobs_admin;
-GRANT DELETE ON x_jobs.outbox, x_jobs.webhook_ledger TO x_jobs_admin;
-GRANT SELECT ON x_jobs.webhook_ledger TO x_jobs_admin;
+GRANT UPDATE, DELETE ON x_jobs.outbox TO x_jobs_admin;
+GRANT SELECT, DELETE ON x_jobs.webhook_ledger TO x_jobs_admin;

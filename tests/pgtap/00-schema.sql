@@ -45,19 +45,40 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
     'result', '{bigint}', 'setof record', 'STABLE',
     'so a producer reads a job''s outcome, and nothing else of any row'
 ),
-('claim', '{text[],text,interval,integer}', 'setof x_jobs.job', 'VOLATILE', NULL),
-('extend_lease', '{bigint[],text,interval}', 'setof bigint', 'VOLATILE', NULL),
-('release', '{bigint[],text}', 'setof bigint', 'VOLATILE', NULL),
-('complete_many', '{bigint[],text,jsonb[]}', 'setof bigint', 'VOLATILE', NULL),
-('complete', '{bigint,text,jsonb}', 'boolean', 'VOLATILE', NULL),
-('fail', '{bigint,text,text,text,interval,boolean}', 'x_jobs.job_state', 'VOLATILE', NULL),
+(
+    'claim', '{text[],text,interval,integer}', 'setof x_jobs.job', 'VOLATILE',
+    'so a worker settles only what it claimed, with no right to write the tables'
+),
+(
+    'extend_lease', '{bigint[],text,interval}', 'setof bigint', 'VOLATILE',
+    'so a worker settles only what it claimed, with no right to write the tables'
+),
+(
+    'release', '{bigint[],text}', 'setof bigint', 'VOLATILE',
+    'so a worker settles only what it claimed, with no right to write the tables'
+),
+(
+    'complete_many', '{bigint[],text,jsonb[]}', 'setof bigint', 'VOLATILE',
+    'so a worker settles only what it claimed, with no right to write the tables'
+),
+(
+    'complete', '{bigint,text,jsonb}', 'boolean', 'VOLATILE',
+    'so a worker settles only what it claimed, with no right to write the tables'
+),
+(
+    'fail', '{bigint,text,text,text,interval,boolean}', 'x_jobs.job_state', 'VOLATILE',
+    'so a worker settles only what it claimed, with no right to write the tables'
+),
 ('cancel', '{bigint}', 'boolean', 'VOLATILE', NULL),
 ('retry', '{bigint}', 'boolean', 'VOLATILE', NULL),
 ('list_jobs', '{text,text,bigint,integer}', 'setof x_jobs.job', 'STABLE', NULL),
 ('queue_stats', '{}', 'setof record', 'STABLE', NULL),
 ('pause_queue', '{text}', 'boolean', 'VOLATILE', NULL),
 ('resume_queue', '{text}', 'boolean', 'VOLATILE', NULL),
-('announce_worker', '{text,text[],text,boolean,interval}', 'x_jobs.worker', 'VOLATILE', NULL),
+(
+    'announce_worker', '{text,text[],text,boolean,interval}', 'x_jobs.worker', 'VOLATILE',
+    'so a worker settles only what it claimed, with no right to write the tables'
+),
 (
     'queue_demand', '{}', 'setof record', 'STABLE',
     'so monitoring roles get counts without reading jobs'
@@ -69,19 +90,31 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
 ('_require_held', '{bigint,text,text}', 'x_jobs.job', 'VOLATILE', NULL),
 ('_require_event', '{text}', 'void', 'IMMUTABLE', NULL),
 ('_suspend', '{bigint,timestamp with time zone}', 'void', 'VOLATILE', NULL),
-('steps', '{bigint,text}', 'setof x_jobs.step', 'VOLATILE', NULL),
-('step_record', '{bigint,text,text,jsonb,text,boolean}', 'x_jobs.step_status', 'VOLATILE', NULL),
-('step_sleep', '{bigint,text,text,interval}', 'x_jobs.step', 'VOLATILE', NULL),
+(
+    'steps', '{bigint,text}', 'setof x_jobs.step', 'VOLATILE',
+    'so a worker settles only what it claimed, with no right to write the tables'
+),
+(
+    'step_record', '{bigint,text,text,jsonb,text,boolean}', 'x_jobs.step_status', 'VOLATILE',
+    'so a worker settles only what it claimed, with no right to write the tables'
+),
+(
+    'step_sleep', '{bigint,text,text,interval}', 'x_jobs.step', 'VOLATILE',
+    'so a worker settles only what it claimed, with no right to write the tables'
+),
 (
     'step_wait', '{bigint,text,text,text,text,jsonb,interval,timestamp with time zone}', 'x_jobs.step',
-    'VOLATILE', NULL
+    'VOLATILE', 'so a worker settles only what it claimed, with no right to write the tables'
 ),
 (
     'publish', '{text,jsonb,text}', 'setof record', 'VOLATILE',
     'so a producer resolves waits and wakes runs without any right to write steps or jobs'
 ),
 ('resolve_step', '{bigint,text,jsonb}', 'x_jobs.step', 'VOLATILE', NULL),
-('progress', '{bigint,text,double precision,double precision,text}', 'boolean', 'VOLATILE', NULL),
+(
+    'progress', '{bigint,text,double precision,double precision,text}', 'boolean', 'VOLATILE',
+    'so a worker settles only what it claimed, with no right to write the tables'
+),
 ('purge_events', '{interval,integer}', 'bigint', 'VOLATILE', NULL),
 -- The outbox and the webhook ledger (0.2.0).
 ('_require_message', '{text,jsonb,jsonb,integer}', 'void', 'STABLE', NULL),
@@ -93,10 +126,22 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
     'outbox_put_many', '{jsonb}', 'setof record', 'VOLATILE',
     'so a producer puts messages without any right on the outbox'
 ),
-('relay_outbox', '{text,integer,interval,text[]}', 'setof record', 'VOLATILE', NULL),
-('outbox_ack', '{bigint[],text}', 'setof bigint', 'VOLATILE', NULL),
-('outbox_extend_lease', '{bigint[],text,interval}', 'setof bigint', 'VOLATILE', NULL),
-('outbox_nack', '{bigint,text,text,timestamp with time zone,boolean}', 'x_jobs.outbox_state', 'VOLATILE', NULL),
+(
+    'relay_outbox', '{text,integer,interval,text[]}', 'setof record', 'VOLATILE',
+    'so a worker settles only what it claimed, with no right to write the tables'
+),
+(
+    'outbox_ack', '{bigint[],text}', 'setof bigint', 'VOLATILE',
+    'so a worker settles only what it claimed, with no right to write the tables'
+),
+(
+    'outbox_extend_lease', '{bigint[],text,interval}', 'setof bigint', 'VOLATILE',
+    'so a worker settles only what it claimed, with no right to write the tables'
+),
+(
+    'outbox_nack', '{bigint,text,text,timestamp with time zone,boolean}', 'x_jobs.outbox_state', 'VOLATILE',
+    'so a worker settles only what it claimed, with no right to write the tables'
+),
 ('outbox_redrive', '{bigint[],text,integer}', 'bigint', 'VOLATILE', NULL),
 ('purge_outbox', '{interval,integer}', 'bigint', 'VOLATILE', NULL),
 (
@@ -907,40 +952,31 @@ SELECT set_eq(
     $$,
     $$
     VALUES
-        -- A producer has no right on any table (0.3.6): what it calls runs as its owner.
+        -- A producer has no right on any table, and a worker only reads the jobs and the
+        -- outbox (0.3.6): what they call runs as its owner. An admin's functions run as the
+        -- admin, who holds what they change.
         ('job', 'x_jobs_worker', 'SELECT'),
-        ('job', 'x_jobs_worker', 'UPDATE'),
-        ('job', 'x_jobs_worker', 'DELETE'),
+        ('job', 'x_jobs_admin', 'UPDATE'),
         ('job', 'x_jobs_admin', 'DELETE'),
-        ('job_error', 'x_jobs_worker', 'SELECT'),
-        ('job_error', 'x_jobs_worker', 'INSERT'),
-        ('job_error', 'x_jobs_worker', 'DELETE'),
         ('job_error', 'x_jobs_admin', 'SELECT'),
         ('job_error', 'x_jobs_admin', 'DELETE'),
-        ('queue_pause', 'x_jobs_worker', 'SELECT'),
+        ('queue_pause', 'x_jobs_admin', 'SELECT'),
         ('queue_pause', 'x_jobs_admin', 'INSERT'),
         ('queue_pause', 'x_jobs_admin', 'DELETE'),
-        ('worker', 'x_jobs_worker', 'SELECT'),
-        ('worker', 'x_jobs_worker', 'INSERT'),
-        ('worker', 'x_jobs_worker', 'UPDATE'),
-        ('worker', 'x_jobs_worker', 'DELETE'),
         ('worker', 'x_jobs_admin', 'SELECT'),
-        ('counter', 'x_jobs_worker', 'SELECT'),
-        ('counter', 'x_jobs_worker', 'INSERT'),
-        ('counter', 'x_jobs_worker', 'UPDATE'),
         ('counter', 'x_jobs_admin', 'SELECT'),
+        ('counter', 'x_jobs_admin', 'INSERT'),
+        ('counter', 'x_jobs_admin', 'UPDATE'),
         ('counter', 'x_jobs_admin', 'DELETE'),
         -- Steps and events: publish writes both as its owner, so a producer has neither.
-        ('step', 'x_jobs_worker', 'SELECT'),
-        ('step', 'x_jobs_worker', 'INSERT'),
-        ('step', 'x_jobs_worker', 'UPDATE'),
-        ('step', 'x_jobs_worker', 'DELETE'),
+        ('step', 'x_jobs_admin', 'SELECT'),
+        ('step', 'x_jobs_admin', 'UPDATE'),
         ('step', 'x_jobs_admin', 'DELETE'),
-        ('event', 'x_jobs_worker', 'SELECT'),
+        ('event', 'x_jobs_admin', 'SELECT'),
         ('event', 'x_jobs_admin', 'DELETE'),
         -- The outbox and the webhook ledger.
         ('outbox', 'x_jobs_worker', 'SELECT'),
-        ('outbox', 'x_jobs_worker', 'UPDATE'),
+        ('outbox', 'x_jobs_admin', 'UPDATE'),
         ('outbox', 'x_jobs_admin', 'DELETE'),
         ('webhook_ledger', 'x_jobs_admin', 'SELECT'),
         ('webhook_ledger', 'x_jobs_admin', 'DELETE')
@@ -972,43 +1008,43 @@ SELECT
 FROM (
     VALUES
     ('job', 'x_jobs_producer', '{}'),
-    ('job', 'x_jobs_worker', '{DELETE,SELECT,UPDATE}'),
+    ('job', 'x_jobs_worker', '{SELECT}'),
     ('job', 'x_jobs_admin', '{DELETE,SELECT,UPDATE}'),
     ('job', 'pg_monitor', '{}'),
     ('job', 'public', '{}'),
     ('job_error', 'x_jobs_producer', '{}'),
-    ('job_error', 'x_jobs_worker', '{DELETE,INSERT,SELECT}'),
-    ('job_error', 'x_jobs_admin', '{DELETE,INSERT,SELECT}'),
+    ('job_error', 'x_jobs_worker', '{}'),
+    ('job_error', 'x_jobs_admin', '{DELETE,SELECT}'),
     ('job_error', 'pg_monitor', '{}'),
     ('job_error', 'public', '{}'),
     ('queue_pause', 'x_jobs_producer', '{}'),
-    ('queue_pause', 'x_jobs_worker', '{SELECT}'),
+    ('queue_pause', 'x_jobs_worker', '{}'),
     ('queue_pause', 'x_jobs_admin', '{DELETE,INSERT,SELECT}'),
     ('queue_pause', 'pg_monitor', '{}'),
     ('queue_pause', 'public', '{}'),
     ('worker', 'x_jobs_producer', '{}'),
-    ('worker', 'x_jobs_worker', '{DELETE,INSERT,SELECT,UPDATE}'),
-    ('worker', 'x_jobs_admin', '{DELETE,INSERT,SELECT,UPDATE}'),
+    ('worker', 'x_jobs_worker', '{}'),
+    ('worker', 'x_jobs_admin', '{SELECT}'),
     ('worker', 'pg_monitor', '{}'),
     ('worker', 'public', '{}'),
     ('counter', 'x_jobs_producer', '{}'),
-    ('counter', 'x_jobs_worker', '{INSERT,SELECT,UPDATE}'),
+    ('counter', 'x_jobs_worker', '{}'),
     ('counter', 'x_jobs_admin', '{DELETE,INSERT,SELECT,UPDATE}'),
     ('counter', 'pg_monitor', '{}'),
     ('counter', 'public', '{}'),
     -- A producer publishes through the SECURITY DEFINER publish: no right on steps or events.
     ('step', 'x_jobs_producer', '{}'),
-    ('step', 'x_jobs_worker', '{DELETE,INSERT,SELECT,UPDATE}'),
-    ('step', 'x_jobs_admin', '{DELETE,INSERT,SELECT,UPDATE}'),
+    ('step', 'x_jobs_worker', '{}'),
+    ('step', 'x_jobs_admin', '{DELETE,SELECT,UPDATE}'),
     ('step', 'pg_monitor', '{}'),
     ('step', 'public', '{}'),
     ('event', 'x_jobs_producer', '{}'),
-    ('event', 'x_jobs_worker', '{SELECT}'),
+    ('event', 'x_jobs_worker', '{}'),
     ('event', 'x_jobs_admin', '{DELETE,SELECT}'),
     ('event', 'pg_monitor', '{}'),
     ('event', 'public', '{}'),
     ('outbox', 'x_jobs_producer', '{}'),
-    ('outbox', 'x_jobs_worker', '{SELECT,UPDATE}'),
+    ('outbox', 'x_jobs_worker', '{SELECT}'),
     ('outbox', 'x_jobs_admin', '{DELETE,SELECT,UPDATE}'),
     ('outbox', 'pg_monitor', '{}'),
     ('outbox', 'public', '{}'),

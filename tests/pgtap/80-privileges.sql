@@ -7,7 +7,7 @@
 -- runs under SET ROLE and ends with RESET ROLE. The clock is moved with SET LOCAL "x_jobs.fake_now",
 -- which only a superuser's session may do (the last block).
 BEGIN;
-SELECT plan(99);
+SELECT plan(103);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
@@ -160,6 +160,36 @@ SELECT throws_ok(
     '42501',
     'permission denied for function purge',
     'A worker should not be able to purge'
+);
+
+-- 0.3.6: the worker's functions run as their owner; the worker writes no table itself.
+SELECT throws_ok(
+    $$UPDATE x_jobs.job SET state = 'running', claimed_by = 'forged', visible_at = now() + '1 day'
+      WHERE queue = 't80-q'$$,
+    '42501',
+    'permission denied for table job',
+    'A worker should not be able to rewrite job rows directly (take one it did not claim)'
+);
+
+SELECT throws_ok(
+    $$DELETE FROM x_jobs.job WHERE queue = 't80-q'$$,
+    '42501',
+    'permission denied for table job',
+    'A worker should not be able to delete job rows directly'
+);
+
+SELECT throws_ok(
+    $$INSERT INTO x_jobs.step (job_id, name, kind, status) VALUES (1, 'forged', 'run', 'done')$$,
+    '42501',
+    'permission denied for table step',
+    'A worker should not be able to write steps directly'
+);
+
+SELECT throws_ok(
+    $$UPDATE x_jobs.worker SET draining_at = now()$$,
+    '42501',
+    'permission denied for table worker',
+    'A worker should not be able to rewrite other workers'' announcements'
 );
 
 RESET ROLE;
