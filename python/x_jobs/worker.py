@@ -409,7 +409,7 @@ class Worker:
 
             self._take_settled()
             self._collect(now)
-            self._check_deadlines(now)
+            next_deadline = self._check_deadlines(now)
             if self._settle_due(now):
                 self._submit_settlement()
 
@@ -449,9 +449,8 @@ class Worker:
             # A timeout or the drain's grace is acted on when it comes, not at the next poll.
             if self._draining:
                 wake_at = min(wake_at, self._drain_deadline)
-            for run in self._timed.values():
-                if run.deadline is not None:
-                    wake_at = min(wake_at, run.deadline)
+            if next_deadline is not None:
+                wake_at = min(wake_at, next_deadline)
             # While a settlement is in flight the next waits for it (one at a time), and its
             # end wakes this loop: a wake-up for the settle delay would only spin until then.
             if self._pending and not self._settling:
@@ -815,16 +814,21 @@ class Worker:
                 states[outcome.id] = row[0] if row else None
         return _Settlement(batch, completed, states)
 
-    def _check_deadlines(self, now: float) -> None:
-        """Tell the handlers whose timeout passed to stop. The attempt is settled as timed out
-        when the handler returns, not now: a sync body cannot be killed, and a job failed (or
-        handed back) while its body runs on could be claimed again and run twice at once. A
-        handler still running a grace later is logged once; it keeps the job, and its slot."""
+    def _check_deadlines(self, now: float) -> float | None:
+        """Tell the handlers whose timeout passed to stop, and answer the next deadline (for
+        the loop's wake-up). The attempt is settled as timed out when the handler returns, not
+        now: a sync body cannot be killed, and a job failed (or handed back) while its body runs
+        on could be claimed again and run twice at once. A handler still running a grace later
+        is logged once; it keeps the job, and its slot."""
+        upcoming: float | None = None
         for run in list(self._timed.values()):
             if run.done or run.ctx.id not in self._held:
                 del self._timed[run.ctx.id]
                 continue
-            if run.deadline is None or now < run.deadline:
+            if run.deadline is None:
+                continue
+            if now < run.deadline:
+                upcoming = run.deadline if upcoming is None else min(upcoming, run.deadline)
                 continue
             assert run.job.timeout is not None
             if run.timed_out:
@@ -839,7 +843,9 @@ class Worker:
             # On the final attempt the failure is for good: see _final.
             run.undoing = run.ctx.attempt >= run.ctx.max_attempts
             run.deadline = now + self.grace
+            upcoming = run.deadline if upcoming is None else min(upcoming, run.deadline)
             self._tell_stop(run, "timeout")
+        return upcoming
 
     def _heartbeat(self) -> bool:
         """Extend the leases of the held jobs; stop those that were lost. False when the
