@@ -784,6 +784,14 @@ class Worker:
         states: dict[int, str | None] = {}
         whole = conn.transaction() if len(completions) < len(batch) else contextlib.nullcontext()
         with whole:
+            if len(completions) < len(batch):
+                # Every row of the transaction first, in id order, as the heartbeat takes them:
+                # complete_many and then fail one by one would lock a failure after completions
+                # with higher ids, and the heartbeat holding the one and waiting for the others
+                # deadlocked (a second's stall, then one side aborted).
+                conn.execute(
+                    EXTEND, [_ids(o.id for o in batch), self.worker_id, interval(self.lease)]
+                )
             if completions:
                 rows = conn.execute(
                     COMPLETE_MANY,

@@ -10,6 +10,9 @@ from typing import Any
 import pytest
 from conftest import DEADLINE_SECONDS, Conn, Connect, wait_for_lock_waiters
 
+import x_jobs
+from x_jobs.worker import _Outcome
+
 logger = logging.getLogger(__name__)
 
 SHORT_LEASE = "300 milliseconds"
@@ -169,3 +172,55 @@ def test_a_settlement_and_a_heartbeat_of_one_worker_lock_rows_in_one_order(
     thread.join(DEADLINE_SECONDS)
     assert not failed, failed
     assert sorted(settled) == [low, high]
+
+
+def test_a_worker_settling_failures_and_heartbeating_takes_rows_in_one_order(
+    dsn: str, conn: Conn, connect: Connect
+) -> None:
+    """A batch holding a failure is settled in one transaction: complete_many for its
+    completions, then fail for each failure. The worker's heartbeat, on its own connection,
+    takes the same rows in id order. A failure with a lower id than a completion was locked
+    after it, so each side could hold a row the other waited for. The settler now takes every
+    row of such a batch in id order first."""
+    app = x_jobs.App(dsn)
+
+    @app.job(name="lease_test", queue="default")
+    def lease_test(input: dict[str, Any]) -> None:
+        """Never run: the test hands the worker its outcomes."""
+
+    worker = x_jobs.Worker(app, concurrency=2)
+    worker._connect(first=True)
+    assert worker._conn is not None
+    settler = worker._conn
+    try:
+        low, high = sorted(_enqueue(conn) for _ in range(2))
+        assert worker._claim(2) == 2
+        batch = [
+            _Outcome(worker._held[high], ok=True),
+            _Outcome(worker._held[low], ok=False, error="boom"),
+        ]
+        extend = "SELECT x_jobs.extend_lease(ARRAY[%s]::bigint[], %s, '30 seconds')"
+        heartbeat = connect(autocommit=False, name="heartbeat")
+        heartbeat.execute(extend, [low, worker.worker_id])
+        settled: list[Any] = []
+        failed: list[BaseException] = []
+
+        def settle() -> None:
+            try:
+                settled.append(worker._settle_together(settler, batch))
+            except BaseException as err:  # reported below, not lost in the thread
+                failed.append(err)
+
+        thread = threading.Thread(target=settle)
+        thread.start()
+        wait_for_lock_waiters(conn, [settler.info.backend_pid])
+        # The settler waits for `low`; holding `high` as well would close a cycle here.
+        heartbeat.execute(extend, [high, worker.worker_id])
+        heartbeat.commit()
+        thread.join(DEADLINE_SECONDS)
+        assert not failed, failed
+        [settlement] = settled
+        assert settlement.completed == {high}
+        assert settlement.states == {low: "delayed"}  # its backoff
+    finally:
+        settler.close()
