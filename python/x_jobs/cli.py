@@ -319,7 +319,9 @@ def worker(
             build=build,
             metrics_port=metrics_port,
         )
-        loop.run()
+        # The process ends with the worker, and the handlers still running with it: a drain
+        # whose grace runs out hands their jobs back for another worker to take at once.
+        loop.run(process_exits=True)
     except XJobsError as err:
         # A database without x_jobs (or too old), a metrics port another process holds.
         Output(as_json=False).refuse(EXIT_USAGE, err)

@@ -16,8 +16,10 @@ another worker took it), and its handler is told to stop; its outcome is dropped
 
 Stopping: the first SIGTERM or SIGINT drains (announce draining, claim nothing more, let running
 jobs finish within ``grace``, hand the rest back with ``x_jobs.release``); a second one stops at
-once. A lost connection is retried with backoff while handlers keep running; their outcomes wait
-in memory until the database answers again.
+once. Handing back a job whose handler still runs is safe only when the process ends with the
+worker (``x-jobs worker``); embedded in a process that lives on, the worker keeps such jobs until
+their handlers return. A lost connection is retried with backoff while handlers keep running;
+their outcomes wait in memory until the database answers again.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import queue
 import random
@@ -201,6 +204,9 @@ class _Run:
     #: Its final attempt timed out: once the handler has unwound, its steps are undone (and
     #: those of earlier attempts it did not reach named), as for a failure of its own.
     undoing: bool = False
+    #: Still running when a drain's grace ran out in a process that lives on: told to stop, and
+    #: handed back if it fails (as the drain would have), settled as usual if it completes.
+    outlasted: bool = False
 
 
 @dataclass(slots=True)
@@ -312,6 +318,7 @@ class Worker:
         self._stop_requests = 0
         self._draining = False
         self._drain_deadline = 0.0
+        self._process_exits = False
         self._conn: psycopg.Connection[Any] | None = None
         self._threads: list[threading.Thread] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -336,8 +343,15 @@ class Worker:
 
     # --- public -------------------------------------------------------------------------------
 
-    def run(self, *, install_signals: bool = True) -> None:
-        """Serve until stopped (``stop()`` or a signal); blocks the calling thread."""
+    def run(self, *, install_signals: bool = True, process_exits: bool = False) -> None:
+        """Serve until stopped (``stop()`` or a signal); blocks the calling thread.
+
+        ``process_exits``: the process ends when this returns (``x-jobs worker``), which ends
+        the handlers still running, so a drain whose grace runs out hands their jobs back at
+        once. Otherwise a handler cannot be stopped from outside (Python cannot kill a thread),
+        and its job, handed back while it ran on, could run twice at once: the worker tells it
+        to stop and keeps the job, extending its lease, until it returns."""
+        self._process_exits = process_exits
         if install_signals:
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
@@ -427,9 +441,11 @@ class Worker:
                 if not self._held:
                     return
                 if now >= self._drain_deadline:
-                    self._hand_back(started=True, reason="shutdown")
-                    self._finish_settlements()
-                    return
+                    if self._process_exits:
+                        self._hand_back(started=True, reason="shutdown")
+                        self._finish_settlements()
+                        return
+                    self._outlast_grace()
             else:
                 if self._notified.is_set():
                     self._notified.clear()
@@ -568,6 +584,10 @@ class Worker:
                 # The row is no longer this worker's: suspended in SQL by the step itself.
                 del self._held[outcome.id]
                 self.metrics.settled(run.job.name, "suspended")
+                continue
+            if run.outlasted and not outcome.ok and not outcome.lost:
+                # Stopped by the drain: handed back, the attempt not counted, as a drain does.
+                self._release([run])
                 continue
             if not self._pending:
                 self._pending_since = now
@@ -927,6 +947,22 @@ class Worker:
             extra={"running": len(self._held), "handed_back": waiting, "grace_s": self.grace},
         )
 
+    def _outlast_grace(self) -> None:
+        """The drain's grace ran out in a process that lives on: tell the handlers still running
+        to stop, and keep their jobs (heartbeated) until they return. One that timed out was told
+        already, and fails as timed out."""
+        self._drain_deadline = math.inf
+        running = [run for run in self._held.values() if not run.done]
+        for run in running:
+            if not run.timed_out:
+                run.outlasted = True
+                self._tell_stop(run, "shutdown")
+        logger.warning(
+            "the drain's grace ran out; the jobs of handlers still running stay held until they "
+            "return",
+            extra={"running": len(running), "grace_s": self.grace},
+        )
+
     def _hand_back(self, *, started: bool, reason: str) -> int:
         """Give jobs back to the queue (x_jobs.release): those not started yet, or (started=True)
         every one still held, whose handlers are told to stop. Answers how many."""
@@ -942,10 +978,17 @@ class Worker:
                 run.done = True
         for run in runs:
             self._tell_stop(run, reason)
+        return self._release(runs)
+
+    def _release(self, runs: list[_Run]) -> int:
+        """x_jobs.release the jobs of `runs` (marked done): due again at once, the attempt not
+        counted. Answers how many the database released."""
         ids = [run.ctx.id for run in runs]
-        if not ids or self._conn is None:
+        if not ids:
             return 0
         try:
+            if self._conn is None:
+                raise psycopg.OperationalError("no connection to the database")
             rows = self._conn.execute(RELEASE, [_ids(ids), self.worker_id]).fetchall()
         except psycopg.Error as err:
             logger.warning(
@@ -953,7 +996,7 @@ class Worker:
             )
             for run in runs:  # not held any more: not extended, and not waited for
                 self._held.pop(run.ctx.id, None)
-            if isinstance(err, DB_GONE):
+            if isinstance(err, DB_GONE) and self._conn is not None:
                 self._lost_connection(err)
             return 0
         for run in runs:

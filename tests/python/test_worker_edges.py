@@ -331,3 +331,101 @@ def test_a_batch_sent_again_after_a_dropped_connection_fails_no_attempt_twice(
         errors = errors_of(conn, job_id)
         assert errors == [(n, f"ValueError: attempt {n}") for n in (1, 2, 3)], (job_id, errors)
     assert fleet.overlaps() == []
+
+
+def _job_row(conn: Conn, job_id: int) -> tuple[Any, ...]:
+    row = conn.execute(
+        "SELECT state::text, attempt, claimed_by FROM x_jobs.job WHERE id = %s", [job_id]
+    ).fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+def test_an_embedded_drain_keeps_a_job_whose_handler_outlives_the_grace(
+    dsn: str, conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ``Worker.run()`` in a process that lives on cannot end a handler that runs past the
+    drain's grace. It handed the job back all the same, due at once while its handler ran on:
+    another worker could run it beside it. It keeps the job (its lease extended) until the
+    handler returns, and settles what the handler answers."""
+    app = x_jobs.App(dsn)
+    started, gate = threading.Event(), threading.Event()
+
+    @app.job(name="stubborn", queue="outlast")
+    def stubborn(input: dict[str, Any]) -> dict[str, bool]:
+        started.set()
+        gate.wait(SETTLE_SECONDS)  # deaf to ctx.cancelled
+        return {"finished": True}
+
+    job_id = stubborn.enqueue({}).id
+    worker = x_jobs.Worker(app, concurrency=1, lease=1, poll_interval=0.05, grace=0.2)
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    caplog.set_level(logging.WARNING, logger="x_jobs.worker")
+    thread.start()
+    try:
+        assert started.wait(SETTLE_SECONDS)
+        worker.stop()
+        wait_for(
+            lambda: "grace ran out" in caplog.text, "the grace to run out", timeout=SETTLE_SECONDS
+        )
+        # Past the grace and past a lease (1 s): still this worker's, and no one else's.
+        wait_for(
+            lambda: (
+                conn.execute(
+                    "SELECT x_jobs.now() > visible_at - interval '0.5 seconds' FROM x_jobs.job"
+                    " WHERE id = %s",
+                    [job_id],
+                ).fetchone()
+                == (False,)
+            ),
+            "a heartbeat after the grace",
+            timeout=SETTLE_SECONDS,
+        )
+        assert _job_row(conn, job_id) == ("running", 1, worker.worker_id)
+        assert (
+            conn.execute(
+                "SELECT id FROM x_jobs.claim(ARRAY['outlast'], 'another', '30 seconds', 10)"
+            ).fetchall()
+            == []
+        )
+        assert thread.is_alive()
+        gate.set()
+        thread.join(SETTLE_SECONDS)
+        assert not thread.is_alive()
+    finally:
+        gate.set()
+        worker.stop()
+        thread.join(timeout=30)
+        app.close()
+    assert _job_row(conn, job_id) == ("done", 1, worker.worker_id)
+
+
+def test_an_embedded_drain_hands_back_a_job_whose_handler_stops_when_told_after_the_grace(
+    dsn: str, conn: Conn
+) -> None:
+    """A handler still running when the grace runs out is told to stop; once it has, its job
+    is handed back as a drain does (due at once, the attempt not counted, no error kept)."""
+    app = x_jobs.App(dsn)
+    started = threading.Event()
+
+    @app.job(name="polite", queue="outlast")
+    def polite(input: dict[str, Any], ctx: x_jobs.JobContext) -> None:
+        started.set()
+        ctx.cancelled.wait(SETTLE_SECONDS)
+        ctx.raise_if_cancelled()
+
+    job_id = polite.enqueue({}).id
+    worker = x_jobs.Worker(app, concurrency=1, poll_interval=0.05, grace=0.2)
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    thread.start()
+    try:
+        assert started.wait(SETTLE_SECONDS)
+        worker.stop()
+        thread.join(SETTLE_SECONDS)
+        assert not thread.is_alive()
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+        app.close()
+    assert _job_row(conn, job_id) == ("ready", 0, None)
+    assert errors_of(conn, job_id) == []
