@@ -14,7 +14,7 @@ x_jobs.Worker(app).run()                # or: x-jobs worker myapp.jobs:app
 from __future__ import annotations
 
 from x_jobs.app import App, Concurrency, Enqueued, Job, Retry
-from x_jobs.errors import JobFailed, ResultTimeout, XJobsError, translate
+from x_jobs.errors import JobFailed, PermissionDenied, ResultTimeout, XJobsError, translate
 from x_jobs.outbox import DeliveryError, OutboxMessage
 from x_jobs.steps import AsyncSteps, Steps, StepTimeout
 from x_jobs.worker import AsyncJobContext, JobCancelled, JobContext, PermanentError, Worker
@@ -32,6 +32,7 @@ __all__ = [
     "JobFailed",
     "OutboxMessage",
     "PermanentError",
+    "PermissionDenied",
     "ResultTimeout",
     "Retry",
     "StepTimeout",
@@ -40,4 +41,4 @@ __all__ = [
     "XJobsError",
     "translate",
 ]
-__version__ = "0.3.6"
+__version__ = "0.3.7"

@@ -35,6 +35,7 @@ from x_jobs.errors import (
     JobNotFound,
     JobUnknown,
     NotInstalled,
+    PermissionDenied,
     ResultTimeout,
     TimeInvalid,
     VersionUnsupported,
@@ -53,7 +54,9 @@ logger = logging.getLogger(__name__)
 #: infinite or past the year 9999 (which this client cannot send); 0.3.6 takes producers' rights
 #: on the tables (enqueue and the outbox run as their owner) and adds x_jobs.result, which
 #: ``App.result`` reads through from 0.3.6 on (a producer may no longer read x_jobs.job).
-SUPPORTED_VERSIONS = frozenset({"0.3.0", "0.3.1", "0.3.2", "0.3.3", "0.3.4", "0.3.5", "0.3.6"})
+SUPPORTED_VERSIONS = frozenset(
+    {"0.3.0", "0.3.1", "0.3.2", "0.3.3", "0.3.4", "0.3.5", "0.3.6", "0.3.7"}
+)
 
 I = TypeVar("I")  # noqa: E741 - the input type, as in Job[I]
 
@@ -430,6 +433,8 @@ class App:
                 f"X_NOT_INSTALLED: x_jobs is not installed in this database ({err})",
                 hint=NOT_INSTALLED_HINT,
             ) from err
+        except psycopg.errors.InsufficientPrivilege as err:
+            raise PermissionDenied.of(err) from err
         except psycopg.Error as err:
             typed = translate(err)
             if typed is err:
@@ -551,7 +556,7 @@ class App:
                 raise JobNotFound(
                     f"X_JOB_NOT_FOUND: no job has id {job_id}",
                     hint="Check the id; finished jobs are removed by purge after their retention, "
-                    "and a job declared keep_done=False when it completes.",
+                    "and that of a job declared keep_done=False when it completes.",
                 )
             state, output, error = row
             if state == "done":

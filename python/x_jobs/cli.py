@@ -53,6 +53,7 @@ from x_jobs.app import App
 from x_jobs.errors import (
     ClientError,
     JobNotFound,
+    PermissionDenied,
     QtyInvalid,
     StateUnknown,
     VersionUnsupported,
@@ -136,10 +137,40 @@ def _commands() -> None:
     """Operate x_jobs: run workers, enqueue, inspect and steer jobs and queues."""
 
 
+#: The attributes every log record has; the others are the fields a call passed as ``extra``.
+_RECORD_FIELDS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+
+
+def _extra(record: logging.LogRecord) -> dict[str, Any]:
+    return {k: v for k, v in vars(record).items() if k not in _RECORD_FIELDS}
+
+
+class TextLogFormatter(logging.Formatter):
+    """A line per record: time, level, logger, message, then the extra fields as key=value
+    (the job id, the error): without them "job failed" or "claiming was refused" says neither
+    which nor why."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        fields = " ".join(f"{k}={_logfmt(v)}" for k, v in _extra(record).items())
+        if not fields:
+            return line
+        head, newline, rest = line.partition("\n")  # after the message, before a traceback
+        return f"{head} {fields}{newline}{rest}"
+
+
+def _logfmt(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    if text and not any(c in text for c in ' "=\n\\'):
+        return text
+    return json.dumps(text)
+
+
 class JsonLogFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message and the record's extra fields."""
-
-    _plain = frozenset(vars(logging.makeLogRecord({})))
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
@@ -148,7 +179,7 @@ class JsonLogFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        entry.update({k: v for k, v in vars(record).items() if k not in self._plain})
+        entry.update(_extra(record))
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str)
@@ -159,7 +190,7 @@ def setup_logging(level: str, fmt: str) -> None:
     if fmt == "json":
         handler.setFormatter(JsonLogFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(TextLogFormatter())
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
 
 
@@ -387,10 +418,14 @@ def _start_failed(err: psycopg.Error) -> NoReturn:
             CONNECT_HINT,
             code="X_CONNECT_FAILED",
         )
-    hint = err.diag.message_hint
-    if hint is None and isinstance(err, psycopg.errors.InsufficientPrivilege):
-        hint = PRIVILEGE_HINT
-    out.fail(EXIT_USAGE, err.diag.message_primary or str(err), hint, sqlstate=err.sqlstate)
+    if isinstance(err, psycopg.errors.InsufficientPrivilege):
+        out.refuse(EXIT_USAGE, PermissionDenied.of(err))
+    out.fail(
+        EXIT_USAGE,
+        err.diag.message_primary or str(err),
+        err.diag.message_hint,
+        sqlstate=err.sqlstate,
+    )
 
 
 # --- the operator's commands ------------------------------------------------------------------
@@ -418,10 +453,6 @@ INT_MIN, INT_MAX = -(2**31), 2**31 - 1
 CONNECT_HINT = (
     "Check --dsn, DATABASE_URL or the PG* variables (PGHOST, PGPORT, PGDATABASE, PGUSER), "
     "and that the server is running."
-)
-PRIVILEGE_HINT = (
-    "Your role lacks a privilege x_jobs needs: have it granted x_jobs_admin "
-    "(or x_jobs_producer, x_jobs_worker for less)."
 )
 
 
@@ -907,13 +938,17 @@ def database(
                 CONNECT_HINT,
                 code="X_CONNECTION_LOST",
             )
+        if isinstance(err, psycopg.errors.InsufficientPrivilege):
+            out.refuse(EXIT_REFUSED, PermissionDenied.of(err))
         typed = translate(err)
         if isinstance(typed, XJobsError):
             out.refuse(EXIT_REFUSED, typed)
-        hint = err.diag.message_hint
-        if hint is None and isinstance(err, psycopg.errors.InsufficientPrivilege):
-            hint = PRIVILEGE_HINT
-        out.fail(EXIT_REFUSED, err.diag.message_primary or str(err), hint, sqlstate=err.sqlstate)
+        out.fail(
+            EXIT_REFUSED,
+            err.diag.message_primary or str(err),
+            err.diag.message_hint,
+            sqlstate=err.sqlstate,
+        )
 
 
 def _json_input(value: str, option: str = "--input") -> str:

@@ -262,6 +262,31 @@ class ResultTimeout(ClientError, TimeoutError):
     code = "X_RESULT_TIMEOUT"
 
 
+#: What each of the three roles is for (README, "Roles"); the hint of a refused privilege.
+PRIVILEGE_HINT = (
+    "Grant this login the x_jobs role for the call: x_jobs_producer to enqueue, read results "
+    "and write the outbox; x_jobs_worker to claim and settle jobs and relay the outbox; "
+    "x_jobs_admin to operate (list, retry, cancel, pause, purge)."
+)
+
+
+class PermissionDenied(XJobsError):
+    """PostgreSQL refused the login a privilege the call needs (SQLSTATE 42501): it is not
+    granted the x_jobs role for what it does. Its ``__cause__`` is the database's error."""
+
+    code = "X_PERMISSION_DENIED"
+
+    @classmethod
+    def of(cls, err: psycopg.errors.InsufficientPrivilege) -> PermissionDenied:
+        typed = cls(
+            f"X_PERMISSION_DENIED: {err.diag.message_primary or str(err).strip()}",
+            hint=err.diag.message_hint or PRIVILEGE_HINT,
+        )
+        typed.__cause__ = err
+        typed.sqlstate = err.sqlstate  # the database's own, so the class is no x_jobs refusal
+        return typed
+
+
 def storable(text: str) -> str:
     """``text`` as PostgreSQL can store it: it refuses NUL, which an exception's message may
     hold, and no encoding takes a lone surrogate (what ``surrogateescape`` decoding leaves in a

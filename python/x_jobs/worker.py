@@ -50,7 +50,7 @@ from psycopg.types.json import Jsonb
 from x_jobs._conn import connect
 from x_jobs._listen import DB_GONE, listen
 from x_jobs.app import App, Job, Seconds, interval, seconds
-from x_jobs.errors import JobNotHeld, OutputInvalid, ascii_only, storable
+from x_jobs.errors import JobNotHeld, OutputInvalid, PermissionDenied, ascii_only, storable
 from x_jobs.metrics import WorkerMetrics
 from x_jobs.steps import AsyncSteps, Steps, StepStore, Suspended, _Journal, progress
 
@@ -368,6 +368,9 @@ class Worker:
         self._start_threads()
         try:
             self._loop_forever()
+        except psycopg.errors.InsufficientPrivilege as err:
+            # A login without x_jobs_worker: refused at its first claim or announce.
+            raise PermissionDenied.of(err) from err
         finally:
             self._shutdown_threads()
             if self._conn is not None:
