@@ -53,7 +53,8 @@ logger = logging.getLogger(__name__)
 #: 0.3.4 changed claim and complete_many inside; 0.3.5 refuses a run_at or retry_at that is
 #: infinite or past the year 9999 (which this client cannot send); 0.3.6 takes producers' rights
 #: on the tables (enqueue and the outbox run as their owner) and adds x_jobs.result, which
-#: ``App.result`` reads through from 0.3.6 on (a producer may no longer read x_jobs.job).
+#: ``App.result`` reads through from 0.3.6 on (a producer may no longer read x_jobs.job); 0.3.7
+#: changed relay_outbox and the operator's reads inside, and indexes, not what they take.
 SUPPORTED_VERSIONS = frozenset(
     {"0.3.0", "0.3.1", "0.3.2", "0.3.3", "0.3.4", "0.3.5", "0.3.6", "0.3.7"}
 )

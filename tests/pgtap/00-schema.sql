@@ -536,11 +536,12 @@ SELECT results_eq(
     'Each index of x_jobs.step and x_jobs.event should have its documented columns, uniqueness and predicate'
 );
 
--- relay_outbox repeats the predicates of the two arms and of the per-key lookup word for word,
--- as the claim does; purge_webhook_ledger deletes along received_at.
+-- relay_outbox repeats the predicates of the three arms and of the per-key lookups word for
+-- word, as the claim does; purge_webhook_ledger deletes along received_at.
 SELECT indexes_are(
-    'x_jobs', 'outbox', ARRAY['outbox_pkey', 'outbox_pending_idx', 'outbox_inflight_idx', 'outbox_key_idx'],
-    'x_jobs.outbox should have exactly its primary key, the two relay arms and the per-key index'
+    'x_jobs', 'outbox',
+    ARRAY['outbox_pkey', 'outbox_pending_keyless_idx', 'outbox_pending_keyed_idx', 'outbox_inflight_idx', 'outbox_key_idx'],
+    'x_jobs.outbox should have exactly its primary key, the three relay arms and the per-key index'
 );
 
 SELECT indexes_are(
@@ -561,12 +562,15 @@ SELECT results_eq(
          'CREATE INDEX outbox_inflight_idx ON x_jobs.outbox USING btree (available_at, id) '
          'WHERE (state = ''inflight''::x_jobs.outbox_state)'),
         ('x_jobs.outbox_key_idx',
-         'CREATE INDEX outbox_key_idx ON x_jobs.outbox USING btree (key, id) '
+         'CREATE INDEX outbox_key_idx ON x_jobs.outbox USING btree (key, state, id) '
          'WHERE ((key IS NOT NULL) AND (state = ANY (ARRAY[''pending''::x_jobs.outbox_state, '
          '''inflight''::x_jobs.outbox_state])))'),
-        ('x_jobs.outbox_pending_idx',
-         'CREATE INDEX outbox_pending_idx ON x_jobs.outbox USING btree (available_at, id) '
-         'WHERE (state = ''pending''::x_jobs.outbox_state)'),
+        ('x_jobs.outbox_pending_keyed_idx',
+         'CREATE INDEX outbox_pending_keyed_idx ON x_jobs.outbox USING btree (available_at, id) '
+         'WHERE ((state = ''pending''::x_jobs.outbox_state) AND (key IS NOT NULL))'),
+        ('x_jobs.outbox_pending_keyless_idx',
+         'CREATE INDEX outbox_pending_keyless_idx ON x_jobs.outbox USING btree (available_at, id) '
+         'WHERE ((state = ''pending''::x_jobs.outbox_state) AND (key IS NULL))'),
         ('x_jobs.outbox_pkey',
          'CREATE UNIQUE INDEX outbox_pkey ON x_jobs.outbox USING btree (id)'),
         ('x_jobs.webhook_ledger_pkey',
