@@ -1076,9 +1076,19 @@ class Worker:
         if any(job.is_async for job in self.app.jobs.values()):
             loop = asyncio.new_event_loop()
             self._loop = loop
-            thread = threading.Thread(target=loop.run_forever, name="x_jobs-async", daemon=True)
+            thread = threading.Thread(target=self._run_loop, name="x_jobs-async", daemon=True)
             thread.start()
             self._threads.append(thread)
+
+    def _run_loop(self) -> None:
+        assert self._loop is not None
+        try:
+            self._loop.run_forever()
+        finally:
+            # A Worker.run() embedded in a process that lives on left the loop open, its
+            # selector and self-pipe sockets leaked (ResourceWarnings at garbage collection).
+            self._loop.close()
+
 
     def _shutdown_threads(self) -> None:
         self._to_settle.put(None)
