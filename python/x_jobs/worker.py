@@ -98,6 +98,14 @@ class PermanentError(Exception):
 _CANCEL_LOCK = threading.Lock()
 
 
+class CancelEvent(threading.Event):
+    """The Event of ``ctx.cancelled``, true once set: a plain Event, an object like any other,
+    is always true, so ``if ctx.cancelled: raise ...`` failed every attempt."""
+
+    def __bool__(self) -> bool:
+        return self.is_set()
+
+
 @dataclass
 class JobContext:
     """What a handler knows about its run: ids, attempt, and the signal to stop."""
@@ -115,7 +123,7 @@ class JobContext:
     #: Why the job was told to stop: "cancelled", "timeout", "lost", "shutdown"; None if not.
     reason: str | None = None
     _stopped: bool = field(default=False, repr=False)
-    _event: threading.Event | None = field(default=None, repr=False)
+    _event: CancelEvent | None = field(default=None, repr=False)
     _store: StepStore | None = field(default=None, repr=False)
     _steps: Steps | AsyncSteps | None = field(default=None, repr=False)
 
@@ -142,15 +150,16 @@ class JobContext:
         return progress(self._store, self, done, total, note)
 
     @property
-    def cancelled(self) -> threading.Event:
-        """Set when the job must stop; ``ctx.cancelled.wait(timeout)`` sleeps until then.
+    def cancelled(self) -> CancelEvent:
+        """Set, and true, when the job must stop: ``if ctx.cancelled:`` in a loop, or
+        ``ctx.cancelled.wait(timeout)`` to sleep until then.
 
         Made on first use: an Event per claimed job cost the dispatcher a third of its time on
         short jobs, and most handlers never ask."""
         if self._event is None:
             with _CANCEL_LOCK:
                 if self._event is None:
-                    event = threading.Event()
+                    event = CancelEvent()
                     if self._stopped:
                         event.set()
                     self._event = event
@@ -1088,7 +1097,6 @@ class Worker:
             # A Worker.run() embedded in a process that lives on left the loop open, its
             # selector and self-pipe sockets leaked (ResourceWarnings at garbage collection).
             self._loop.close()
-
 
     def _shutdown_threads(self) -> None:
         self._to_settle.put(None)
