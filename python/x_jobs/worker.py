@@ -569,15 +569,18 @@ class Worker:
 
     def _drop_stale(self, old: _Run) -> None:
         """This worker claimed a job it still ran, or whose outcome it had yet to send: its
-        lease had lapsed (the database was away past it). The old attempt is over: its handler
-        is told to stop, and its outcome must not settle the new attempt. (A failed attempt
-        whose settlement is out, made due again at once, is claimed again in the normal way.)"""
+        lease had lapsed (the database was away past it), or an operator cancelled and retried
+        it before a heartbeat told this worker of the cancel. The old attempt is over: its
+        handler is told to stop, and its outcome must not settle the new attempt. (A failed
+        attempt whose settlement is out, made due again at once, is claimed again in the normal
+        way.)"""
         with self._start_lock:
             old.done = True
         self._tell_stop(old, "lost")
         self._pending = [o for o in self._pending if o.run is not old]
         logger.warning(
-            "job claimed again by this worker after its lease lapsed; the old attempt is dropped",
+            "job claimed again by this worker while it still held an earlier attempt (its lease "
+            "lapsed, or it was cancelled and retried); the earlier attempt is dropped",
             extra={"job_id": old.ctx.id, "job": old.job.name, "attempt": old.ctx.attempt},
         )
 
