@@ -34,9 +34,10 @@ ROLLUP: LiteralString = "SELECT x_jobs.rollup_counters()"
 
 _AGE = re.compile(r"(\d+)([smhdw])")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
-#: The longest retention: now() minus a longer one can fall before the first timestamp SQL has,
-#: and no row is worth keeping longer.
-MAX_AGE = timedelta(days=365_250)
+#: The longest retention, the database's own bound (x_jobs._require_retention, purge): its
+#: "1000 years" compared as intervals are, a month counting 30 days, so 360000 days; past it the
+#: purge functions refuse, and now() minus much longer falls before SQL's first timestamp.
+MAX_AGE = timedelta(days=360_000)
 
 
 def parse_age(text: str) -> timedelta | None:
@@ -52,7 +53,10 @@ def parse_age(text: str) -> timedelta | None:
     except OverflowError:
         age = timedelta.max
     if age > MAX_AGE:
-        raise ValueError(f"{text!r} is longer than 1000 years (365250d): keep for good with off")
+        raise ValueError(
+            f"{text!r} is longer than 360000d (1000 years of 360 days, as the database counts "
+            "them): keep for good with off"
+        )
     return age
 
 

@@ -98,6 +98,14 @@ class PermanentError(Exception):
 _CANCEL_LOCK = threading.Lock()
 
 
+class CancelEvent(threading.Event):
+    """The Event of ``ctx.cancelled``, true once set: a plain Event, an object like any other,
+    is always true, so ``if ctx.cancelled: raise ...`` failed every attempt."""
+
+    def __bool__(self) -> bool:
+        return self.is_set()
+
+
 @dataclass
 class JobContext:
     """What a handler knows about its run: ids, attempt, and the signal to stop."""
@@ -115,7 +123,7 @@ class JobContext:
     #: Why the job was told to stop: "cancelled", "timeout", "lost", "shutdown"; None if not.
     reason: str | None = None
     _stopped: bool = field(default=False, repr=False)
-    _event: threading.Event | None = field(default=None, repr=False)
+    _event: CancelEvent | None = field(default=None, repr=False)
     _store: StepStore | None = field(default=None, repr=False)
     _steps: Steps | AsyncSteps | None = field(default=None, repr=False)
 
@@ -142,15 +150,16 @@ class JobContext:
         return progress(self._store, self, done, total, note)
 
     @property
-    def cancelled(self) -> threading.Event:
-        """Set when the job must stop; ``ctx.cancelled.wait(timeout)`` sleeps until then.
+    def cancelled(self) -> CancelEvent:
+        """Set, and true, when the job must stop: ``if ctx.cancelled:`` in a loop, or
+        ``ctx.cancelled.wait(timeout)`` to sleep until then.
 
         Made on first use: an Event per claimed job cost the dispatcher a third of its time on
         short jobs, and most handlers never ask."""
         if self._event is None:
             with _CANCEL_LOCK:
                 if self._event is None:
-                    event = threading.Event()
+                    event = CancelEvent()
                     if self._stopped:
                         event.set()
                     self._event = event
@@ -560,15 +569,18 @@ class Worker:
 
     def _drop_stale(self, old: _Run) -> None:
         """This worker claimed a job it still ran, or whose outcome it had yet to send: its
-        lease had lapsed (the database was away past it). The old attempt is over: its handler
-        is told to stop, and its outcome must not settle the new attempt. (A failed attempt
-        whose settlement is out, made due again at once, is claimed again in the normal way.)"""
+        lease had lapsed (the database was away past it), or an operator cancelled and retried
+        it before a heartbeat told this worker of the cancel. The old attempt is over: its
+        handler is told to stop, and its outcome must not settle the new attempt. (A failed
+        attempt whose settlement is out, made due again at once, is claimed again in the normal
+        way.)"""
         with self._start_lock:
             old.done = True
         self._tell_stop(old, "lost")
         self._pending = [o for o in self._pending if o.run is not old]
         logger.warning(
-            "job claimed again by this worker after its lease lapsed; the old attempt is dropped",
+            "job claimed again by this worker while it still held an earlier attempt (its lease "
+            "lapsed, or it was cancelled and retried); the earlier attempt is dropped",
             extra={"job_id": old.ctx.id, "job": old.job.name, "attempt": old.ctx.attempt},
         )
 
@@ -1076,9 +1088,18 @@ class Worker:
         if any(job.is_async for job in self.app.jobs.values()):
             loop = asyncio.new_event_loop()
             self._loop = loop
-            thread = threading.Thread(target=loop.run_forever, name="x_jobs-async", daemon=True)
+            thread = threading.Thread(target=self._run_loop, name="x_jobs-async", daemon=True)
             thread.start()
             self._threads.append(thread)
+
+    def _run_loop(self) -> None:
+        assert self._loop is not None
+        try:
+            self._loop.run_forever()
+        finally:
+            # A Worker.run() embedded in a process that lives on left the loop open, its
+            # selector and self-pipe sockets leaked (ResourceWarnings at garbage collection).
+            self._loop.close()
 
     def _shutdown_threads(self) -> None:
         self._to_settle.put(None)

@@ -15,13 +15,16 @@ from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
 import pytest
 from conftest import Conn, fresh_database
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from typer.testing import CliRunner, Result
 
+from x_jobs import errors
 from x_jobs.cli import cli
+from x_jobs.maintenance import MAX_AGE, PURGES, parse_age
 
 logger = logging.getLogger(__name__)
 
@@ -1638,6 +1641,8 @@ def test_maintain_ages_and_off_choose_what_goes(dsn: str, conn: Conn) -> None:
         ["--jobs", "99999999999d"],
         ["--webhooks", "1000000w"],
         ["--batch-size", "3000000000"],
+        # A day past the database's 1000 years: taken, it purged the jobs, then events failed.
+        ["--events", "360001d"],
     ],
 )
 def test_maintain_usage_errors_exit_2_and_delete_nothing(
@@ -1648,6 +1653,24 @@ def test_maintain_usage_errors_exit_2_and_delete_nothing(
     result = failed(x_jobs("maintain", *args, "--dsn", dsn), 2)
     assert f"'{args[0]}'" in result.stderr
     assert age_rows(conn) == before
+
+
+def test_maintain_takes_ages_up_to_the_bound_of_every_purge_function(dsn: str, conn: Conn) -> None:
+    """The database's "1000 years" is 360000 days (an interval counts a month as 30 days): the
+    client's bound is that one, which every purge function takes and a second more it refuses."""
+    make_aged_rows(conn)
+    before = age_rows(conn)
+    ages = [arg for kind in PURGES for arg in (f"--{kind}", "360000d")]
+    doc = as_json(x_jobs("maintain", *ages, "--json", "--dsn", dsn))
+    assert doc["purged"] == {kind: {"older_than": 360_000 * 86400, "deleted": 0} for kind in PURGES}
+    assert age_rows(conn) == before
+
+    assert parse_age("360000d") == MAX_AGE == timedelta(days=360_000)
+    for _, statement in PURGES.values():
+        assert conn.execute(statement, [MAX_AGE, 1]).fetchone() == (0,)
+        with pytest.raises(psycopg.Error) as refused:
+            conn.execute(statement, [MAX_AGE + timedelta(seconds=1), 1])
+        assert type(errors.translate(refused.value)) is errors.RetentionInvalid, statement
 
 
 def test_maintain_needs_x_jobs_admin(dsn: str, conn: Conn, admin: Conn) -> None:

@@ -1,11 +1,14 @@
-"""The README's error table is the catalogue: x_jobs.error_codes() and the Python classes."""
+"""The README's error tables are the catalogue: x_jobs.error_codes() and the Python classes, then
+the codes of the client's own; and its examples run."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +49,48 @@ def test_readme_names_the_python_class_of_every_code() -> None:
         cls = errors.BY_CODE[code]
         assert cls.__name__ == python
         assert cls.sqlstate == sqlstate
+
+
+#: A row of the README's table of the client's own codes: code, Python class or -, when.
+CLIENT_ROW = re.compile(r"^\| (X_[A-Z_]+) \| (\w+|-) \| (.+?) \|$")
+#: The modules whose code raises ``X_`` codes by literal, beside the exception classes.
+LITERAL_SOURCES = ("cli.py", "install.py", "metrics.py")
+
+
+def client_codes() -> dict[str, str | None]:
+    """The ``X_`` codes the package raises that no SQL function does, each with the name of
+    its exception class (None: a literal of the command line alone)."""
+
+    def subclasses(cls: type[errors.XJobsError]) -> Iterator[type[errors.XJobsError]]:
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    # Every module that defines an exception class, imported so that its classes are seen.
+    for module in ("cli", "install", "metrics", "steps", "worker"):
+        importlib.import_module(f"x_jobs.{module}")
+    codes: dict[str, str | None] = {}
+    for cls in subclasses(errors.XJobsError):
+        # Only a class that names its own code (InvalidArgument, ClientError are bases); a
+        # ClientError, or a class without a SQLSTATE of its own (PermissionDenied, StepTimeout).
+        if "code" in vars(cls) and (issubclass(cls, errors.ClientError) or cls.sqlstate is None):
+            codes[cls.code] = cls.__name__
+    package = Path(errors.__file__).parent
+    for name in LITERAL_SOURCES:
+        for code in re.findall(r"(?<=[\"'])X_[A-Z_]*[A-Z]", (package / name).read_text()):
+            codes.setdefault(code, None)
+    return codes
+
+
+def test_readme_client_code_table_is_what_the_package_raises(
+    conn: psycopg.Connection[tuple[object, ...]],
+) -> None:
+    sql_codes = {str(code) for (code,) in conn.execute("SELECT code FROM x_jobs.error_codes()")}
+    expected = {code: python for code, python in client_codes().items() if code not in sql_codes}
+    rows = [CLIENT_ROW.match(line) for line in README.read_text().splitlines()]
+    table = {m[1]: (None if m[2] == "-" else m[2]) for m in rows if m is not None}
+    assert len(table) == sum(m is not None for m in rows), "a code is in the table twice"
+    assert table == expected
 
 
 def readme_blocks(language: str, section: str | None = None) -> list[str]:

@@ -1,10 +1,12 @@
-"""What an operator sees of a running worker: Prometheus metrics at its port, JSON log lines,
-and its announcement (build, queues, draining) in x_jobs.worker."""
+"""What an operator sees of a running worker: Prometheus metrics at its port, JSON and text log
+lines, and its announcement (build, queues, draining) in x_jobs.worker."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -13,9 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from apps import basic
+from apps.workers import Fleet
 from conftest import Conn, free_port, scrape, wait_for
 
 import x_jobs
+from x_jobs.cli import TextLogFormatter
 
 TESTS = Path(__file__).resolve().parent
 
@@ -136,3 +141,60 @@ def test_json_logs_and_the_announcement(dsn: str, conn: Conn) -> None:
     # The drain announced itself: queue demand stops counting the jobs of this worker.
     row = conn.execute("SELECT draining_at IS NOT NULL FROM x_jobs.worker").fetchone()
     assert row == (True,)
+
+
+#: A text log line's key=value field: a bare value, or a JSON string when it needs quoting.
+FIELD = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|[^ "]*)')
+
+
+def text_fields(line: str, message: str) -> dict[str, str]:
+    """The key=value fields after ``message`` in a text log line, each value as logged (quoted
+    ones decoded). Fails unless the rest of the line is fields and nothing else."""
+    rest = line.split(f" {message} ", 1)[1]
+    fields: dict[str, str] = {}
+    at = 0
+    while at < len(rest):
+        found = FIELD.match(rest, at)
+        assert found is not None, f"no field at {rest[at:]!r} in {line!r}"
+        key, value = found.groups()
+        fields[key] = json.loads(value) if value.startswith('"') else value
+        at = found.end() + 1  # the space before the next field
+    return fields
+
+
+def test_text_logs_name_the_failed_job_and_its_error_quoted(
+    dsn: str, conn: Conn, tmp_path: Path
+) -> None:
+    """The text format (the default) dropped every extra field: "job failed" said neither which
+    job nor why. They follow the message as key=value, a value with spaces or quotes as a JSON
+    string, so the line still splits into its fields."""
+    with Fleet(dsn, tmp_path) as fleet:
+        job_id = basic.app.enqueue(basic.quoted_error, {}, conn=conn).id
+        worker = fleet.start(extra=["--queue", "default"])
+        fleet.wait_for(lambda: "x_jobs.worker: job failed" in worker.log(), "the failure's log")
+        log = worker.log()
+    (line,) = [line for line in log.splitlines() if "x_jobs.worker: job failed" in line]
+    assert " INFO x_jobs.worker: job failed " in line, line
+    fields = text_fields(line, "job failed")
+    error = 'ValueError: upstream said "no" = refused'
+    assert fields == {
+        "job_id": str(job_id),
+        "job": "quoted_error",
+        "attempt": "1",
+        "state": "dead",
+        "error": error,
+    }
+    assert conn.execute("SELECT last_error FROM x_jobs.job WHERE id = %s", [job_id]).fetchone() == (
+        error,
+    )
+
+
+def test_a_text_log_value_with_a_newline_stays_on_its_line() -> None:
+    record = logging.makeLogRecord(
+        {"name": "x_jobs.worker", "levelname": "INFO", "msg": "job failed"}
+    )
+    record.job_id = 7
+    record.error = "first line\nsecond line"
+    line = TextLogFormatter().format(record)
+    assert "\n" not in line
+    assert text_fields(line, "job failed") == {"job_id": "7", "error": "first line\nsecond line"}

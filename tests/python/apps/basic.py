@@ -265,3 +265,10 @@ def big_output(input: dict[str, Any], ctx: x_jobs.JobContext) -> dict[str, str]:
 def nul_error(input: dict[str, Any], ctx: x_jobs.JobContext) -> None:
     """Fails with a message PostgreSQL cannot store as it is (a NUL byte)."""
     raise ValueError("upstream said \x00 and stopped")
+
+
+@app.job(name="quoted_error", max_attempts=1)
+def quoted_error(input: dict[str, Any], ctx: x_jobs.JobContext) -> None:
+    """Fails with a message holding spaces, quotes and an equals sign: a log line's field value
+    that must be quoted to stay parseable."""
+    raise ValueError('upstream said "no" = refused')
