@@ -540,7 +540,10 @@ SELECT results_eq(
 -- word, as the claim does; purge_webhook_ledger deletes along received_at.
 SELECT indexes_are(
     'x_jobs', 'outbox',
-    ARRAY['outbox_pkey', 'outbox_pending_keyless_idx', 'outbox_pending_keyed_idx', 'outbox_inflight_idx', 'outbox_key_idx'],
+    ARRAY[
+        'outbox_pkey', 'outbox_pending_keyless_idx', 'outbox_pending_keyed_idx', 'outbox_inflight_idx',
+        'outbox_key_idx'
+    ],
     'x_jobs.outbox should have exactly its primary key, the three relay arms and the per-key index'
 );
 
