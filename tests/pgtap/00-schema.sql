@@ -456,18 +456,21 @@ SELECT results_eq(
     'The request and result types should have the documented fields, in order'
 );
 
--- Indexes of x_jobs.job: the claim's three arms, the live-key uniqueness, the concurrency count.
+-- Indexes of x_jobs.job: the claim's three arms, the live-key uniqueness, the concurrency count,
+-- the waiting keyed rows (queue_demand).
 SELECT indexes_are(
     'x_jobs', 'job',
     ARRAY[
         'job_pkey', 'job_ready_idx', 'job_waiting_idx', 'job_running_idx',
-        'job_idempotency_key_idx', 'job_concurrency_idx'
+        'job_idempotency_key_idx', 'job_concurrency_idx', 'job_keyed_idx'
     ],
-    'x_jobs.job should have exactly its primary key, the three claim arms, the live-key and the concurrency indexes'
+    'x_jobs.job should have exactly its primary key, the three claim arms, the live-key, the concurrency '
+    'and the keyed indexes'
 );
 
--- The claim repeats these predicates word for word (a partial index is used only when the
--- planner can prove its predicate), so their columns and predicates are part of the contract.
+-- The claim and queue_demand repeat these predicates word for word (a partial index is
+-- used only when the planner can prove its predicate), so their columns and predicates are part
+-- of the contract.
 SELECT results_eq(
     $$
     SELECT i.indexrelid::regclass::text, pg_catalog.pg_get_indexdef(i.indexrelid)
@@ -484,6 +487,10 @@ SELECT results_eq(
          'CREATE UNIQUE INDEX job_idempotency_key_idx ON x_jobs.job USING btree (idempotency_key) '
          'WHERE ((idempotency_key IS NOT NULL) AND (state = ANY (ARRAY[''ready''::x_jobs.job_state, '
          '''delayed''::x_jobs.job_state, ''suspended''::x_jobs.job_state, ''running''::x_jobs.job_state])))'),
+        ('x_jobs.job_keyed_idx',
+         'CREATE INDEX job_keyed_idx ON x_jobs.job USING btree (concurrency_key, priority, run_at, id) '
+         'INCLUDE (queue, concurrency_limit) WHERE ((concurrency_key IS NOT NULL) AND (state = ANY '
+         '(ARRAY[''ready''::x_jobs.job_state, ''delayed''::x_jobs.job_state, ''suspended''::x_jobs.job_state])))'),
         ('x_jobs.job_pkey',
          'CREATE UNIQUE INDEX job_pkey ON x_jobs.job USING btree (id)'),
         ('x_jobs.job_ready_idx',
