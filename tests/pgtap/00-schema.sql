@@ -456,18 +456,21 @@ SELECT results_eq(
     'The request and result types should have the documented fields, in order'
 );
 
--- Indexes of x_jobs.job: the claim's three arms, the live-key uniqueness, the concurrency count.
+-- Indexes of x_jobs.job: the claim's three arms, the live-key uniqueness, the concurrency count,
+-- the waiting keyed rows (queue_demand) and the rows that ended badly (list_jobs).
 SELECT indexes_are(
     'x_jobs', 'job',
     ARRAY[
         'job_pkey', 'job_ready_idx', 'job_waiting_idx', 'job_running_idx',
-        'job_idempotency_key_idx', 'job_concurrency_idx'
+        'job_idempotency_key_idx', 'job_concurrency_idx', 'job_keyed_idx', 'job_ended_idx'
     ],
-    'x_jobs.job should have exactly its primary key, the three claim arms, the live-key and the concurrency indexes'
+    'x_jobs.job should have exactly its primary key, the three claim arms, the live-key, the concurrency, '
+    'the keyed and the ended indexes'
 );
 
--- The claim repeats these predicates word for word (a partial index is used only when the
--- planner can prove its predicate), so their columns and predicates are part of the contract.
+-- The claim, queue_demand and list_jobs repeat these predicates word for word (a partial index is
+-- used only when the planner can prove its predicate), so their columns and predicates are part
+-- of the contract.
 SELECT results_eq(
     $$
     SELECT i.indexrelid::regclass::text, pg_catalog.pg_get_indexdef(i.indexrelid)
@@ -480,10 +483,18 @@ SELECT results_eq(
         ('x_jobs.job_concurrency_idx',
          'CREATE INDEX job_concurrency_idx ON x_jobs.job USING btree (concurrency_key) '
          'WHERE ((concurrency_key IS NOT NULL) AND (state = ''running''::x_jobs.job_state))'),
+        ('x_jobs.job_ended_idx',
+         'CREATE INDEX job_ended_idx ON x_jobs.job USING btree (id) '
+         'WHERE (state = ANY (ARRAY[''dead''::x_jobs.job_state, ''failed''::x_jobs.job_state, '
+         '''cancelled''::x_jobs.job_state]))'),
         ('x_jobs.job_idempotency_key_idx',
          'CREATE UNIQUE INDEX job_idempotency_key_idx ON x_jobs.job USING btree (idempotency_key) '
          'WHERE ((idempotency_key IS NOT NULL) AND (state = ANY (ARRAY[''ready''::x_jobs.job_state, '
          '''delayed''::x_jobs.job_state, ''suspended''::x_jobs.job_state, ''running''::x_jobs.job_state])))'),
+        ('x_jobs.job_keyed_idx',
+         'CREATE INDEX job_keyed_idx ON x_jobs.job USING btree (concurrency_key, priority, run_at, id) '
+         'INCLUDE (queue, concurrency_limit) WHERE ((concurrency_key IS NOT NULL) AND (state = ANY '
+         '(ARRAY[''ready''::x_jobs.job_state, ''delayed''::x_jobs.job_state, ''suspended''::x_jobs.job_state])))'),
         ('x_jobs.job_pkey',
          'CREATE UNIQUE INDEX job_pkey ON x_jobs.job USING btree (id)'),
         ('x_jobs.job_ready_idx',
@@ -732,7 +743,8 @@ SELECT is_empty(
 -- (the generic plan's LIMIT is costed above the JIT thresholds on a big table); relay_outbox
 -- walks its index in order even before the outbox has statistics (no bitmap scan and sort);
 -- the settling functions that take a batch of ids seek each id whatever the batch's size, and
--- lock the rows in id order (index plans only, 0.3.4).
+-- lock the rows in id order (index plans only, 0.3.4); list_jobs plans each call for its queue
+-- and before_id.
 SELECT set_eq(
     $$
     SELECT p.proname::text COLLATE "default", s.setting
@@ -752,9 +764,10 @@ SELECT set_eq(
         ('extend_lease', 'plan_cache_mode=force_generic_plan'),
         ('extend_lease', 'enable_seqscan=off'),
         ('release', 'plan_cache_mode=force_generic_plan'),
-        ('release', 'enable_seqscan=off')
+        ('release', 'enable_seqscan=off'),
+        ('list_jobs', 'plan_cache_mode=force_custom_plan')
     $$,
-    'Only claim, relay_outbox and the batch settlers should pin settings besides search_path'
+    'Only claim, relay_outbox, the batch settlers and list_jobs should pin settings besides search_path'
 );
 
 -- Parameter names and defaults: callers use named notation, so both are API -----------------

@@ -3,7 +3,7 @@
 -- due rows of open queues, and running rows not held by a live draining worker.
 -- The clock is moved with SET LOCAL "x_jobs.fake_now".
 BEGIN;
-SELECT plan(35);
+SELECT plan(38);
 
 ------------------------------------------------------------------------------------------------
 -- announce_worker
@@ -362,6 +362,56 @@ SELECT is(
     ),
     5::bigint,
     'queue_stats should show the same demand'
+);
+
+-- A key's rank runs across queues, in claim order (priority, then run_at, then id), and only over
+-- rows of open queues. k3 (limit 1): the oldest row is in paused dk-x, so dk-y's row has the
+-- slot. k4 (limit 2): a row of dk-y2 ahead by priority, then the oldest of dk-y1; dk-y1's
+-- second row and dk-y2's later one wait. k5 (limit 1) runs a row already, so dk-z, whose only
+-- due rows are k5's, has no demand and is absent.
+DO $$
+BEGIN
+    PERFORM x_jobs.enqueue('t50_job', queue => 'dk-x', concurrency_key => 'k3');
+    PERFORM x_jobs.enqueue('t50_job', queue => 'dk-y', concurrency_key => 'k3');
+    PERFORM x_jobs.pause_queue('dk-x');
+    PERFORM x_jobs.enqueue('t50_job', queue => 'dk-y1', concurrency_key => 'k4', concurrency_limit => 2)
+    FROM generate_series(1, 2);
+    PERFORM x_jobs.enqueue('t50_job', queue => 'dk-y2', concurrency_key => 'k4', concurrency_limit => 2,
+        priority => 1);
+    PERFORM x_jobs.enqueue('t50_job', queue => 'dk-y2', concurrency_key => 'k4', concurrency_limit => 2,
+        priority => -1);
+    PERFORM x_jobs.enqueue('t50_job', queue => 'dk-z', concurrency_key => 'k5') FROM generate_series(1, 3);
+    PERFORM pg_temp.take('dk-z', 't50-steady', 1);
+END
+$$;
+
+SELECT results_eq(
+    $$SELECT * FROM x_jobs.queue_demand() WHERE queue IN ('dk-x', 'dk-y', 'dk-y1', 'dk-y2')$$,
+    $$VALUES ('dk-y', 1::bigint), ('dk-y1', 1::bigint), ('dk-y2', 1::bigint)$$,
+    'A key''s room should go to its rows of open queues in claim order, whichever queue they are in'
+);
+
+SELECT is(
+    pg_temp.demand('dk-z'),
+    1::bigint,
+    'A queue whose due rows are all denied by a full key should count only its running row'
+);
+
+-- A keyed row whose run_at came ranks with the ready ones: it is older, so it takes k6's slot.
+DO $$
+BEGIN
+    PERFORM pg_temp.put('kd_delayed', 'dk-w');
+    PERFORM x_jobs.enqueue('t50_job', queue => 'dk-v', concurrency_key => 'k6');
+    UPDATE x_jobs.job SET concurrency_key = 'k6', concurrency_limit = 1, state = 'delayed',
+        run_at = '2030-01-01 11:30:00+00'
+    WHERE id = tap_helpers.jid('kd_delayed');
+END
+$$;
+
+SELECT results_eq(
+    $$SELECT * FROM x_jobs.queue_demand() WHERE queue IN ('dk-v', 'dk-w')$$,
+    $$VALUES ('dk-w', 1::bigint)$$,
+    'A due delayed row with a key should rank with the ready rows of its key, by run_at'
 );
 
 DO $$
