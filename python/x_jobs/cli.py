@@ -669,7 +669,7 @@ OUTBOX_COLUMNS: LiteralString = """
 """
 OUTBOX_STATES: LiteralString = "SELECT pg_catalog.enum_range(NULL::x_jobs.outbox_state)::text[]"
 # The API has no lister of the outbox; the admin role reads the table, newest first and paged by
-# id as x_jobs.list_jobs pages jobs (the primary key, read backwards, serves every filter). The
+# id as x_jobs.list_jobs pages jobs (here the primary key, read backwards, serves every filter). The
 # state is checked against OUTBOX_STATES first, so the cast cannot fail.
 LIST_OUTBOX: LiteralString = (
     "SELECT "
