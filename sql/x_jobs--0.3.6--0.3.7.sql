@@ -328,13 +328,13 @@ WHERE state IN ('dead', 'failed', 'cancelled');
 -- at a time. Keyset paging: pass the last id of a page as before_id to get the next, which
 -- costs the same on page 1 and page 1,000 (an OFFSET would read every row it skips).
 --
--- One statement per kind of state, each naming its partial index's predicate word for word (a
--- generic plan proves nothing from `state = $1`): dead, failed and cancelled rows walk
--- job_ended_idx newest first, so a listing of 50 dead rows beside a million done ones reads
--- them and no more (a Parallel Seq Scan of the whole table until 0.3.7: 290-460 ms at 1.1M
--- rows). A live state may read its claim arm index and sort what it found, or walk the primary
--- key, whichever its custom plan, which sees the queue and before_id, costs lower: live rows are
--- bounded by the backlog, not the history. Done rows, and all rows, walk the primary key.
+-- Planned for each call's values (see plan_cache_mode below), so the planner sees the state as
+-- a constant and may use a partial index whose predicate it implies: dead, failed and cancelled
+-- rows walk job_ended_idx newest first, so a listing of 50 dead rows beside a million done ones
+-- reads them and no more (a Parallel Seq Scan of the whole table until 0.3.7: 290-460 ms at
+-- 1.1M rows). A live state may read its claim arm index and sort what it found, or walk the
+-- primary key, whichever costs lower: live rows are bounded by the backlog, not the history.
+-- Done rows, and all rows, walk the primary key.
 CREATE OR REPLACE FUNCTION x_jobs.list_jobs(
     state text DEFAULT NULL,
     queue text DEFAULT NULL,
@@ -345,8 +345,8 @@ RETURNS SETOF x_jobs.job
 LANGUAGE plpgsql
 STABLE
 SET search_path = pg_catalog, pg_temp
--- An operator's call, planned for its queue and before_id each time (a generic plan reads
--- `queue IS NULL OR queue = $2` as a filter, not an index condition).
+-- An operator's call, planned for its values each time: a generic plan proves no partial
+-- index's predicate from `state = $1`, and reads `queue IS NULL OR queue = $2` as a filter.
 SET plan_cache_mode = force_custom_plan
 AS $$
 #variable_conflict use_column
@@ -370,54 +370,14 @@ BEGIN
     END IF;
     v_state := list_jobs.state::x_jobs.job_state;
 
-    IF v_state IN ('dead', 'failed', 'cancelled') THEN
-        RETURN QUERY
-        SELECT j.*
-        FROM x_jobs.job AS j
-        WHERE j.state IN ('dead', 'failed', 'cancelled')
-            AND j.state = v_state
-            AND (list_jobs.queue IS NULL OR j.queue = list_jobs.queue)
-            AND (list_jobs.before_id IS NULL OR j.id < list_jobs.before_id)
-        ORDER BY j.id DESC
-        LIMIT list_jobs.max_rows;
-    ELSIF v_state = 'ready' THEN
-        RETURN QUERY
-        SELECT j.*
-        FROM x_jobs.job AS j
-        WHERE j.state = 'ready'
-            AND (list_jobs.queue IS NULL OR j.queue = list_jobs.queue)
-            AND (list_jobs.before_id IS NULL OR j.id < list_jobs.before_id)
-        ORDER BY j.id DESC
-        LIMIT list_jobs.max_rows;
-    ELSIF v_state IN ('delayed', 'suspended') THEN
-        RETURN QUERY
-        SELECT j.*
-        FROM x_jobs.job AS j
-        WHERE j.state IN ('delayed', 'suspended')
-            AND j.state = v_state
-            AND (list_jobs.queue IS NULL OR j.queue = list_jobs.queue)
-            AND (list_jobs.before_id IS NULL OR j.id < list_jobs.before_id)
-        ORDER BY j.id DESC
-        LIMIT list_jobs.max_rows;
-    ELSIF v_state = 'running' THEN
-        RETURN QUERY
-        SELECT j.*
-        FROM x_jobs.job AS j
-        WHERE j.state = 'running'
-            AND (list_jobs.queue IS NULL OR j.queue = list_jobs.queue)
-            AND (list_jobs.before_id IS NULL OR j.id < list_jobs.before_id)
-        ORDER BY j.id DESC
-        LIMIT list_jobs.max_rows;
-    ELSE
-        RETURN QUERY
-        SELECT j.*
-        FROM x_jobs.job AS j
-        WHERE (v_state IS NULL OR j.state = v_state)
-            AND (list_jobs.queue IS NULL OR j.queue = list_jobs.queue)
-            AND (list_jobs.before_id IS NULL OR j.id < list_jobs.before_id)
-        ORDER BY j.id DESC
-        LIMIT list_jobs.max_rows;
-    END IF;
+    RETURN QUERY
+    SELECT j.*
+    FROM x_jobs.job AS j
+    WHERE (v_state IS NULL OR j.state = v_state)
+        AND (list_jobs.queue IS NULL OR j.queue = list_jobs.queue)
+        AND (list_jobs.before_id IS NULL OR j.id < list_jobs.before_id)
+    ORDER BY j.id DESC
+    LIMIT list_jobs.max_rows;
 END
 $$;
 
