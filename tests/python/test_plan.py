@@ -254,6 +254,57 @@ def test_claim_statements_are_not_jit_compiled(big_connect: Connect) -> None:
             )
 
 
+# The operator's reads -----------------------------------------------------------------------
+
+
+def _nested(log: PlanLog, call: str) -> list[dict[str, Any]]:
+    plans = [p for p in log.take() if call not in str(p.get("Query Text", ""))]
+    assert plans, f"auto_explain logged no statement inside {call}"
+    return plans
+
+
+def test_list_jobs_of_a_rare_state_reads_none_of_the_done_rows(big_connect: Connect) -> None:
+    """Dead, failed and cancelled rows are listed through job_ended_idx: until 0.3.7 a listing
+    of them read the whole table (a parallel scan of the million done rows)."""
+    conn = big_connect(name="operator")
+    log = PlanLog(conn)
+    for state in ("dead", "failed", "cancelled"):
+        log.take()
+        rows = conn.execute("SELECT id FROM x_jobs.list_jobs(state => %s)", [state]).fetchall()
+        assert rows == []
+        for plan in _nested(log, "x_jobs.list_jobs("):
+            for node in nodes(plan["Plan"]):
+                where = node.get("Index Name") or node.get("Relation Name") or node["Node Type"]
+                assert rows_read(node) <= SLACK, f"{state}: {where} read {rows_read(node):.0f}"
+
+
+def test_queue_demand_ranks_only_the_keyed_rows(big_connect: Connect) -> None:
+    """queue_demand counts due rows per queue off the claim's indexes and sorts only the rows
+    that hold a concurrency key (their rank within the key decides whether they count): until
+    0.3.7 it sorted every due row, 100,000 here, each time an autoscaler asked."""
+    conn = big_connect(name="autoscaler")
+    row = conn.execute(
+        "SELECT count(*) FROM x_jobs.job WHERE concurrency_key IS NOT NULL"
+        " AND state IN ('ready', 'delayed', 'suspended')"
+    ).fetchone()
+    assert row is not None
+    keyed = int(row[0])
+    assert 0 < keyed < READY_ROWS // 2
+    log = PlanLog(conn)
+    demand: dict[str, int] = dict(
+        conn.execute("SELECT queue, demand FROM x_jobs.queue_demand()").fetchall()
+    )
+    assert demand.get("default", 0) > READY_ROWS // 2, demand
+    for plan in _nested(log, "x_jobs.queue_demand("):
+        for node in nodes(plan["Plan"]):
+            if _is_job(node):
+                assert node["Node Type"] in ("Index Scan", "Index Only Scan"), node["Node Type"]
+            if node["Node Type"] == "Sort" and node.get("Plans"):
+                fed = node["Plans"][0]
+                sorted_rows = float(fed.get("Actual Rows", 0)) * float(fed.get("Actual Loops", 0))
+                assert sorted_rows <= keyed + SLACK, f"a sort of {sorted_rows:.0f} rows"
+
+
 # Settling by id ----------------------------------------------------------------------------
 
 #: Ids each round of test_settling_reads_only_its_ids claims, then heartbeats, fails, completes
