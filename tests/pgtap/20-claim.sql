@@ -31,7 +31,7 @@ COMMIT;
 
 RESET default_transaction_isolation;
 BEGIN;
-SELECT plan(64);
+SELECT plan(66);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:00:00+00';
 
@@ -269,6 +269,33 @@ SELECT results_eq(
     $$ SELECT c.name FROM x_jobs.claim(ARRAY['multi-a', 'multi-b'], 'multi-worker', '1 minute', 10) AS c $$,
     $$ VALUES ('multi_a') $$,
     'A claim over several queues should take from each of them, and from no other queue'
+);
+
+-- It locks what it takes, not up to qty rows in every queue (the outer LIMIT keeping qty of
+-- them): a ready row it locked and left would stay locked, passed over by every other claimer,
+-- until its transaction ends, and each lock is written to the WAL.
+CREATE TEMP TABLE locks_job AS
+SELECT e.* FROM x_jobs.enqueue_many((
+    SELECT pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object('name', 'locks', 'queue', 'locks-' || g % 5))
+    FROM generate_series(1, 100) AS g
+)) AS e;
+
+SELECT results_eq(
+    $$
+    SELECT count(*)::integer
+    FROM x_jobs.claim(ARRAY['locks-0', 'locks-1', 'locks-2', 'locks-3', 'locks-4'], 'locks-worker', '1 minute', 10)
+    $$,
+    $$ VALUES (10) $$,
+    'A claim over five queues of 20 rows each should take 10'
+);
+
+SELECT results_eq(
+    $$
+    SELECT count(*)::integer FROM x_jobs.job AS j
+    WHERE j.name = 'locks' AND j.state = 'ready' AND j.xmax = pg_current_xact_id()::xid
+    $$,
+    $$ VALUES (0) $$,
+    'A claim over several queues should lock no ready row it did not take (it locked qty in each queue)'
 );
 
 CREATE TEMP TABLE twice_job AS

@@ -215,9 +215,15 @@ def test_claim_seeks_on_a_big_table(big_connect: Connect, plan_cache_mode: str) 
             if _is_pick(plan):
                 assert seek_problems(plan, QTY, len(queues)) == [], where
                 arms = _arm_scans(plan)
-                # One seek per arm and queue, each through its own index.
+                # A seek per arm and queue at most, each through its own index (the ready arm
+                # skips a queue the first pass found none of the first QTY rows in).
                 assert sorted(n.get("Index Name", "") for n in arms) == sorted(ARM_INDEXES), where
-                assert all(n["Actual Loops"] == len(queues) for n in arms), where
+                assert all(1 <= n["Actual Loops"] <= len(queues) for n in arms), where
+            elif "CROSS JOIN LATERAL" in str(plan.get("Query Text", "")):
+                # The first pass over several queues: how many ready rows each one holds of
+                # the first QTY, read as the ready arm reads them, without locks.
+                assert len(queues) > 1, where
+                assert seek_problems(plan, QTY, len(queues)) == [], where
             else:
                 assert access_problems(plan) == [], where
 
