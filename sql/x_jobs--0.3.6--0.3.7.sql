@@ -496,9 +496,8 @@ BEGIN
     END IF;
     v_window := 10 * relay_outbox.qty;
 
-    -- The heads among the oldest due keyed messages, twice as many as wanted (room for those
-    -- another relay is taking). Unlocked: a head taken meanwhile is skipped when the heads are
-    -- locked below.
+    -- The heads among the oldest due keyed messages, in order. Unlocked: the heads are locked
+    -- below in this order, passing over those another relay holds.
     v_heads := ARRAY(
         SELECT w.id
         FROM (
@@ -525,7 +524,6 @@ BEGIN
             AND earlier.id IS NULL
             AND out.id IS NULL
         ORDER BY w.available_at, w.id
-        LIMIT 2 * relay_outbox.qty
     );
     v_window_full := pg_catalog.cardinality(v_heads) < relay_outbox.qty AND v_window = (
         SELECT pg_catalog.count(*)
@@ -573,7 +571,7 @@ BEGIN
                 AND (relay_outbox.topics IS NULL OR h.topic = ANY (relay_outbox.topics))
                 AND out.id IS NULL
             ORDER BY h.available_at, h.id
-            LIMIT 2 * relay_outbox.qty
+            LIMIT v_window
         );
     END IF;
 
@@ -592,13 +590,17 @@ BEGIN
             LIMIT relay_outbox.qty
             FOR UPDATE SKIP LOCKED
         ),
+        -- In the heads' order, locked one by one until qty are held: every head the window
+        -- found is a candidate, so that relays calling at once take different ones. (Until
+        -- the row is locked it may have gone out meanwhile: it is checked again as it is.)
         keyed AS (
             SELECT o.id, o.key, o.available_at
-            FROM x_jobs.outbox AS o
-            WHERE o.id = ANY (v_heads) AND o.state = 'pending'
-            ORDER BY o.available_at, o.id
+            FROM unnest(v_heads) WITH ORDINALITY AS h (id, n)
+            INNER JOIN x_jobs.outbox AS o ON o.id = h.id
+            WHERE o.state = 'pending'
+            ORDER BY h.n
             LIMIT relay_outbox.qty
-            FOR UPDATE SKIP LOCKED
+            FOR UPDATE OF o SKIP LOCKED
         ),
         lapsed AS (
             SELECT o.id, o.key, o.available_at

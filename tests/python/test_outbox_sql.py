@@ -579,6 +579,23 @@ def test_the_outbox_checker_rejects_a_scan_of_the_history(outbox_connect: Connec
     logger.info("the naive lookup: %s", problems)
 
 
+def test_relays_claiming_at_once_each_get_free_keys(conn: Conn, connect: Connect) -> None:
+    """Relays whose calls overlap pass over the heads the others hold and take the next free
+    ones. 0.3.7's first draft locked only the first 2 x qty heads its window found: the third
+    of three overlapping relays got nothing with six keys free."""
+    conn.execute(
+        "SELECT x_jobs.outbox_put_many(jsonb_agg(jsonb_build_object("
+        " 'topic', 'overlap', 'payload', '{}'::jsonb, 'key', 'k' || g) ORDER BY g))"
+        " FROM generate_series(1, 10) AS g"
+    )
+    relays = [connect(autocommit=False, name=f"overlap-{n}") for n in range(3)]
+    taken = [_relay_ids(relay, f"overlap-{n}", qty=2) for n, relay in enumerate(relays)]
+    for relay in relays:
+        relay.commit()
+    assert [len(ids) for ids in taken] == [2, 2, 2], taken
+    assert len({i for ids in taken for i in ids}) == 6
+
+
 BUSY_KEYS = 20
 #: Pending messages behind the message in flight of each busy key: none can go out.
 BEHIND = 250
