@@ -419,7 +419,7 @@ $$;
 -- topics this relay has sinks for (NULL: all).
 --
 -- Keyless messages are a seek of their own index, about `qty` entries. Keyed ones are looked
--- for among the oldest due keyed messages, up to ten times `qty` of them, without locks (each
+-- for among the oldest due keyed messages, 10 x `qty` + 100 of them, without locks (each
 -- a head or not by two seeks of outbox_key_idx); the heads found are then locked, skipping
 -- those another relay is taking. When that window is full of messages waiting behind their
 -- keys (a backlog on keys whose messages are in flight, or nacked with a backoff) and yields
@@ -494,7 +494,8 @@ BEGIN
                 pg_catalog.current_setting('transaction_isolation')),
             HINT = 'Call relay_outbox in its own READ COMMITTED transaction (autocommit).';
     END IF;
-    v_window := 10 * relay_outbox.qty;
+    -- Room for the heads other relays are taking at the same time, small calls included.
+    v_window := 10 * relay_outbox.qty + 100;
 
     -- The heads among the oldest due keyed messages, in order. Unlocked: the heads are locked
     -- below in this order, passing over those another relay holds.
