@@ -459,6 +459,11 @@ class App:
             raise NotInstalled(
                 "X_NOT_INSTALLED: x_jobs is not installed in this database", hint=NOT_INSTALLED_HINT
             ) from err
+        except psycopg.errors.InsufficientPrivilege as err:
+            # A login granted none of the x_jobs roles may not even use the schema.
+            if not conn.autocommit:
+                conn.rollback()
+            raise PermissionDenied.of(err) from err
         version = str(row[0]) if row else "?"
         if version not in SUPPORTED_VERSIONS:
             raise VersionUnsupported(

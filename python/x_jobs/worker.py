@@ -391,7 +391,9 @@ class Worker:
 
     def stop(self) -> None:
         """Drain: claim nothing more, hand back what has not started, let what runs finish
-        (within grace), hand back the rest. A second call stops at once."""
+        (within grace), hand back the rest (see ``run``). A second call stops at once: it hands
+        back every job still held, and the handlers still running run on beside whichever
+        worker takes their jobs next, unless the process ends with them."""
         self._stop_requests += 1
         self._wake.set()
 
@@ -600,8 +602,9 @@ class Worker:
                 del self._held[outcome.id]
                 self.metrics.settled(run.job.name, "suspended")
                 continue
-            if run.outlasted and not outcome.ok and not outcome.lost:
-                # Stopped by the drain: handed back, the attempt not counted, as a drain does.
+            if run.outlasted and not run.timed_out and not outcome.ok and not outcome.lost:
+                # Stopped by the drain: handed back, the attempt not counted, as a drain does. (A
+                # timeout that came first fails the attempt as timed out, as it would have.)
                 self._release([run])
                 continue
             if not self._pending:

@@ -91,6 +91,26 @@ def test_enqueue_by_a_login_of_no_x_jobs_role_raises_permission_denied(
     assert conn.execute("SELECT count(*) FROM x_jobs.job").fetchone() == (0,)
 
 
+def test_an_embedded_worker_of_a_login_of_no_x_jobs_role_raises_permission_denied(
+    admin: Conn, dsn: str
+) -> None:
+    """Refused at its first query, the version check, before its loop: that query raised the
+    driver's error, past the loop's translation."""
+    with login(admin) as role:
+        app = x_jobs.App(f"{dsn} user={role}")
+
+        @app.job(name="greet")
+        def greet(input: dict[str, Any]) -> None: ...
+
+        try:
+            with pytest.raises(x_jobs.PermissionDenied) as refused:
+                x_jobs.Worker(app).run(install_signals=False)
+        finally:
+            app.close()
+    assert refused.value.sqlstate == "42501"
+    assert isinstance(refused.value.__cause__, psycopg.errors.InsufficientPrivilege)
+
+
 def test_jobs_list_json_by_a_worker_login_prints_the_code(admin: Conn, dsn: str) -> None:
     with login(admin, "x_jobs_worker") as role:
         result = CliRunner().invoke(cli, ["jobs", "list", "--json", "--dsn", f"{dsn} user={role}"])

@@ -429,3 +429,35 @@ def test_an_embedded_drain_hands_back_a_job_whose_handler_stops_when_told_after_
         app.close()
     assert _job_row(conn, job_id) == ("ready", 0, None)
     assert errors_of(conn, job_id) == []
+
+
+def test_an_embedded_drain_fails_as_timed_out_a_handler_whose_timeout_comes_after_the_grace(
+    dsn: str, conn: Conn
+) -> None:
+    """A handler kept past the drain's grace is handed back if it fails; but if its timeout came
+    meanwhile, the attempt fails as timed out, as it would have without the drain (handed back,
+    a job that always times out would never use up its attempts)."""
+    app = x_jobs.App(dsn)
+    started = threading.Event()
+
+    @app.job(name="slow", queue="outlast", timeout=0.6)
+    def slow(input: dict[str, Any]) -> None:
+        started.set()
+        threading.Event().wait(1.5)  # deaf to ctx.cancelled, past both the grace and the timeout
+
+    job_id = slow.enqueue({}).id
+    worker = x_jobs.Worker(app, concurrency=1, poll_interval=0.05, grace=0.2)
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    thread.start()
+    try:
+        assert started.wait(SETTLE_SECONDS)
+        worker.stop()
+        thread.join(SETTLE_SECONDS)
+        assert not thread.is_alive()
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+        app.close()
+    state, attempt, _ = _job_row(conn, job_id)
+    assert (state, attempt) in {("delayed", 1), ("ready", 1)}
+    assert errors_of(conn, job_id) == [(1, "timed out after 0.6 s")]
