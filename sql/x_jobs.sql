@@ -2743,22 +2743,26 @@ $$;
 -- topics this relay has sinks for (NULL: all).
 --
 -- Keyless messages are a seek of their own index, about `qty` entries. Keyed ones are looked
--- for among the oldest due keyed messages, 10 x `qty` + 100 of them, without locks (each
--- a head or not by two seeks of outbox_key_idx); the heads found are then locked, skipping
--- those another relay is taking. When that window is full of messages waiting behind their
--- keys (a backlog on keys whose messages are in flight, or nacked with a backoff) and yields
--- fewer than `qty`, the relay visits every key with undelivered messages instead, one seek
--- each, and takes the oldest of their heads: until 0.3.7 it walked the whole backlog, and with every key busy
--- a call read 500,000 pending messages to answer none (5-6 s, measured 2026-11-30). So a call
--- costs about `qty` entries when heads are at hand, and a seek per busy key at worst.
+-- for among the oldest due keyed messages, 10 x `qty` + 100 of them, without locks (each a
+-- head or not by two seeks of outbox_key_idx); the heads found are then locked in order,
+-- skipping those another relay is taking. When that window is full of messages waiting behind
+-- their keys (a backlog on keys whose messages are in flight, or nacked with a backoff) and
+-- yields fewer than `qty`, the relay visits every key with undelivered messages instead, one
+-- seek each, and takes the oldest of their heads. Until 0.3.7 it walked the whole backlog: with
+-- every key busy, a call read 500,000 pending messages to answer none (5-6 s, measured
+-- 2026-11-30). So a call costs about `qty` entries when heads are at hand, and a seek per busy
+-- key at worst.
 --
 -- The two checks of a message's key are lateral subqueries with LIMIT 1, which the planner runs
 -- per message as a seek of outbox_key_idx. As NOT EXISTS it made them anti-joins and, with
 -- statistics that saw few pending messages, compared every message of the window with every
 -- pending one: cheap on the table it planned for, quadratic on the backlog the plan is kept
--- for. "In flight" is spelt `state > 'pending'` beside the index's predicate (enum order: of
--- the two, only inflight is above pending), since `state = 'inflight'` matches the predicate
--- of outbox_inflight_idx, which the planner then read whole per message.
+-- for. "Earlier" is a row comparison on (state, id), which only that index can seek: as
+-- `e.id < w.id` the planner may walk the primary key up to the message instead, the delivered
+-- history too (it did, in a test with few keys). "In flight" is spelt `state > 'pending'`
+-- beside the index's predicate (enum order: of the two, only inflight is above pending), since
+-- `state = 'inflight'` matches the predicate of outbox_inflight_idx, which the planner then read
+-- whole per message.
 --
 -- The keys of the picked messages are then locked and checked again under a fresh snapshot:
 -- two relays claiming at once cannot both take a message of one key, whatever order the
@@ -2835,7 +2839,7 @@ BEGIN
         ) AS w
         LEFT JOIN LATERAL (
             SELECT e.id FROM x_jobs.outbox AS e
-            WHERE e.key = w.key AND e.state = 'pending' AND e.id < w.id
+            WHERE e.key = w.key AND e.state = 'pending' AND (e.state, e.id) < ('pending'::x_jobs.outbox_state, w.id)
                 AND e.key IS NOT NULL AND e.state IN ('pending', 'inflight')
             LIMIT 1
         ) AS earlier ON TRUE
@@ -2961,7 +2965,7 @@ BEGIN
             FROM x_jobs.outbox AS o
             LEFT JOIN LATERAL (
                 SELECT e.id FROM x_jobs.outbox AS e
-                WHERE e.key = o.key AND e.state = 'pending' AND e.id < o.id
+                WHERE e.key = o.key AND e.state = 'pending' AND (e.state, e.id) < ('pending'::x_jobs.outbox_state, o.id)
                     AND e.key IS NOT NULL AND e.state IN ('pending', 'inflight')
                 LIMIT 1
             ) AS earlier ON TRUE
