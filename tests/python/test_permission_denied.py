@@ -43,6 +43,16 @@ def login(admin: Conn, *roles: str) -> Iterator[str]:
         admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
+def greeting_app(dsn: str) -> x_jobs.App:
+    """An App of one job, "greet", that does nothing."""
+    app = x_jobs.App(dsn)
+
+    @app.job(name="greet")
+    def greet(input: dict[str, Any]) -> None: ...
+
+    return app
+
+
 def test_a_worker_run_by_a_producer_login_says_which_role_it_lacks(
     admin: Conn, dsn: str, conn: Conn
 ) -> None:
@@ -71,14 +81,10 @@ def test_enqueue_by_a_login_of_no_x_jobs_role_raises_permission_denied(
     admin: Conn, dsn: str, conn: Conn
 ) -> None:
     with login(admin) as role:
-        app = x_jobs.App(f"{dsn} user={role}")
-
-        @app.job(name="greet")
-        def greet(input: dict[str, Any]) -> None: ...
-
+        app = greeting_app(f"{dsn} user={role}")
         try:
             with pytest.raises(x_jobs.PermissionDenied) as refused:
-                app.enqueue(greet, {"who": "ada"})
+                app.enqueue("greet", {"who": "ada"})
         finally:
             app.close()
     err = refused.value
@@ -97,11 +103,7 @@ def test_an_embedded_worker_of_a_login_of_no_x_jobs_role_raises_permission_denie
     """Refused at its first query, the version check, before its loop: that query raised the
     driver's error, past the loop's translation."""
     with login(admin) as role:
-        app = x_jobs.App(f"{dsn} user={role}")
-
-        @app.job(name="greet")
-        def greet(input: dict[str, Any]) -> None: ...
-
+        app = greeting_app(f"{dsn} user={role}")
         try:
             with pytest.raises(x_jobs.PermissionDenied) as refused:
                 x_jobs.Worker(app).run(install_signals=False)

@@ -400,6 +400,23 @@ def test_an_embedded_drain_keeps_a_job_whose_handler_outlives_the_grace(
     assert _job_row(conn, job_id) == ("done", 1, worker.worker_id)
 
 
+def drain_once_started(app: x_jobs.App, started: threading.Event) -> None:
+    """Run an embedded worker (grace 0.2 s), stop it once its one job has started, and wait
+    for run() to return; fail if it does not within SETTLE_SECONDS."""
+    worker = x_jobs.Worker(app, concurrency=1, poll_interval=0.05, grace=0.2)
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    thread.start()
+    try:
+        assert started.wait(SETTLE_SECONDS)
+        worker.stop()
+        thread.join(SETTLE_SECONDS)
+        assert not thread.is_alive()
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+        app.close()
+
+
 def test_an_embedded_drain_hands_back_a_job_whose_handler_stops_when_told_after_the_grace(
     dsn: str, conn: Conn
 ) -> None:
@@ -415,18 +432,7 @@ def test_an_embedded_drain_hands_back_a_job_whose_handler_stops_when_told_after_
         ctx.raise_if_cancelled()
 
     job_id = polite.enqueue({}).id
-    worker = x_jobs.Worker(app, concurrency=1, poll_interval=0.05, grace=0.2)
-    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
-    thread.start()
-    try:
-        assert started.wait(SETTLE_SECONDS)
-        worker.stop()
-        thread.join(SETTLE_SECONDS)
-        assert not thread.is_alive()
-    finally:
-        worker.stop()
-        thread.join(timeout=30)
-        app.close()
+    drain_once_started(app, started)
     assert _job_row(conn, job_id) == ("ready", 0, None)
     assert errors_of(conn, job_id) == []
 
@@ -446,18 +452,7 @@ def test_an_embedded_drain_fails_as_timed_out_a_handler_whose_timeout_comes_afte
         threading.Event().wait(1.5)  # deaf to ctx.cancelled, past both the grace and the timeout
 
     job_id = slow.enqueue({}).id
-    worker = x_jobs.Worker(app, concurrency=1, poll_interval=0.05, grace=0.2)
-    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
-    thread.start()
-    try:
-        assert started.wait(SETTLE_SECONDS)
-        worker.stop()
-        thread.join(SETTLE_SECONDS)
-        assert not thread.is_alive()
-    finally:
-        worker.stop()
-        thread.join(timeout=30)
-        app.close()
+    drain_once_started(app, started)
     state, attempt, _ = _job_row(conn, job_id)
     assert (state, attempt) in {("delayed", 1), ("ready", 1)}
     assert errors_of(conn, job_id) == [(1, "timed out after 0.6 s")]
