@@ -17,12 +17,20 @@ from x_jobs.app import App, Concurrency, Enqueued, Job, Retry
 from x_jobs.errors import JobFailed, PermissionDenied, ResultTimeout, XJobsError, translate
 from x_jobs.outbox import DeliveryError, OutboxMessage
 from x_jobs.steps import AsyncSteps, Steps, StepTimeout
-from x_jobs.worker import AsyncJobContext, JobCancelled, JobContext, PermanentError, Worker
+from x_jobs.worker import (
+    AsyncJobContext,
+    CancelEvent,
+    JobCancelled,
+    JobContext,
+    PermanentError,
+    Worker,
+)
 
 __all__ = [
     "App",
     "AsyncJobContext",
     "AsyncSteps",
+    "CancelEvent",
     "Concurrency",
     "DeliveryError",
     "Enqueued",
