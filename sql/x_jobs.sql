@@ -2743,12 +2743,12 @@ $$;
 -- topics this relay has sinks for (NULL: all).
 --
 -- Keyless messages are a seek of their own index, about `qty` entries. Keyed ones are looked
--- for among the oldest due keyed messages, 10 x `qty` + 100 of them, without locks (each a
--- head or not by two seeks of outbox_key_idx); the heads found are then locked in order,
--- skipping those another relay is taking. When that window is full of messages waiting behind
--- their keys (a backlog on keys whose messages are in flight, or nacked with a backoff) and
--- yields fewer than `qty`, the relay visits every key with undelivered messages instead, one
--- seek each, and takes the oldest of their heads. Until 0.3.7 it walked the whole backlog: with
+-- for among the oldest due keyed messages, at most 10 x `qty` + 100 of them, each a head or
+-- not by two seeks of outbox_key_idx, and locked as found, skipping those another relay holds,
+-- until `qty` are held. When that window is full of messages waiting behind their keys (a
+-- backlog on keys whose messages are in flight, or nacked with a backoff) and yields fewer
+-- than `qty`, the relay visits every key with undelivered messages instead, one seek each, and
+-- takes the oldest of their heads. Until 0.3.7 it walked the whole backlog: with
 -- every key busy, a call read 500,000 pending messages to answer none (5-6 s, measured
 -- 2026-11-30). So a call costs about `qty` entries when heads are at hand, and a seek per busy
 -- key at worst.
@@ -2788,6 +2788,12 @@ SET jit = off
 -- a bitmap scan of every pending message and a sort: 80 ms a call at 10,000 pending against
 -- 3 ms for the ordered index walk (measured 2026-11-29). The walk is right at any size.
 SET enable_bitmapscan = off
+-- Every statement here is a walk of an index and seeks from it, and the window's heads are
+-- locked as they come, in order, only as many as wanted. A generic plan costs the window as
+-- 10,000 rows, and joined it to the outbox with a hash of the whole table (a sequential scan of
+-- 300,000 messages a call, 110-150 ms against 5).
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -2795,6 +2801,7 @@ DECLARE
     v_window integer;
     v_window_full boolean;
     v_heads bigint[];
+    v_more bigint[];
     v_picked bigint[];
     v_keys text[];
     v_lapsed boolean;
@@ -2826,18 +2833,20 @@ BEGIN
     -- Room for the heads other relays are taking at the same time, small calls included.
     v_window := 10 * relay_outbox.qty + 100;
 
-    -- The heads among the oldest due keyed messages, in order. Unlocked: the heads are locked
-    -- below in this order, passing over those another relay holds.
+    -- The heads among the oldest due keyed messages, locked in order as they are found, passing
+    -- over those another relay holds, until qty are held: the window is read as far as that
+    -- takes, so relays calling at once take different heads.
     v_heads := ARRAY(
-        SELECT w.id
+        SELECT o.id
         FROM (
-            SELECT o.id, o.key, o.topic, o.available_at
-            FROM x_jobs.outbox AS o
-            WHERE o.state = 'pending' AND o.key IS NOT NULL
-                AND o.available_at <= v_now
-            ORDER BY o.available_at, o.id
+            SELECT d.id, d.key, d.topic, d.available_at
+            FROM x_jobs.outbox AS d
+            WHERE d.state = 'pending' AND d.key IS NOT NULL
+                AND d.available_at <= v_now
+            ORDER BY d.available_at, d.id
             LIMIT v_window
         ) AS w
+        INNER JOIN x_jobs.outbox AS o ON o.id = w.id
         LEFT JOIN LATERAL (
             SELECT e.id FROM x_jobs.outbox AS e
             WHERE e.key = w.key AND e.state = 'pending' AND e.id < w.id
@@ -2853,7 +2862,10 @@ BEGIN
         WHERE (relay_outbox.topics IS NULL OR w.topic = ANY (relay_outbox.topics))
             AND earlier.id IS NULL
             AND out.id IS NULL
+            AND o.state = 'pending'
         ORDER BY w.available_at, w.id
+        LIMIT relay_outbox.qty
+        FOR UPDATE OF o SKIP LOCKED
     );
     v_window_full := pg_catalog.cardinality(v_heads) < relay_outbox.qty AND v_window = (
         SELECT pg_catalog.count(*)
@@ -2870,7 +2882,7 @@ BEGIN
         -- The window is mostly messages waiting behind their keys: visit the keys instead, a
         -- seek of outbox_key_idx from one key to the first entry of the next. That entry is the
         -- key's lowest pending message (its head), or one in flight when none is pending.
-        v_heads := ARRAY(
+        v_more := ARRAY(
             WITH RECURSIVE heads AS (
                 (
                     SELECT o.key, o.state, o.id, o.topic, o.available_at FROM x_jobs.outbox AS o
@@ -2903,6 +2915,16 @@ BEGIN
             ORDER BY h.available_at, h.id
             LIMIT v_window
         );
+        -- Locked as the window's heads are, in order, to make up qty.
+        v_heads := v_heads || ARRAY(
+            SELECT o.id
+            FROM unnest(v_more) WITH ORDINALITY AS h (id, n)
+            INNER JOIN x_jobs.outbox AS o ON o.id = h.id
+            WHERE o.state = 'pending' AND o.id <> ALL (v_heads)
+            ORDER BY h.n
+            LIMIT relay_outbox.qty - pg_catalog.cardinality(v_heads)
+            FOR UPDATE OF o SKIP LOCKED
+        );
     END IF;
 
     SELECT coalesce(pg_catalog.array_agg(p.id), '{}'),
@@ -2920,17 +2942,11 @@ BEGIN
             LIMIT relay_outbox.qty
             FOR UPDATE SKIP LOCKED
         ),
-        -- In the heads' order, locked one by one until qty are held: every head the window
-        -- found is a candidate, so that relays calling at once take different ones. (Until
-        -- the row is locked it may have gone out meanwhile: it is checked again as it is.)
+        -- Locked above already.
         keyed AS (
             SELECT o.id, o.key, o.available_at
-            FROM unnest(v_heads) WITH ORDINALITY AS h (id, n)
-            INNER JOIN x_jobs.outbox AS o ON o.id = h.id
-            WHERE o.state = 'pending'
-            ORDER BY h.n
-            LIMIT relay_outbox.qty
-            FOR UPDATE OF o SKIP LOCKED
+            FROM x_jobs.outbox AS o
+            WHERE o.id = ANY (v_heads)
         ),
         lapsed AS (
             SELECT o.id, o.key, o.available_at

@@ -741,10 +741,10 @@ SELECT is_empty(
 -- The other settings a function pins: the two claim queries (claim, relay_outbox) keep their
 -- generic plan (the same seeks, without re-planning every call) and never compile it with JIT
 -- (the generic plan's LIMIT is costed above the JIT thresholds on a big table); relay_outbox
--- walks its index in order even before the outbox has statistics (no bitmap scan and sort);
--- the settling functions that take a batch of ids seek each id whatever the batch's size, and
--- lock the rows in id order (index plans only, 0.3.4); list_jobs plans each call for its queue
--- and before_id.
+-- walks its index in order even before the outbox has statistics (no bitmap scan and sort),
+-- and joins by seeks only, locking its window's heads as it finds them (0.3.7); the settling
+-- functions that take a batch of ids seek each id whatever the batch's size, and lock the rows
+-- in id order (index plans only, 0.3.4); list_jobs plans each call for its values (0.3.7).
 SELECT set_eq(
     $$
     SELECT p.proname::text COLLATE "default", s.setting
@@ -759,6 +759,8 @@ SELECT set_eq(
         ('relay_outbox', 'plan_cache_mode=force_generic_plan'),
         ('relay_outbox', 'jit=off'),
         ('relay_outbox', 'enable_bitmapscan=off'),
+        ('relay_outbox', 'enable_hashjoin=off'),
+        ('relay_outbox', 'enable_mergejoin=off'),
         ('complete_many', 'plan_cache_mode=force_generic_plan'),
         ('complete_many', 'enable_seqscan=off'),
         ('extend_lease', 'plan_cache_mode=force_generic_plan'),
