@@ -54,9 +54,10 @@ logger = logging.getLogger(__name__)
 #: infinite or past the year 9999 (which this client cannot send); 0.3.6 takes producers' rights
 #: on the tables (enqueue and the outbox run as their owner) and adds x_jobs.result, which
 #: ``App.result`` reads through from 0.3.6 on (a producer may no longer read x_jobs.job); 0.3.7
-#: changed relay_outbox and the operator's reads inside, and indexes, not what they take.
+#: changed relay_outbox and the operator's reads inside, and indexes, not what they take; 0.3.8
+#: changed how claim finds rows of concurrency keys, and indexes.
 SUPPORTED_VERSIONS = frozenset(
-    {"0.3.0", "0.3.1", "0.3.2", "0.3.3", "0.3.4", "0.3.5", "0.3.6", "0.3.7"}
+    {"0.3.0", "0.3.1", "0.3.2", "0.3.3", "0.3.4", "0.3.5", "0.3.6", "0.3.7", "0.3.8"}
 )
 
 I = TypeVar("I")  # noqa: E741 - the input type, as in Job[I]

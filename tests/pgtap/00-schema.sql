@@ -456,16 +456,18 @@ SELECT results_eq(
     'The request and result types should have the documented fields, in order'
 );
 
--- Indexes of x_jobs.job: the claim's three arms, the live-key uniqueness, the concurrency count,
--- the waiting keyed rows (queue_demand) and the rows that ended badly (list_jobs).
+-- Indexes of x_jobs.job: the claim's three arms and their keyed windows, the live-key
+-- uniqueness, the concurrency count, the waiting keyed rows by key (queue_demand, the claim's
+-- visit of keys) and the rows that ended badly (list_jobs).
 SELECT indexes_are(
     'x_jobs', 'job',
     ARRAY[
-        'job_pkey', 'job_ready_idx', 'job_waiting_idx', 'job_running_idx',
-        'job_idempotency_key_idx', 'job_concurrency_idx', 'job_keyed_idx', 'job_ended_idx'
+        'job_pkey', 'job_ready_idx', 'job_waiting_idx', 'job_running_idx', 'job_ready_keyed_idx',
+        'job_waiting_keyed_idx', 'job_idempotency_key_idx', 'job_concurrency_idx', 'job_keyed_idx',
+        'job_ended_idx'
     ],
-    'x_jobs.job should have exactly its primary key, the three claim arms, the live-key, the concurrency, '
-    'the keyed and the ended indexes'
+    'x_jobs.job should have exactly its primary key, the three claim arms, the keyed windows, the live-key, '
+    'the concurrency, the keyed and the ended indexes'
 );
 
 -- The claim, queue_demand and list_jobs repeat these predicates word for word (a partial index is
@@ -499,13 +501,23 @@ SELECT results_eq(
          'CREATE UNIQUE INDEX job_pkey ON x_jobs.job USING btree (id)'),
         ('x_jobs.job_ready_idx',
          'CREATE INDEX job_ready_idx ON x_jobs.job USING btree (queue, priority, run_at, id) '
-         'WHERE (state = ''ready''::x_jobs.job_state)'),
+         'WHERE ((state = ''ready''::x_jobs.job_state) AND (concurrency_key IS NULL))'),
+        ('x_jobs.job_ready_keyed_idx',
+         'CREATE INDEX job_ready_keyed_idx ON x_jobs.job USING btree (queue, priority, run_at, id) '
+         'INCLUDE (concurrency_key, concurrency_limit) '
+         'WHERE ((state = ''ready''::x_jobs.job_state) AND (concurrency_key IS NOT NULL))'),
         ('x_jobs.job_running_idx',
          'CREATE INDEX job_running_idx ON x_jobs.job USING btree (queue, visible_at, id) '
          'WHERE (state = ''running''::x_jobs.job_state)'),
         ('x_jobs.job_waiting_idx',
          'CREATE INDEX job_waiting_idx ON x_jobs.job USING btree (queue, run_at, id) '
-         'WHERE (state = ANY (ARRAY[''delayed''::x_jobs.job_state, ''suspended''::x_jobs.job_state]))')
+         'WHERE ((state = ANY (ARRAY[''delayed''::x_jobs.job_state, ''suspended''::x_jobs.job_state])) '
+         'AND (concurrency_key IS NULL))'),
+        ('x_jobs.job_waiting_keyed_idx',
+         'CREATE INDEX job_waiting_keyed_idx ON x_jobs.job USING btree (queue, run_at, id) '
+         'INCLUDE (priority, concurrency_key, concurrency_limit) '
+         'WHERE ((state = ANY (ARRAY[''delayed''::x_jobs.job_state, ''suspended''::x_jobs.job_state])) '
+         'AND (concurrency_key IS NOT NULL))')
     $$,
     'Each index of x_jobs.job should have its documented columns, uniqueness and partial predicate'
 );
@@ -744,7 +756,8 @@ SELECT is_empty(
 -- walks its index in order even before the outbox has statistics (no bitmap scan and sort),
 -- and joins by seeks only, locking its window's heads as it finds them (0.3.7); the settling
 -- functions that take a batch of ids seek each id whatever the batch's size, and lock the rows
--- in id order (index plans only, 0.3.4); list_jobs plans each call for its values (0.3.7).
+-- in id order (index plans only, 0.3.4); list_jobs plans each call for its values (0.3.7); claim
+-- joins by seeks only too (its keyed windows, 0.3.8).
 SELECT set_eq(
     $$
     SELECT p.proname::text COLLATE "default", s.setting
@@ -756,6 +769,8 @@ SELECT set_eq(
     VALUES
         ('claim', 'plan_cache_mode=force_generic_plan'),
         ('claim', 'jit=off'),
+        ('claim', 'enable_hashjoin=off'),
+        ('claim', 'enable_mergejoin=off'),
         ('relay_outbox', 'plan_cache_mode=force_generic_plan'),
         ('relay_outbox', 'jit=off'),
         ('relay_outbox', 'enable_bitmapscan=off'),
