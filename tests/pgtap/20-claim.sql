@@ -31,7 +31,7 @@ COMMIT;
 
 RESET default_transaction_isolation;
 BEGIN;
-SELECT plan(66);
+SELECT plan(70);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:00:00+00';
 
@@ -641,6 +641,66 @@ SELECT set_eq(
     $$ SELECT c.name FROM x_jobs.claim(ARRAY['conc4'], 'conc-worker', '1 minute', 2) AS c $$,
     ARRAY['conc4_keyed_1', 'conc4_plain'],
     'A slot a key denies inside a claim should go to the next row: qty 2 should take one keyed and the unkeyed row'
+);
+
+-- A key backed up past the claim's window: a claim of 3 reads the oldest 10 x 3 + 100 keyed rows
+-- of the queue, all of one key at its limit here, and must visit the keys to find the row of
+-- another key behind them (and only one of it: its limit is 1), besides the unkeyed row.
+CREATE TEMP TABLE conc5_job AS
+SELECT e.* FROM x_jobs.enqueue('conc5_head', queue => 'conc5', concurrency_key => 'conc5-full') AS e;
+SELECT is(
+    (SELECT c.name FROM x_jobs.claim(ARRAY['conc5'], 'conc-worker', '1 minute', 1) AS c),
+    'conc5_head',
+    'The first row of the full key should be claimed (setup)'
+);
+SELECT count(*) FROM x_jobs.enqueue_many((
+    SELECT jsonb_agg(jsonb_build_object('name', 'conc5_backlog', 'queue', 'conc5', 'concurrency_key', 'conc5-full'))
+    FROM generate_series(1, 150)
+));
+INSERT INTO conc5_job
+SELECT e.* FROM x_jobs.enqueue('conc5_other_1', queue => 'conc5', concurrency_key => 'conc5-free') AS e
+UNION ALL
+SELECT e.* FROM x_jobs.enqueue('conc5_other_2', queue => 'conc5', concurrency_key => 'conc5-free') AS e
+UNION ALL
+SELECT e.* FROM x_jobs.enqueue('conc5_plain', queue => 'conc5') AS e
+UNION ALL
+SELECT e.* FROM x_jobs.enqueue('conc5_away', queue => 'conc5-away', concurrency_key => 'conc5-away') AS e;
+
+SELECT results_eq(
+    $$ SELECT c.name FROM x_jobs.claim(ARRAY['conc5'], 'conc-worker', '1 minute', 3) AS c ORDER BY c.name $$,
+    $$ VALUES ('conc5_other_1'), ('conc5_plain') $$,
+    'Behind a window full of a key at its limit, a claim should find the first row of a key with room '
+    '(one, as its limit says) and the unkeyed row, and no row of another queue'
+);
+
+-- The same for delayed rows come due (the waiting arm), behind as many due rows of a full key.
+CREATE TEMP TABLE conc6_job AS
+SELECT e.* FROM x_jobs.enqueue('conc6_head', queue => 'conc6', concurrency_key => 'conc6-full') AS e;
+SELECT is(
+    (SELECT c.name FROM x_jobs.claim(ARRAY['conc6'], 'conc-worker', '1 minute', 1) AS c),
+    'conc6_head',
+    'The first row of the full key should be claimed (setup)'
+);
+SELECT count(*) FROM x_jobs.enqueue_many((
+    SELECT jsonb_agg(jsonb_build_object(
+        'name', 'conc6_backlog', 'queue', 'conc6', 'concurrency_key', 'conc6-full',
+        'run_at', '2030-01-01 12:30:00+00'
+    ))
+    FROM generate_series(1, 150)
+));
+INSERT INTO conc6_job
+SELECT e.* FROM x_jobs.enqueue('conc6_other', queue => 'conc6', concurrency_key => 'conc6-free',
+    run_at => '2030-01-01 12:31:00+00') AS e
+UNION ALL
+SELECT e.* FROM x_jobs.enqueue('conc6_plain', queue => 'conc6', run_at => '2030-01-01 12:32:00+00') AS e;
+-- Due an hour ago, still delayed: what a claim sees once time has passed and no claim ran.
+UPDATE x_jobs.job SET run_at = run_at - interval '1 hour' WHERE queue = 'conc6' AND state = 'delayed';
+
+SELECT results_eq(
+    $$ SELECT c.name FROM x_jobs.claim(ARRAY['conc6'], 'conc-worker', '1 minute', 3) AS c ORDER BY c.name $$,
+    $$ VALUES ('conc6_other'), ('conc6_plain') $$,
+    'Behind due delayed rows of a key at its limit, a claim should find the due rows of a key with room and '
+    'the unkeyed one'
 );
 
 -- Refusals -------------------------------------------------------------------------------------------
