@@ -208,12 +208,14 @@ WHERE idempotency_key IS NOT NULL AND state IN ('ready', 'delayed', 'suspended',
 CREATE INDEX job_concurrency_idx ON x_jobs.job (concurrency_key)
 WHERE concurrency_key IS NOT NULL AND state = 'running';
 
--- The due rows of each concurrency key in the claim's grant order, with what queue_demand reads
--- of them, so that it ranks only keyed rows, without the heap; a claim whose windows are full
--- of keys without room visits the keys here. Only keyed live rows that wait are in it: a row
--- without a key never enters it, and a claimed one leaves it.
-CREATE INDEX job_keyed_idx ON x_jobs.job (concurrency_key, priority, run_at, id)
-INCLUDE (queue, concurrency_limit)
+-- The due rows of each concurrency key, per queue in the claim's grant order, with what
+-- queue_demand reads of them, so that it ranks only keyed rows, without the heap. A claim whose
+-- windows are full of keys without room visits the keys here, and seeks the first rows of a key
+-- with room in each of its queues (0.3.8: by key alone, it stepped over the key's rows in other
+-- queues). Only keyed live rows that wait are in it: a row without a key never enters it, and a
+-- claimed one leaves it.
+CREATE INDEX job_keyed_idx ON x_jobs.job (concurrency_key, queue, priority, run_at, id)
+INCLUDE (concurrency_limit)
 WHERE concurrency_key IS NOT NULL AND state IN ('ready', 'delayed', 'suspended');
 
 -- The rows that ended badly, for list_jobs to page newest first: few beside the done ones, and
@@ -1390,8 +1392,9 @@ BEGIN
         IF v_window_full AND pg_catalog.cardinality(v_found) < v_want THEN
             -- The windows are mostly rows of keys without room: visit the keys instead, a seek of
             -- job_keyed_idx from one key to the first entry of the next, and of a key with room
-            -- take its first due rows in these queues, as many as its room (by the limit its
-            -- first row carries; the grant below counts each row's own). Locked in claim order.
+            -- take its first due rows in each of these queues, as many as its room (by the limit
+            -- its first row carries; the grant below counts each row's own), a seek per queue.
+            -- Locked in claim order.
             v_found := v_found || ARRAY(
                 WITH RECURSIVE keys AS (
                     (
@@ -1399,7 +1402,7 @@ BEGIN
                         FROM x_jobs.job AS j
                         WHERE j.concurrency_key IS NOT NULL
                             AND j.state IN ('ready', 'delayed', 'suspended')
-                        ORDER BY j.concurrency_key, j.priority, j.run_at, j.id
+                        ORDER BY j.concurrency_key, j.queue, j.priority, j.run_at, j.id
                         LIMIT 1
                     )
                     UNION ALL
@@ -1411,7 +1414,7 @@ BEGIN
                         WHERE j.concurrency_key > k.key
                             AND j.concurrency_key IS NOT NULL
                             AND j.state IN ('ready', 'delayed', 'suspended')
-                        ORDER BY j.concurrency_key, j.priority, j.run_at, j.id
+                        ORDER BY j.concurrency_key, j.queue, j.priority, j.run_at, j.id
                         LIMIT 1
                     ) AS n
                 ),
@@ -1422,13 +1425,14 @@ BEGIN
                         SELECT count(*) AS running FROM x_jobs.job AS h
                         WHERE h.concurrency_key = k.key AND h.state = 'running'
                     ) AS b
+                    CROSS JOIN unnest(v_queues) AS o (queue)
                     CROSS JOIN LATERAL (
                         SELECT e.id, e.priority, e.run_at
                         FROM x_jobs.job AS e
                         WHERE e.concurrency_key = k.key
+                            AND e.queue = o.queue
                             AND e.concurrency_key IS NOT NULL
                             AND e.state IN ('ready', 'delayed', 'suspended')
-                            AND e.queue = ANY (v_queues)
                             AND e.run_at <= v_now
                             AND e.id <> ALL (v_seen)
                             AND e.id <> ALL (v_found)
@@ -3825,9 +3829,10 @@ $$;
 --
 -- It COUNTS OFF THE INDEXES. Due and lapsed rows are counted per queue by index-only scans of
 -- the claim's arm indexes, in their queue order (no sort, no heap), and a pause drops a queue's
--- counts, not its rows one by one. Keyed rows alone are ranked, read in rank order from
--- job_keyed_idx, and count what their keys grant (the plain counts hold no keyed row since the
--- claim's keyed rows got indexes of their own in 0.3.8). The rows a
+-- counts, not its rows one by one. Keyed rows alone are ranked, read key by key from
+-- job_keyed_idx (and sorted within a key whose rows are in several queues), and count what
+-- their keys grant (the plain counts hold no keyed row since the claim's keyed rows got indexes
+-- of their own in 0.3.8). The rows a
 -- lease holds need claimed_by from the heap only while a live worker drains. Until 0.3.7 one
 -- CTE of every due row was materialised, fetched from the heap and sorted: at 100k ready rows
 -- over 50 queues 183 ms against 24 now, at 500k 1.0 s against 0.18 (measured 2026-11-30, pages

@@ -494,8 +494,8 @@ SELECT results_eq(
          'WHERE ((idempotency_key IS NOT NULL) AND (state = ANY (ARRAY[''ready''::x_jobs.job_state, '
          '''delayed''::x_jobs.job_state, ''suspended''::x_jobs.job_state, ''running''::x_jobs.job_state])))'),
         ('x_jobs.job_keyed_idx',
-         'CREATE INDEX job_keyed_idx ON x_jobs.job USING btree (concurrency_key, priority, run_at, id) '
-         'INCLUDE (queue, concurrency_limit) WHERE ((concurrency_key IS NOT NULL) AND (state = ANY '
+         'CREATE INDEX job_keyed_idx ON x_jobs.job USING btree (concurrency_key, queue, priority, run_at, id) '
+         'INCLUDE (concurrency_limit) WHERE ((concurrency_key IS NOT NULL) AND (state = ANY '
          '(ARRAY[''ready''::x_jobs.job_state, ''delayed''::x_jobs.job_state, ''suspended''::x_jobs.job_state])))'),
         ('x_jobs.job_pkey',
          'CREATE UNIQUE INDEX job_pkey ON x_jobs.job USING btree (id)'),
