@@ -1351,35 +1351,29 @@ BEGIN
                    ) AS rank
             FROM win AS w
             WHERE w.id <> ALL (v_seen)
-        ),
-        -- A key's running rows are counted once, at its first row, and handed to the others.
-        roomed AS (
-            SELECT r.id, r.priority, r.run_at, r.rank,
-                   r.concurrency_limit - pg_catalog.max(r.running) OVER (
-                       PARTITION BY r.concurrency_key
-                   ) AS room
-            FROM (
-                SELECT q.*,
-                       CASE WHEN q.rank = 1 THEN (
-                           SELECT count(*) FROM x_jobs.job AS h
-                           WHERE h.concurrency_key = q.concurrency_key AND h.state = 'running'
-                       ) END AS running
-                FROM ranked AS q
-            ) AS r
         )
         SELECT coalesce((
                    SELECT pg_catalog.array_agg(t.id)
                    FROM (
                        SELECT l.id
-                       FROM roomed AS r
+                       FROM (
+                           SELECT r.* FROM ranked AS r
+                           WHERE r.rank <= r.concurrency_limit
+                           ORDER BY r.priority, r.run_at, r.id
+                       ) AS r
+                       -- The key's running rows are counted here, for the rows reached in claim
+                       -- order only: counted in the window they cost a seek per key in it.
                        CROSS JOIN LATERAL (
                            SELECT j.id FROM x_jobs.job AS j
                            WHERE j.id = r.id
                                AND j.state IN ('ready', 'delayed', 'suspended')
                                AND j.run_at <= v_now
+                               AND r.rank <= r.concurrency_limit - (
+                                   SELECT count(*) FROM x_jobs.job AS h
+                                   WHERE h.concurrency_key = r.concurrency_key AND h.state = 'running'
+                               )
                            FOR UPDATE SKIP LOCKED
                        ) AS l
-                       WHERE r.rank <= r.room
                        ORDER BY r.priority, r.run_at, r.id
                        LIMIT v_want
                    ) AS t
