@@ -2928,9 +2928,9 @@ $$;
 --
 -- The keys of the picked messages are then locked and checked again under a fresh snapshot:
 -- two relays claiming at once cannot both take a message of one key, whatever order the
--- producers committed in. A message of a key whose check fails stays locked, unclaimed, until
--- the call ends. Answers the messages in the order to deliver them, with the attempt this
--- delivery is.
+-- producers committed in; a key whose lock another session holds is left to a later call. A
+-- message of a key whose check fails stays locked, unclaimed, until the call ends. Answers the
+-- messages in the order to deliver them, with the attempt this delivery is.
 -- SECURITY DEFINER: workers hold no right to write the tables (see Grants).
 CREATE FUNCTION x_jobs.relay_outbox(
     relay text,
@@ -2965,6 +2965,7 @@ DECLARE
     v_more bigint[];
     v_picked bigint[];
     v_keys text[];
+    v_busy_keys text[];
     v_lapsed boolean;
 BEGIN
     IF relay_outbox.relay IS NULL OR relay_outbox.relay = '' THEN
@@ -3131,12 +3132,17 @@ BEGIN
 
     IF pg_catalog.cardinality(v_keys) > 0 THEN
         -- A relay whose snapshot predates another relay's claim of the same key could see that
-        -- key free (two producers on one key, the lower id committing last). So: lock the keys,
-        -- in key order (no deadlock), and check them again in a statement whose snapshot comes
-        -- after the locks, which sees every claim of these keys that held them before.
-        PERFORM pg_catalog.pg_advisory_xact_lock(2024061705, pg_catalog.hashtext(k.key))
-        FROM unnest(v_keys) AS k (key)
-        ORDER BY k.key;
+        -- key free (two producers on one key, the lower id committing last). So: lock the keys
+        -- and check them again in a statement whose snapshot comes after the locks, which sees
+        -- every claim of these keys that held them before. It only tries, and leaves a key it
+        -- cannot have now to a later call, as claim does: until 0.3.8 it waited, so that one
+        -- session holding a key's lock (any login may take advisory locks) stalled every relay
+        -- call, keyless messages and other keys included.
+        v_busy_keys := ARRAY(
+            SELECT k.key
+            FROM unnest(v_keys) AS k (key)
+            WHERE NOT pg_catalog.pg_try_advisory_xact_lock(2024061705, pg_catalog.hashtext(k.key))
+        );
 
         v_picked := ARRAY(
             SELECT o.id
@@ -3154,6 +3160,7 @@ BEGIN
                 LIMIT 1
             ) AS out ON TRUE
             WHERE o.id = ANY (v_picked)
+                AND (o.key IS NULL OR o.key <> ALL (v_busy_keys))
                 AND (o.key IS NULL OR o.state = 'inflight' OR (earlier.id IS NULL AND out.id IS NULL))
         );
     END IF;

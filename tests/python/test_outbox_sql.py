@@ -284,10 +284,11 @@ def test_a_lower_id_committed_late_waits_for_the_message_of_its_key_in_flight(
 def test_two_relays_claiming_at_once_never_hold_two_messages_of_one_key(
     conn: Conn, connect: Connect
 ) -> None:
-    """The same late commit, with the second relay's snapshot taken before the first relay's
-    claim commits: that snapshot shows the later message still pending, so the earlier one
-    looks free. relay_outbox locks the keys it picked and checks them again under a fresh
-    snapshot, which shows the later message in flight: the second relay answers nothing."""
+    """The same late commit, with relay B calling while relay A's claim of the later message is
+    not committed: B's snapshot shows that message still pending, so the earlier one looks free.
+    relay_outbox takes the lock of each key it picked before it hands a message out, and A holds
+    k's: B answers nothing, at once (until 0.3.8 it waited for A's commit, then checked the key
+    again under a fresh snapshot; any session holding a key's lock stalled every relay)."""
     early, first, second = (connect(name=n) for n in ("producer-early", "relay-a", "relay-b"))
     early.execute("BEGIN")
     row = early.execute("SELECT x_jobs.outbox_put('orders', '{}', 'k')").fetchone()
@@ -300,13 +301,10 @@ def test_two_relays_claiming_at_once_never_hold_two_messages_of_one_key(
     first.execute("BEGIN")  # relay A's claim, not committed yet: it holds the key's lock
     assert [r[0] for r in first.execute(RELAY, ["relay-a", 10, None])] == [late_id]
     early.execute("COMMIT")
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        claiming = pool.submit(lambda: [r[0] for r in second.execute(RELAY, ["relay-b", 10, None])])
-        wait_for_lock_waiters(conn, [second.info.backend_pid])
-        first.execute("COMMIT")
-        assert claiming.result(timeout=DEADLINE_SECONDS) == [], (
-            f"relay-b took message {early_id} of key k while {late_id} was in flight"
-        )
+    assert [r[0] for r in second.execute(RELAY, ["relay-b", 10, None])] == [], (
+        f"relay-b took message {early_id} of key k while {late_id} was in flight"
+    )
+    first.execute("COMMIT")
     assert _relay_ids(conn, "relay-c") == []
     assert [r[0] for r in conn.execute(ACK, [[late_id], "relay-a"])] == [late_id]
     assert _relay_ids(conn, "relay-c") == [early_id]
@@ -594,6 +592,28 @@ def test_relays_claiming_at_once_each_get_free_keys(conn: Conn, connect: Connect
         relay.commit()
     assert [len(ids) for ids in taken] == [2, 2, 2], taken
     assert len({i for ids in taken for i in ids}) == 6
+
+
+def _one_id(cursor: psycopg.Cursor[Any]) -> int:
+    row = cursor.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_key_lock_held_elsewhere_holds_back_that_key_only(conn: Conn, connect: Connect) -> None:
+    """Any login may take advisory locks, x_jobs' classes included. A session holding the lock
+    of one key leaves that key's messages for a later call; until 0.3.8 relay_outbox waited for
+    it, and every message of the outbox (keyless ones, other keys) waited with it."""
+    put: LiteralString = "SELECT x_jobs.outbox_put('held', '{}', key => %s)"
+    ids = {key: _one_id(conn.execute(put, [key])) for key in (None, "held-1", "held-2")}
+    stranger = connect(name="lock-holder")
+    stranger.execute("SELECT pg_advisory_lock(2024061705, hashtext('held-1'))")
+    relay = connect(name="relay")
+    # A guard against the old wait, which would hang here for good.
+    relay.execute("SET statement_timeout = '20s'")
+    assert sorted(_relay_ids(relay, "held-relay", ["held"])) == sorted([ids[None], ids["held-2"]])
+    stranger.execute("SELECT pg_advisory_unlock(2024061705, hashtext('held-1'))")
+    assert _relay_ids(relay, "held-relay", ["held"]) == [ids["held-1"]]
 
 
 BUSY_KEYS = 200
