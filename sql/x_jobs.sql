@@ -1154,7 +1154,8 @@ $$;
 -- entries, whatever the backlog:
 --   ready     job_ready_idx    rows due now, in (priority, run_at, id) order;
 --   waiting   job_waiting_idx  delayed and suspended rows whose run_at came, in run_at order;
---   lapsed    job_running_idx  running rows whose lease (visible_at) ran out, in lease order.
+--   lapsed    job_running_idx  running rows whose lease (visible_at) ran out, in lease order
+--                              (but not in the first lease after the server started: see there).
 -- One `state IN (...) OR running` test over all queues cannot be served in order by any index:
 -- it reads and sorts every due row, so a queue slows down exactly when it is behind. The outer
 -- sort sees at most 3 x qty x queues rows. Priority orders the ready arm exactly; a row coming
@@ -1212,6 +1213,8 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := x_jobs.now();
+    v_started timestamptz := pg_catalog.pg_postmaster_start_time();
+    v_restart_settled boolean;
     v_window integer;
     v_window_full boolean;
     v_found bigint[];
@@ -1266,6 +1269,15 @@ BEGIN
                 pg_catalog.current_setting('transaction_isolation')),
             HINT = 'Call claim in its own READ COMMITTED transaction (autocommit).';
     END IF;
+
+    -- While the server was down no holder could heartbeat: every lease that ran out meanwhile
+    -- looks lapsed once it is back, and the first worker to reconnect took the jobs of the
+    -- others, which still ran them (seen with a 3 s lease and an 8 s outage). So for one lease
+    -- (this claim's) after the server started, a lease last renewed before the start is not
+    -- taken as lapsed: its holder has that long to reconnect and renew it (a worker reconnects
+    -- at least once a heartbeat interval). A holder that died meanwhile costs its jobs that
+    -- much more wait.
+    v_restart_settled := v_now >= v_started + claim.lease;
 
     -- A queue named twice would be two scans over one queue, and rows this statement locked are
     -- not skipped by itself: the repeat would spend slots on rows already picked.
@@ -1510,6 +1522,7 @@ BEGIN
                 WHERE j.queue = o.queue
                     AND j.state = 'running'
                     AND j.visible_at <= v_now
+                    AND (v_restart_settled OR j.updated_at >= v_started)
                 ORDER BY j.visible_at, j.id
                 LIMIT v_want
                 FOR UPDATE SKIP LOCKED

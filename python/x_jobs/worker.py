@@ -1071,7 +1071,10 @@ class Worker:
                 self._wake.wait(delay)
                 self._wake.clear()
                 self._collect(time.monotonic())
-                delay = min(delay * 2, 5.0)
+                # No longer than a heartbeat apart: after a restart a claim leaves alone, for one
+                # lease, the jobs whose leases ran out while the server was down, so that their
+                # holders can reconnect and renew them first (see x_jobs.claim).
+                delay = min(delay * 2, 5.0, self.heartbeat_interval)
 
     # --- handler threads ----------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ import random
 import shlex
 import signal
 import subprocess
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -158,6 +159,64 @@ def _restart_server(admin: Conn) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     admin.pgconn.reset()
     admin.execute("DISCARD ALL")  # psycopg forgets the statements it prepared before
+
+
+def _pg_ctl(*args: str) -> None:
+    command = [*shlex.split(os.environ["X_JOBS_PG_CTL"]), *args]
+    done = subprocess.run(command, cwd="/", capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.skipif("X_JOBS_PG_CTL" not in os.environ, reason="needs scripts/throwaway-pg")
+def test_a_server_down_past_the_lease_leaves_each_job_to_the_worker_running_it(
+    fleet: Fleet, conn: Conn, admin: Conn
+) -> None:
+    """Leases run out while the server is down, and no holder can renew them. Once it was back,
+    the first worker to reconnect took the other's jobs as lapsed and ran them beside it (three
+    runs of three in a review). A claim leaves such leases alone for one lease after the server
+    started, so that their holder can reconnect and renew them: here the holder is held stopped
+    (SIGSTOP) until the other worker has claimed after the restart, then let go."""
+    lease = 3.0
+    ids = [e.id for e in basic.app.enqueue_many(basic.sleep, [{"seconds": 12}] * 2, conn=conn)]
+    holder = fleet.start(concurrency=2, lease=lease)
+    fleet.wait_for(lambda: fleet.all_in(ids, "running"), "the holder to run both jobs")
+    idle = fleet.start(concurrency=2, lease=lease)
+    fleet.wait_for(
+        lambda: int(fleet.scalar("SELECT count(*) FROM x_jobs.worker")) == 2,
+        "the idle worker to announce itself",
+    )
+    holder.signal(signal.SIGSTOP)
+    try:
+        _pg_ctl("stop", "-m", "fast")
+        # Down for twice the lease: every lease the holder took runs out while it cannot renew.
+        time.sleep(2 * lease)
+        _pg_ctl("start")
+        admin.pgconn.reset()
+        admin.execute("DISCARD ALL")
+        # The holder is stopped: the only worker connected is the idle one, and it has claimed.
+        fleet.wait_for(
+            lambda: bool(
+                fleet.scalar(
+                    "SELECT EXISTS (SELECT FROM pg_catalog.pg_stat_activity"
+                    " WHERE application_name = 'x_jobs worker' AND state = 'idle'"
+                    " AND query LIKE '%%x_jobs.claim(%%')"
+                )
+            ),
+            "the idle worker to claim after the restart",
+        )
+        claims = fleet.execute("SELECT claims FROM x_jobs.job WHERE id = ANY (%s)", [ids])
+        assert claims == [(1,), (1,)], f"a job was handed out again: {claims}\n{fleet.report()}"
+    finally:
+        holder.signal(signal.SIGCONT)
+
+    fleet.wait_for(lambda: fleet.all_in(ids, "done"), "both jobs to be done")
+    claims = fleet.execute("SELECT claims FROM x_jobs.job WHERE id = ANY (%s)", [ids])
+    assert claims == [(1,), (1,)], f"a job was handed out again: {claims}\n{fleet.report()}"
+    assert fleet.overlaps() == []
+    assert {run.pid for run in fleet.runs()} == {holder.pid}
+    for worker in (holder, idle):
+        worker.signal(signal.SIGTERM)
+        assert worker.wait() == 0, worker.log()
 
 
 @pytest.mark.skipif("X_JOBS_PG_CTL" not in os.environ, reason="needs scripts/throwaway-pg")
