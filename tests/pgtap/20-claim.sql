@@ -682,19 +682,25 @@ SELECT is(
     'The first row of the full key should be claimed (setup)'
 );
 SELECT count(*) FROM x_jobs.enqueue_many((
-    SELECT jsonb_agg(jsonb_build_object(
-        'name', 'conc6_backlog', 'queue', 'conc6', 'concurrency_key', 'conc6-full',
-        'run_at', '2030-01-01 12:30:00+00'
-    ))
+    SELECT
+        jsonb_agg(
+            jsonb_build_object(
+                'name', 'conc6_backlog', 'queue', 'conc6', 'concurrency_key', 'conc6-full',
+                'run_at', '2030-01-01 12:30:00+00'
+            )
+        )
     FROM generate_series(1, 150)
 ));
 INSERT INTO conc6_job
-SELECT e.* FROM x_jobs.enqueue('conc6_other', queue => 'conc6', concurrency_key => 'conc6-free',
-    run_at => '2030-01-01 12:31:00+00') AS e
+SELECT e.* FROM
+    x_jobs.enqueue(
+        'conc6_other', queue => 'conc6', concurrency_key => 'conc6-free', run_at => '2030-01-01 12:31:00+00'
+    ) AS e
 UNION ALL
 SELECT e.* FROM x_jobs.enqueue('conc6_plain', queue => 'conc6', run_at => '2030-01-01 12:32:00+00') AS e;
 -- Due an hour ago, still delayed: what a claim sees once time has passed and no claim ran.
-UPDATE x_jobs.job SET run_at = run_at - interval '1 hour' WHERE queue = 'conc6' AND state = 'delayed';
+UPDATE x_jobs.job SET run_at = run_at - interval '1 hour'
+WHERE queue = 'conc6' AND state = 'delayed';
 
 SELECT results_eq(
     $$ SELECT c.name FROM x_jobs.claim(ARRAY['conc6'], 'conc-worker', '1 minute', 3) AS c ORDER BY c.name $$,
