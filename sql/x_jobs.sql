@@ -491,15 +491,15 @@ AS $$
     VALUES
         ('XJ001', 'X_NAME_INVALID', 'A job name is missing, empty or longer than 200 characters.'),
         ('XJ002', 'X_QUEUE_INVALID', 'A queue name is empty or longer than 200 characters.'),
-        ('XJ003', 'X_PAYLOAD_TOO_LARGE', 'An input, output, event or message payload is larger than x_jobs.max_payload_bytes.'),
+        ('XJ003', 'X_PAYLOAD_TOO_LARGE', 'An input, output or event payload, or an outbox message''s payload and headers together, is larger than x_jobs.max_payload_bytes.'),
         ('XJ004', 'X_MAX_ATTEMPTS_INVALID', 'max_attempts is below 1.'),
         ('XJ005', 'X_PRIORITY_INVALID', 'priority is outside -32768..32767.'),
-        ('XJ006', 'X_TENANT_INVALID', 'tenant_id is empty.'),
-        ('XJ007', 'X_CONCURRENCY_INVALID', 'A concurrency limit is below 1 or given without a key.'),
+        ('XJ006', 'X_TENANT_INVALID', 'tenant_id is empty or longer than 200 characters.'),
+        ('XJ007', 'X_CONCURRENCY_INVALID', 'A concurrency limit is below 1 or given without a key, or the key is empty or longer than 400 characters.'),
         ('XJ008', 'X_BACKOFF_INVALID', 'backoff_base or backoff_max is negative, or base exceeds max.'),
-        ('XJ009', 'X_JOBS_INVALID', 'enqueue_many got something other than an array of request objects (receive_webhook: a request that is not an object).'),
+        ('XJ009', 'X_JOBS_INVALID', 'enqueue_many got something other than an array of request objects, or a field of the wrong JSON type (receive_webhook: a request that is not an object); an idempotency_key is longer than 400 characters, a traceparent than 512 or enqueued_by than 200.'),
         ('XJ010', 'X_QUEUES_INVALID', 'The queue list is missing, empty or holds an empty name.'),
-        ('XJ011', 'X_WORKER_INVALID', 'A worker id is missing or empty.'),
+        ('XJ011', 'X_WORKER_INVALID', 'A worker id is missing, empty or longer than 400 characters.'),
         ('XJ012', 'X_LEASE_INVALID', 'A lease is missing, not positive, or longer than 1000 years.'),
         ('XJ013', 'X_QTY_INVALID', 'qty or a page size is outside 1..1000 (outbox_redrive max_rows: 1..100000).'),
         ('XJ014', 'X_JOB_NOT_FOUND', 'No job has this id.'),
@@ -523,11 +523,12 @@ AS $$
         ('XJ032', 'X_STEP_NOT_WAITING', 'resolve_step was asked of a step that is not waiting.'),
         ('XJ033', 'X_PROGRESS_INVALID', 'Progress is negative, past its total, or its note is too long.'),
         ('XJ034', 'X_TOPIC_INVALID', 'An outbox topic is missing, empty or longer than 200 characters.'),
-        ('XJ035', 'X_MESSAGE_INVALID', 'An outbox message has no payload, headers that are not an object of strings, an unknown field or one of the wrong type, or is not an object.'),
+        ('XJ035', 'X_MESSAGE_INVALID', 'An outbox message has no payload, headers that are not an object of strings, a key longer than 400 characters, an unknown field or one of the wrong type, or is not an object.'),
         ('XJ036', 'X_RELAY_INVALID', 'A relay id is missing or empty.'),
         ('XJ037', 'X_WEBHOOK_INVALID', 'receive_webhook got no source or no webhook id, or one longer than 200 characters.'),
         ('XJ038', 'X_CLOCK_REFUSED', 'x_jobs.fake_now (the test clock) is set in a session whose login role is not a superuser.'),
         ('XJ039', 'X_TIME_INVALID', 'A run_at (enqueue) or retry_at (outbox_nack) is infinite or outside the years 1 to 9999 (UTC).'),
+        ('XJ040', 'X_SETTING_INVALID', 'x_jobs.max_payload_bytes is set to something other than a whole number of bytes from 1 to 2147483647.'),
         ('40001', 'X_ENQUEUE_RACE', 'An idempotency key kept changing hands during enqueue; retry the call.')
 $$;
 
@@ -567,11 +568,11 @@ AS $$
 $$;
 
 -- The size limit for inputs and outputs, default 1 MiB, set per database or role:
--- ALTER DATABASE app SET x_jobs.max_payload_bytes = 4194304. Any role can SET a custom setting,
--- and producers enqueue through functions that run as their owner, so a session's own value
--- counts only up to 1 MiB; above it, only up to what ALTER DATABASE or ALTER ROLE set (the most
--- specific, as PostgreSQL applies them; only a superuser, or a role granted SET on it, may set
--- those). The catalog is read only for a value above 1 MiB: the common path costs nothing.
+-- ALTER DATABASE app SET x_jobs.max_payload_bytes = 4194304. One expression, and no SET
+-- search_path, so that the planner inlines it: unset, the limit costs nothing (as x_jobs.now()).
+-- A value set is read by _max_payload_setting, whose plans are kept. Until 0.3.8 this was one
+-- SQL function with a catalog subquery, planned afresh on every call: 0.7-1.4 ms a call against
+-- 0.007 unset, 0.03 set to a plain number (measured 2026-11-30, 10,000 calls in a loop).
 CREATE FUNCTION x_jobs._max_payload_bytes()
 RETURNS integer
 LANGUAGE sql
@@ -579,24 +580,79 @@ STABLE
 PARALLEL SAFE
 AS $$
     SELECT CASE
-        WHEN s.bytes <= 1048576 THEN s.bytes
-        ELSE least(s.bytes, coalesce((
-            SELECT pg_catalog.split_part(c.setting, '=', 2)::integer
-            FROM pg_catalog.pg_db_role_setting AS d
-            CROSS JOIN LATERAL pg_catalog.unnest(d.setconfig) AS c (setting)
-            WHERE d.setdatabase IN (0, (SELECT b.oid FROM pg_catalog.pg_database AS b
-                                        WHERE b.datname = pg_catalog.current_database()))
-                AND d.setrole IN (0, (SELECT r.oid FROM pg_catalog.pg_roles AS r WHERE r.rolname = session_user))
-                AND pg_catalog.split_part(c.setting, '=', 1) = 'x_jobs.max_payload_bytes'
-            ORDER BY d.setrole <> 0 DESC, d.setdatabase <> 0 DESC
-            LIMIT 1
-        ), 1048576))
+        WHEN coalesce(pg_catalog.current_setting('x_jobs.max_payload_bytes', true), '') = '' THEN 1048576
+        ELSE x_jobs._max_payload_setting()
     END
-    FROM (
-        SELECT coalesce(
-            nullif(pg_catalog.current_setting('x_jobs.max_payload_bytes', true), '')::integer, 1048576
-        ) AS bytes
-    ) AS s
+$$;
+
+-- x_jobs.max_payload_bytes as set. Any role can SET a custom setting, and producers enqueue
+-- through functions that run as their owner, so a session's own value counts only up to 1 MiB;
+-- above it, only up to what ALTER DATABASE or ALTER ROLE set (the most specific, as PostgreSQL
+-- applies them; only a superuser, or a role granted SET on it, may set those). The catalog is
+-- read only for a value above 1 MiB.
+--
+-- A custom setting is any text, so a value is taken only as digits within 1..2147483647 and
+-- refused otherwise: cast as it was, 'abc' or '4MB' failed every enqueue, put and complete with
+-- a bare cast error, and '-5' was taken as a limit. Its own code, not X_PAYLOAD_TOO_LARGE: the
+-- deployment's setting is wrong, not the caller's payload, and a client that refuses a payload
+-- for good (a relay's job, a webhook answered 413) must retry this one once it is fixed.
+CREATE FUNCTION x_jobs._max_payload_setting()
+RETURNS integer
+LANGUAGE plpgsql
+STABLE
+PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_value text := pg_catalog.current_setting('x_jobs.max_payload_bytes', true);
+    v_scope text; -- where v_value was read: NULL, the session; else the ALTER that set it
+    v_bytes integer;
+    v_session integer;
+BEGIN
+    -- The session's value, then (above 1 MiB) the catalog's: each parsed and checked alike.
+    LOOP
+        v_bytes := CASE
+            WHEN coalesce(v_value, '') = '' THEN 1048576
+            -- Matched before the cast, so the cast cannot fail.
+            WHEN v_value ~ '^\s*[0-9]{1,10}\s*$' THEN
+                CASE WHEN v_value::bigint BETWEEN 1 AND 2147483647 THEN v_value::integer END
+        END;
+        IF v_bytes IS NULL THEN
+            RAISE EXCEPTION USING
+                ERRCODE = 'XJ040',
+                MESSAGE = pg_catalog.format(
+                    'X_SETTING_INVALID: x_jobs.max_payload_bytes %s is not a whole number of bytes '
+                    'from 1 to 2147483647',
+                    CASE
+                        WHEN pg_catalog.length(v_value) > 64 THEN pg_catalog.format('%L... (%s characters)',
+                            pg_catalog.left(v_value, 64), pg_catalog.length(v_value))
+                        ELSE pg_catalog.quote_literal(v_value)
+                    END),
+                DETAIL = CASE
+                    WHEN v_scope IS NULL
+                        THEN 'As this session reads it (SET, ALTER ROLE, ALTER DATABASE or postgresql.conf).'
+                    ELSE pg_catalog.format('Set by %s, which holds a session''s value above 1 MiB to it.', v_scope)
+                END,
+                HINT = 'Set it to a number of bytes without a unit, such as 4194304 for 4 MiB, or RESET it '
+                    'for the default of 1 MiB (1048576).';
+        END IF;
+        EXIT WHEN v_session IS NOT NULL OR v_bytes <= 1048576;
+        v_session := v_bytes;
+        -- No row sets both to NULL: the catalog's cap is then the default.
+        SELECT pg_catalog.substr(o.setting, pg_catalog.strpos(o.setting, '=') + 1),
+               CASE WHEN d.setrole = 0 THEN 'ALTER DATABASE' ELSE 'ALTER ROLE' END
+        INTO v_value, v_scope
+        FROM pg_catalog.pg_db_role_setting AS d
+        CROSS JOIN LATERAL pg_catalog.unnest(d.setconfig) AS o (setting)
+        WHERE d.setdatabase IN (0, (SELECT b.oid FROM pg_catalog.pg_database AS b
+                                    WHERE b.datname = pg_catalog.current_database()))
+            AND d.setrole IN (0, (SELECT r.oid FROM pg_catalog.pg_roles AS r WHERE r.rolname = session_user))
+            AND pg_catalog.split_part(o.setting, '=', 1) = 'x_jobs.max_payload_bytes'
+        ORDER BY d.setrole <> 0 DESC, d.setdatabase <> 0 DESC
+        LIMIT 1;
+    END LOOP;
+    RETURN least(coalesce(v_session, v_bytes), v_bytes);
+END
 $$;
 
 -- A payload's size as the limit counts it: uncompressed. pg_column_size counts a value as it is
@@ -662,8 +718,11 @@ BEGIN
 END
 $$;
 
--- The refusal of a missing or empty worker id, shared by every function a worker calls. `p_hint`
--- is the fix for the caller at hand: a new id to claim with, or the id it claimed with.
+-- The refusal of a missing, empty or over-long worker id, shared by every function a worker
+-- calls. `p_hint` is the fix for the caller at hand: a new id to claim with, or the id it
+-- claimed with. The id is the primary key of x_jobs.worker: past a btree entry's size (about
+-- 2.7 kB) announce_worker failed with a bare 54000. 400 characters, as event keys, keep it
+-- within that in any encoding, and every function refuses the id announce would refuse.
 CREATE FUNCTION x_jobs._require_worker(p_worker text, p_hint text)
 RETURNS void
 LANGUAGE plpgsql
@@ -677,6 +736,13 @@ BEGIN
             MESSAGE = pg_catalog.format('X_WORKER_INVALID: worker id %s is empty',
                 coalesce(pg_catalog.quote_literal(p_worker), 'NULL')),
             HINT = p_hint;
+    END IF;
+    IF pg_catalog.length(p_worker) > 400 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ011',
+            MESSAGE = pg_catalog.format('X_WORKER_INVALID: worker id %L... is %s characters, longer than 400',
+                pg_catalog.left(p_worker, 64), pg_catalog.length(p_worker)),
+            HINT = 'Use a worker id of 1 to 400 characters, such as host:pid:random.';
     END IF;
 END
 $$;
@@ -760,9 +826,21 @@ BEGIN
                    WHEN r.max_attempts < 1 THEN 'max_attempts'
                    WHEN r.priority NOT BETWEEN -32768 AND 32767 THEN 'priority'
                    WHEN r.tenant_id = '' THEN 'tenant_id'
+                   WHEN pg_catalog.length(r.tenant_id) > 200 THEN 'tenant_id_length'
                    WHEN r.concurrency_limit < 1
                        OR (r.concurrency_limit IS NOT NULL AND r.concurrency_key IS NULL)
                        OR r.concurrency_key = '' THEN 'concurrency'
+                   -- The keys are in btree indexes (the concurrency key beside a queue name of
+                   -- up to 200): past an entry's size (about 2.7 kB) an insert failed with a
+                   -- bare 54000. 400 characters keep them within it in any encoding, as event
+                   -- keys. The other texts are in no index, but the payload limit does not
+                   -- count them: as names and queues, enqueued_by and tenant_id hold up to 200,
+                   -- and a traceparent up to 512 (W3C's is 55; 512 is what W3C asks tracers to
+                   -- carry of a tracestate, room for other formats or a tracestate passed along).
+                   WHEN pg_catalog.length(r.concurrency_key) > 400 THEN 'concurrency_key'
+                   WHEN pg_catalog.length(r.idempotency_key) > 400 THEN 'idempotency_key'
+                   WHEN pg_catalog.length(r.traceparent) > 512 THEN 'traceparent'
+                   WHEN pg_catalog.length(r.enqueued_by) > 200 THEN 'enqueued_by'
                    WHEN r.backoff_base < interval '0' OR r.backoff_max < interval '0'
                        OR coalesce(r.backoff_base, interval '1 second')
                        > coalesce(r.backoff_max, interval '1 hour') THEN 'backoff'
@@ -818,6 +896,46 @@ BEGIN
                     MESSAGE = 'X_TENANT_INVALID: tenant_id '''' is empty',
                     DETAIL = pg_catalog.format('In request %s (job %L).', v_bad_ord, v_bad.name),
                     HINT = 'Name the tenant the job acts for, or leave tenant_id out for ''none''.';
+            WHEN 'tenant_id_length' THEN
+                RAISE EXCEPTION USING
+                    ERRCODE = 'XJ006',
+                    MESSAGE = pg_catalog.format('X_TENANT_INVALID: tenant_id %L... is %s characters, longer than 200',
+                        pg_catalog.left(v_bad.tenant_id, 64), pg_catalog.length(v_bad.tenant_id)),
+                    DETAIL = pg_catalog.format('In request %s (job %L).', v_bad_ord, v_bad.name),
+                    HINT = 'Name the tenant in 1 to 200 characters, or leave tenant_id out for ''none''.';
+            WHEN 'concurrency_key' THEN
+                RAISE EXCEPTION USING
+                    ERRCODE = 'XJ007',
+                    MESSAGE = pg_catalog.format(
+                        'X_CONCURRENCY_INVALID: concurrency key %L... is %s characters, longer than 400',
+                        pg_catalog.left(v_bad.concurrency_key, 64), pg_catalog.length(v_bad.concurrency_key)),
+                    DETAIL = pg_catalog.format('In request %s (job %L).', v_bad_ord, v_bad.name),
+                    HINT = 'Key the limit with a short text such as a customer id (up to 400 characters): '
+                        'hash a longer one.';
+            WHEN 'idempotency_key' THEN
+                RAISE EXCEPTION USING
+                    ERRCODE = 'XJ009',
+                    MESSAGE = pg_catalog.format(
+                        'X_JOBS_INVALID: idempotency key %L... is %s characters, longer than 400',
+                        pg_catalog.left(v_bad.idempotency_key, 64), pg_catalog.length(v_bad.idempotency_key)),
+                    DETAIL = pg_catalog.format('In request %s (job %L).', v_bad_ord, v_bad.name),
+                    HINT = 'Use a key of up to 400 characters, such as the id of what the job acts on: '
+                        'hash a longer one.';
+            WHEN 'traceparent' THEN
+                RAISE EXCEPTION USING
+                    ERRCODE = 'XJ009',
+                    MESSAGE = pg_catalog.format('X_JOBS_INVALID: traceparent %L... is %s characters, longer than 512',
+                        pg_catalog.left(v_bad.traceparent, 64), pg_catalog.length(v_bad.traceparent)),
+                    DETAIL = pg_catalog.format('In request %s (job %L).', v_bad_ord, v_bad.name),
+                    HINT = 'Pass the W3C traceparent of the enqueuing span (55 characters), or leave it out.';
+            WHEN 'enqueued_by' THEN
+                RAISE EXCEPTION USING
+                    ERRCODE = 'XJ009',
+                    MESSAGE = pg_catalog.format('X_JOBS_INVALID: enqueued_by %L... is %s characters, longer than 200',
+                        pg_catalog.left(v_bad.enqueued_by, 64), pg_catalog.length(v_bad.enqueued_by)),
+                    DETAIL = pg_catalog.format('In request %s (job %L).', v_bad_ord, v_bad.name),
+                    HINT = 'Name who enqueued the job in up to 200 characters, such as a service or user, '
+                        'or leave it out.';
             WHEN 'concurrency' THEN
                 RAISE EXCEPTION USING
                     ERRCODE = 'XJ007',
@@ -1060,6 +1178,10 @@ AS $$
 DECLARE
     v_bad record;
     v_fields text[];
+    v_text_fields text[] := ARRAY[
+        'name', 'queue', 'idempotency_key', 'tenant_id', 'concurrency_key', 'traceparent', 'enqueued_by'
+    ];
+    v_value text;
     v_requests x_jobs.enqueue_request[];
 BEGIN
     IF enqueue_many.jobs IS NULL OR pg_catalog.jsonb_typeof(enqueue_many.jobs) <> 'array' THEN
@@ -1078,15 +1200,30 @@ BEGIN
         WHERE a.attrelid = 'x_jobs.enqueue_request'::regclass AND a.attnum > 0 AND NOT a.attisdropped
         ORDER BY a.attnum
     );
+    -- The text fields must be JSON strings (or null, or left out): the cast below would take
+    -- an object, an array or a number as its JSON text (a job named '{"a": 1}', a key "12").
     SELECT e.ord, pg_catalog.jsonb_typeof(e.value) AS kind,
            CASE WHEN pg_catalog.jsonb_typeof(e.value) = 'object' THEN (
                SELECT k.key FROM pg_catalog.jsonb_object_keys(e.value - v_fields) AS k (key) LIMIT 1
-           ) END AS key
+           ) END AS key,
+           CASE WHEN pg_catalog.jsonb_typeof(e.value) = 'object' THEN (
+               SELECT f.field FROM unnest(v_text_fields) WITH ORDINALITY AS f (field, n)
+               WHERE pg_catalog.jsonb_typeof(e.value -> f.field) NOT IN ('string', 'null')
+               ORDER BY f.n
+               LIMIT 1
+           ) END AS field
     INTO v_bad
     FROM pg_catalog.jsonb_array_elements(enqueue_many.jobs) WITH ORDINALITY AS e (value, ord)
     WHERE CASE
         WHEN pg_catalog.jsonb_typeof(e.value) <> 'object' THEN TRUE
         ELSE e.value - v_fields <> '{}'::jsonb
+            OR pg_catalog.jsonb_typeof(e.value -> 'name') NOT IN ('string', 'null')
+            OR pg_catalog.jsonb_typeof(e.value -> 'queue') NOT IN ('string', 'null')
+            OR pg_catalog.jsonb_typeof(e.value -> 'idempotency_key') NOT IN ('string', 'null')
+            OR pg_catalog.jsonb_typeof(e.value -> 'tenant_id') NOT IN ('string', 'null')
+            OR pg_catalog.jsonb_typeof(e.value -> 'concurrency_key') NOT IN ('string', 'null')
+            OR pg_catalog.jsonb_typeof(e.value -> 'traceparent') NOT IN ('string', 'null')
+            OR pg_catalog.jsonb_typeof(e.value -> 'enqueued_by') NOT IN ('string', 'null')
     END
     ORDER BY e.ord
     LIMIT 1;
@@ -1099,12 +1236,25 @@ BEGIN
                     v_bad.ord, v_bad.kind),
                 HINT = 'Make every element of the array an object such as {"name": "send_email"}.';
         END IF;
+        IF v_bad.key IS NOT NULL THEN
+            RAISE EXCEPTION USING
+                ERRCODE = 'XJ009',
+                MESSAGE = pg_catalog.format('X_JOBS_INVALID: request %s has an unknown field %L',
+                    v_bad.ord, v_bad.key),
+                HINT = pg_catalog.format('Use the argument names of x_jobs.enqueue: %s.',
+                    pg_catalog.array_to_string(v_fields, ', '));
+        END IF;
+        v_value := (enqueue_many.jobs -> (v_bad.ord::integer - 1) -> v_bad.field)::text;
         RAISE EXCEPTION USING
             ERRCODE = 'XJ009',
-            MESSAGE = pg_catalog.format('X_JOBS_INVALID: request %s has an unknown field %L',
-                v_bad.ord, v_bad.key),
-            HINT = pg_catalog.format('Use the argument names of x_jobs.enqueue: %s.',
-                pg_catalog.array_to_string(v_fields, ', '));
+            MESSAGE = pg_catalog.format('X_JOBS_INVALID: %s %s of request %s is not a string', v_bad.field,
+                CASE WHEN pg_catalog.length(v_value) > 64
+                    THEN pg_catalog.format('%s... (%s characters)', pg_catalog.left(v_value, 64),
+                        pg_catalog.length(v_value))
+                    ELSE v_value
+                END, v_bad.ord),
+            HINT = pg_catalog.format('Pass %s as JSON strings, such as {"name": "send_email", "queue": "mail"}, '
+                'or leave them out (name is required).', pg_catalog.array_to_string(v_text_fields, ', '));
     END IF;
 
     BEGIN
@@ -1811,7 +1961,7 @@ BEGIN
             ERRCODE = 'XJ003',
             MESSAGE = pg_catalog.format('X_PAYLOAD_TOO_LARGE: output of %s bytes exceeds the limit of %s',
                 v_big.bytes, v_max_payload),
-            DETAIL = pg_catalog.format('For job %s.', v_big.id),
+            DETAIL = pg_catalog.format('For job %s.', coalesce(v_big.id::text, 'NULL')),
             HINT = 'Store large results elsewhere and return a reference, or raise x_jobs.max_payload_bytes.';
     END IF;
 
@@ -1937,12 +2087,15 @@ DECLARE
     v_now timestamptz := x_jobs.now();
     v_state x_jobs.job_state;
     v_queue text;
+    v_error text;
+    v_stack text;
 BEGIN
     PERFORM x_jobs._require_worker(fail.worker, 'Pass the id the worker claimed with.');
     IF fail.error IS NULL OR fail.error = '' THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ023',
-            MESSAGE = pg_catalog.format('X_ERROR_MISSING: job %s failed without an error message', fail.id),
+            MESSAGE = pg_catalog.format('X_ERROR_MISSING: job %s failed without an error message',
+                coalesce(fail.id::text, 'NULL')),
             HINT = 'Pass what went wrong as error, such as the exception''s message.';
     END IF;
     IF fail.retry_delay < interval '0' THEN
@@ -1951,6 +2104,20 @@ BEGIN
             MESSAGE = pg_catalog.format('X_DELAY_INVALID: retry delay %s is negative', fail.retry_delay),
             HINT = 'Pass a delay of zero or more, or NULL for the job''s backoff policy.';
     END IF;
+    -- The payload limit does not count error texts, and one of 5,000,000 characters was stored
+    -- twice (the row and its history). Each is cut to 65,536 characters, with a note of its
+    -- length, rather than refused: a worker reporting a failure must not be refused, or its job
+    -- would stay running until the lease lapsed. (So are the errors of outbox_nack and steps.)
+    v_error := CASE WHEN pg_catalog.length(fail.error) > 65536
+        THEN pg_catalog.format(E'%s\n[truncated: %s characters in all]',
+            pg_catalog.left(fail.error, 65536), pg_catalog.length(fail.error))
+        ELSE fail.error
+    END;
+    v_stack := CASE WHEN pg_catalog.length(fail.error_stack) > 65536
+        THEN pg_catalog.format(E'%s\n[truncated: %s characters in all]',
+            pg_catalog.left(fail.error_stack, 65536), pg_catalog.length(fail.error_stack))
+        ELSE fail.error_stack
+    END;
 
     WITH failed AS (
         UPDATE x_jobs.job AS j
@@ -1969,8 +2136,8 @@ BEGIN
             END,
             visible_at = NULL,
             claimed_by = NULL,
-            last_error = fail.error,
-            last_error_stack = fail.error_stack,
+            last_error = v_error,
+            last_error_stack = v_stack,
             updated_at = v_now
         FROM (
             -- In seconds: an interval times 2^40 overflows ("interval out of range") once the base
@@ -1999,7 +2166,7 @@ BEGIN
     ),
     logged AS (
         INSERT INTO x_jobs.job_error (job_id, attempt, failed_at, worker, error, error_stack)
-        SELECT f.id, f.attempt, v_now, fail.worker, fail.error, fail.error_stack
+        SELECT f.id, f.attempt, v_now, fail.worker, v_error, v_stack
         FROM failed AS f
     ),
     counted AS (
@@ -2220,7 +2387,14 @@ BEGIN
         step_record.id, step_record.step, coalesce(step_record.compensation, FALSE), 'run',
         x_jobs._clock(),
         CASE WHEN step_record.error IS NULL THEN 'done' ELSE 'failed' END::x_jobs.step_status,
-        v_job.attempt, step_record.output, step_record.error, 'worker', v_now
+        v_job.attempt, step_record.output,
+        -- Cut, not refused, as fail cuts a job's error (see there).
+        CASE WHEN pg_catalog.length(step_record.error) > 65536
+            THEN pg_catalog.format(E'%s\n[truncated: %s characters in all]',
+                pg_catalog.left(step_record.error, 65536), pg_catalog.length(step_record.error))
+            ELSE step_record.error
+        END,
+        'worker', v_now
     )
     ON CONFLICT (job_id, name, compensation) DO UPDATE
     SET status = excluded.status,
@@ -2650,14 +2824,21 @@ BEGIN
     -- NaN and the infinities are no JSON numbers (jsonb writes them as strings), and NaN sorts
     -- above every number, so that a NaN total passed the `done > total` test.
     IF progress.done < 0 OR progress.total < 0 OR progress.done > progress.total
-        OR progress.done IN ('NaN', 'Infinity') OR progress.total IN ('NaN', 'Infinity')
-        OR pg_catalog.length(progress.note) > 1000 THEN
+        OR progress.done IN ('NaN', 'Infinity') OR progress.total IN ('NaN', 'Infinity') THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ033',
             MESSAGE = pg_catalog.format('X_PROGRESS_INVALID: progress %s of %s is negative, not finite or past the total',
                 coalesce(progress.done::text, 'NULL'), coalesce(progress.total::text, 'NULL')),
-            DETAIL = 'A note may hold up to 1000 characters.',
             HINT = 'Report done and total as finite numbers of zero or more, with done <= total.';
+    END IF;
+    -- A message of its own: under the one above, a long note was reported as "progress NULL of
+    -- NULL is negative, not finite or past the total".
+    IF pg_catalog.length(progress.note) > 1000 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ033',
+            MESSAGE = pg_catalog.format('X_PROGRESS_INVALID: progress note %L... is %s characters, longer than 1000',
+                pg_catalog.left(progress.note, 64), pg_catalog.length(progress.note)),
+            HINT = 'Keep a progress note to 1000 characters; log the rest, or put it in the job''s output.';
     END IF;
 
     UPDATE x_jobs.job AS j
@@ -2763,11 +2944,19 @@ BEGIN
             MESSAGE = pg_catalog.format('X_MESSAGE_INVALID: message of topic %L has no payload', p_topic),
             HINT = 'Pass a JSON payload (use ''null''::jsonb for a message that carries nothing).';
     END IF;
-    IF x_jobs._payload_bytes(p_payload) > x_jobs._max_payload_bytes() THEN
+    -- Headers count with the payload: a relay delivers them together, so together they are what
+    -- a sink must take, and one limit bounds what a message stores (50 MB of headers passed
+    -- beside a small payload). A cap of their own would be a second limit to set.
+    IF x_jobs._payload_bytes(p_payload) + coalesce(x_jobs._payload_bytes(p_headers), 0)
+        > x_jobs._max_payload_bytes() THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ003',
-            MESSAGE = pg_catalog.format('X_PAYLOAD_TOO_LARGE: payload of %s bytes exceeds the limit of %s',
-                x_jobs._payload_bytes(p_payload), x_jobs._max_payload_bytes()),
+            MESSAGE = pg_catalog.format('X_PAYLOAD_TOO_LARGE: payload of %s bytes%s exceeds the limit of %s',
+                x_jobs._payload_bytes(p_payload),
+                CASE WHEN p_headers IS NOT NULL
+                    THEN pg_catalog.format(' with headers of %s bytes', x_jobs._payload_bytes(p_headers))
+                END,
+                x_jobs._max_payload_bytes()),
             DETAIL = pg_catalog.format('For a message of topic %L.', p_topic),
             HINT = 'Put a reference to large data in the message, or raise x_jobs.max_payload_bytes.';
     END IF;
@@ -2812,6 +3001,16 @@ DECLARE
 BEGIN
     PERFORM x_jobs._require_message(outbox_put.topic, outbox_put.payload, outbox_put.headers,
         outbox_put.max_attempts);
+    -- The key is in outbox_key_idx: past a btree entry's size (about 2.7 kB) an insert failed
+    -- with a bare 54000. 400 characters, as event keys, keep it within that in any encoding.
+    IF pg_catalog.length(outbox_put.key) > 400 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ035',
+            MESSAGE = pg_catalog.format('X_MESSAGE_INVALID: key %L... is %s characters, longer than 400',
+                pg_catalog.left(outbox_put.key, 64), pg_catalog.length(outbox_put.key)),
+            DETAIL = pg_catalog.format('For a message of topic %L.', outbox_put.topic),
+            HINT = 'Key messages with a short text, such as an order id (up to 400 characters): hash a longer one.';
+    END IF;
     INSERT INTO x_jobs.outbox (created_at, max_attempts, topic, key, headers, payload, state, available_at)
     VALUES (v_now, coalesce(outbox_put.max_attempts, 10), outbox_put.topic, outbox_put.key,
         coalesce(outbox_put.headers, '{}'), outbox_put.payload, 'pending', v_now)
@@ -2849,13 +3048,16 @@ BEGIN
     END IF;
 
     -- The first message with a field outbox_put has no parameter for (a misspelt "key" would put
-    -- the message unordered), or a key or max_attempts of the wrong JSON type.
+    -- the message unordered), a topic, key or max_attempts of the wrong JSON type (->> would
+    -- take an object or a number as its JSON text), or a key too long (see outbox_put).
     SELECT m.ord, m.value,
            m.value - ARRAY['topic', 'payload', 'key', 'headers', 'max_attempts'] AS unknown
     INTO v_bad
     FROM pg_catalog.jsonb_array_elements(outbox_put_many.messages) WITH ORDINALITY AS m (value, ord)
     WHERE m.value - ARRAY['topic', 'payload', 'key', 'headers', 'max_attempts'] <> '{}'::jsonb
+        OR pg_catalog.jsonb_typeof(m.value -> 'topic') NOT IN ('string', 'null')
         OR pg_catalog.jsonb_typeof(m.value -> 'key') NOT IN ('string', 'null')
+        OR pg_catalog.length(m.value ->> 'key') > 400
         OR pg_catalog.jsonb_typeof(m.value -> 'max_attempts') NOT IN ('number', 'null')
         OR (pg_catalog.jsonb_typeof(m.value -> 'max_attempts') = 'number'
             AND ((m.value ->> 'max_attempts')::numeric % 1 <> 0
@@ -2868,11 +3070,32 @@ BEGIN
             MESSAGE = pg_catalog.format('X_MESSAGE_INVALID: message %s has an unknown field %L', v_bad.ord,
                 (SELECT min(f.name) FROM pg_catalog.jsonb_object_keys(v_bad.unknown) AS f (name))),
             HINT = 'A message has topic, payload, key, headers and max_attempts: check the spelling of the others.';
+    ELSIF FOUND AND pg_catalog.jsonb_typeof(v_bad.value -> 'topic') NOT IN ('string', 'null') THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ035',
+            MESSAGE = pg_catalog.format('X_MESSAGE_INVALID: topic %s of message %s is not a string',
+                CASE WHEN pg_catalog.length((v_bad.value -> 'topic')::text) > 64
+                    THEN pg_catalog.format('%s... (%s characters)', pg_catalog.left((v_bad.value -> 'topic')::text, 64),
+                        pg_catalog.length((v_bad.value -> 'topic')::text))
+                    ELSE (v_bad.value -> 'topic')::text
+                END, v_bad.ord),
+            HINT = 'Pass the topic as a string, such as "orders.created".';
     ELSIF FOUND AND pg_catalog.jsonb_typeof(v_bad.value -> 'key') NOT IN ('string', 'null') THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ035',
-            MESSAGE = pg_catalog.format('X_MESSAGE_INVALID: key %s of message %s is not a string', v_bad.value -> 'key', v_bad.ord),
+            MESSAGE = pg_catalog.format('X_MESSAGE_INVALID: key %s of message %s is not a string',
+                CASE WHEN pg_catalog.length((v_bad.value -> 'key')::text) > 64
+                    THEN pg_catalog.format('%s... (%s characters)', pg_catalog.left((v_bad.value -> 'key')::text, 64),
+                        pg_catalog.length((v_bad.value -> 'key')::text))
+                    ELSE (v_bad.value -> 'key')::text
+                END, v_bad.ord),
             HINT = 'Pass the key as a string, such as "order-42", or leave it out.';
+    ELSIF FOUND AND pg_catalog.length(v_bad.value ->> 'key') > 400 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ035',
+            MESSAGE = pg_catalog.format('X_MESSAGE_INVALID: key %L... of message %s is %s characters, longer than 400',
+                pg_catalog.left(v_bad.value ->> 'key', 64), v_bad.ord, pg_catalog.length(v_bad.value ->> 'key')),
+            HINT = 'Key messages with a short text, such as an order id (up to 400 characters): hash a longer one.';
     ELSIF FOUND THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ035',
@@ -3305,7 +3528,8 @@ BEGIN
     IF outbox_nack.error IS NULL OR outbox_nack.error = '' THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ023',
-            MESSAGE = pg_catalog.format('X_ERROR_MISSING: message %s failed without an error message', outbox_nack.id),
+            MESSAGE = pg_catalog.format('X_ERROR_MISSING: message %s failed without an error message',
+                coalesce(outbox_nack.id::text, 'NULL')),
             HINT = 'Pass what went wrong as error, such as the HTTP status and body.';
     END IF;
     -- As enqueue's run_at: an infinite retry_at would hold the message, and its key, for good.
@@ -3314,7 +3538,7 @@ BEGIN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ039',
             MESSAGE = pg_catalog.format('X_TIME_INVALID: retry_at %s is not a time to retry message %s',
-                outbox_nack.retry_at, outbox_nack.id),
+                outbox_nack.retry_at, coalesce(outbox_nack.id::text, 'NULL')),
             HINT = 'Pass a time in the years 1 to 9999 (UTC), or leave retry_at out for the backoff.';
     END IF;
 
@@ -3330,7 +3554,12 @@ BEGIN
                 * (0.5 + pg_catalog.random() / 2)))
         END,
         relay = NULL,
-        last_error = outbox_nack.error
+        -- Cut, not refused, as fail cuts a job's error (see there).
+        last_error = CASE WHEN pg_catalog.length(outbox_nack.error) > 65536
+            THEN pg_catalog.format(E'%s\n[truncated: %s characters in all]',
+                pg_catalog.left(outbox_nack.error, 65536), pg_catalog.length(outbox_nack.error))
+            ELSE outbox_nack.error
+        END
     WHERE o.id = outbox_nack.id
         AND o.state = 'inflight'
         AND o.relay = outbox_nack.relay
@@ -4160,6 +4389,7 @@ GRANT EXECUTE ON FUNCTION x_jobs.result(bigint) TO x_jobs_producer;
 -- functions, which run as the caller.
 GRANT SELECT ON x_jobs.job TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs._max_payload_bytes() TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs._max_payload_setting() TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs._payload_bytes(jsonb) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs._minute(timestamptz) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs._require_worker(text, text) TO x_jobs_worker;

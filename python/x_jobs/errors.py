@@ -200,6 +200,15 @@ class ClockRefused(XJobsError):
     code, sqlstate = "X_CLOCK_REFUSED", "XJ038"
 
 
+class SettingInvalid(XJobsError):
+    """``x_jobs.max_payload_bytes`` is set to something other than a whole number of bytes.
+
+    Not an :class:`InvalidArgument`: the deployment's setting is wrong, not the call, so what
+    refuses a call's values for good (a relay's job, a webhook's 4xx) retries this one instead."""
+
+    code, sqlstate = "X_SETTING_INVALID", "XJ040"
+
+
 class EnqueueRace(XJobsError):
     """The call lost a race it cannot settle by itself; calling it again succeeds."""
 

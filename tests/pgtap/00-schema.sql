@@ -2,7 +2,7 @@
 -- volatile it is, whose rights it runs with, which settings it pins, and who may use what.
 -- A change to any of these is a change to the API: it shows up here first, on purpose.
 BEGIN;
-SELECT plan(611);
+SELECT plan(619);
 
 -- The functions of the API, one row each, with what 00-schema pins about them. `args` is how
 -- pgTAP's catalog view spells the argument types (regtype output: 'timestamp with time zone',
@@ -24,6 +24,7 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
 ('_minute', '{timestamp with time zone}', 'timestamp with time zone', 'IMMUTABLE', NULL),
 ('_shard', '{}', 'smallint', 'STABLE', NULL),
 ('_max_payload_bytes', '{}', 'integer', 'STABLE', NULL),
+('_max_payload_setting', '{}', 'integer', 'STABLE', NULL),
 ('_payload_bytes', '{jsonb}', 'integer', 'IMMUTABLE', NULL),
 ('_require_worker', '{text,text}', 'void', 'IMMUTABLE', NULL),
 ('_require_lease', '{interval,text}', 'void', 'IMMUTABLE', NULL),
@@ -167,6 +168,7 @@ INSERT INTO api_grant (fn, lowest_role, to_pg_monitor) VALUES
 ('version', 'x_jobs_producer', TRUE),
 -- NULL: no role; only the functions that run as their owner call it (0.3.6).
 ('_max_payload_bytes', 'x_jobs_worker', FALSE),
+('_max_payload_setting', 'x_jobs_worker', FALSE),
 ('_payload_bytes', 'x_jobs_worker', FALSE),
 ('_enqueue', NULL, FALSE),
 ('_run_ids', NULL, FALSE),

@@ -2,7 +2,7 @@
 -- live idempotency key dedupes and when it is free again, and every refusal with its SQLSTATE,
 -- message, detail and hint.
 BEGIN;
-SELECT plan(62);
+SELECT plan(79);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:00:00+00';
 
@@ -541,6 +541,207 @@ SELECT results_eq(
     $$ VALUES ('In request 2 (job ''when_job'').',
                'Pass a time in the years 1 to 9999 (UTC), or leave run_at out to run it now.') $$,
     'The refusal should name the request and the job, and say which times work'
+);
+
+-- Texts the payload limit does not count (0.3.8) --------------------------------------------------
+-- The keys are in btree indexes: 6,400 incompressible characters failed the insert with a bare
+-- 54000 ("index row size ... exceeds btree version 4 maximum 2704"). The other texts were
+-- unbounded (5 MB each were stored). The message shows the first 64 characters and the length.
+
+CREATE TEMP TABLE long_text AS
+SELECT string_agg(md5(g.i::text), '' ORDER BY g.i) AS v FROM generate_series(1, 200) AS g (i);
+
+SELECT results_eq(
+    $$
+    SELECT c.* FROM tap_helpers.caught($q$
+        SELECT x_jobs.enqueue('long_job', idempotency_key => (SELECT v FROM long_text))
+    $q$) AS c
+    $$,
+    $$
+    VALUES ('XJ009',
+            'X_JOBS_INVALID: idempotency key ''c4ca4238a0b923820dcc509a6f75849bc81e728d9d4c2f636f067f89cc14862c''... '
+            'is 6400 characters, longer than 400',
+            'In request 1 (job ''long_job'').',
+            'Use a key of up to 400 characters, such as the id of what the job acts on: hash a longer one.')
+    $$,
+    'An idempotency key of 6,400 characters should be refused with X_JOBS_INVALID, its length and a HINT'
+);
+SELECT results_eq(
+    $$
+    SELECT c.* FROM tap_helpers.caught($q$
+        SELECT x_jobs.enqueue('long_job', concurrency_key => (SELECT v FROM long_text))
+    $q$) AS c
+    $$,
+    $$
+    VALUES ('XJ007',
+            'X_CONCURRENCY_INVALID: concurrency key '
+            '''c4ca4238a0b923820dcc509a6f75849bc81e728d9d4c2f636f067f89cc14862c''... '
+            'is 6400 characters, longer than 400',
+            'In request 1 (job ''long_job'').',
+            'Key the limit with a short text such as a customer id (up to 400 characters): hash a longer one.')
+    $$,
+    'A concurrency key of 6,400 characters should be refused with X_CONCURRENCY_INVALID, its length and a HINT'
+);
+SELECT results_eq(
+    $$
+    SELECT c.* FROM tap_helpers.caught($q$ SELECT x_jobs.enqueue('long_job', tenant_id => repeat('t', 201)) $q$) AS c
+    $$,
+    $$
+    VALUES ('XJ006',
+            'X_TENANT_INVALID: tenant_id ''' || repeat('t', 64) || '''... is 201 characters, longer than 200',
+            'In request 1 (job ''long_job'').',
+            'Name the tenant in 1 to 200 characters, or leave tenant_id out for ''none''.')
+    $$,
+    'A tenant_id of 201 characters should be refused with X_TENANT_INVALID, its length and a HINT'
+);
+SELECT results_eq(
+    $$
+    SELECT c.* FROM tap_helpers.caught($q$ SELECT x_jobs.enqueue('long_job', traceparent => repeat('0', 513)) $q$) AS c
+    $$,
+    $$
+    VALUES ('XJ009',
+            'X_JOBS_INVALID: traceparent ''' || repeat('0', 64) || '''... is 513 characters, longer than 512',
+            'In request 1 (job ''long_job'').',
+            'Pass the W3C traceparent of the enqueuing span (55 characters), or leave it out.')
+    $$,
+    'A traceparent of 513 characters should be refused with X_JOBS_INVALID, its length and a HINT'
+);
+SELECT results_eq(
+    $$
+    SELECT c.* FROM tap_helpers.caught($q$
+        SELECT x_jobs.enqueue('long_job', enqueued_by => repeat('e', 5000000))
+    $q$) AS c
+    $$,
+    $$
+    VALUES ('XJ009',
+            'X_JOBS_INVALID: enqueued_by ''' || repeat('e', 64) || '''... is 5000000 characters, longer than 200',
+            'In request 1 (job ''long_job'').',
+            'Name who enqueued the job in up to 200 characters, such as a service or user, or leave it out.')
+    $$,
+    'An enqueued_by of 5,000,000 characters should be refused with X_JOBS_INVALID, its length and a HINT'
+);
+SELECT throws_ok(
+    $$ SELECT x_jobs.enqueue_many(jsonb_build_array(
+        jsonb_build_object('name', 'long_job'),
+        jsonb_build_object('name', 'long_job', 'idempotency_key', (SELECT v FROM long_text))
+    )) $$,
+    'XJ009',
+    'X_JOBS_INVALID: idempotency key ''c4ca4238a0b923820dcc509a6f75849bc81e728d9d4c2f636f067f89cc14862c''... '
+    'is 6400 characters, longer than 400',
+    'enqueue_many should refuse an idempotency key of 6,400 characters too'
+);
+SELECT throws_ok(
+    $$ SELECT x_jobs.enqueue_many(jsonb_build_array(
+        jsonb_build_object('name', 'long_job', 'concurrency_key', (SELECT v FROM long_text))
+    )) $$,
+    'XJ007',
+    'X_CONCURRENCY_INVALID: concurrency key '
+    '''c4ca4238a0b923820dcc509a6f75849bc81e728d9d4c2f636f067f89cc14862c''... is 6400 characters, longer than 400',
+    'enqueue_many should refuse a concurrency key of 6,400 characters too'
+);
+SELECT is(
+    (
+        SELECT count(*)::integer FROM x_jobs.job
+        WHERE name = 'long_job'
+    ),
+    0,
+    'No refused request should leave a row'
+);
+-- At the bounds, in characters: four-byte ones take the keys to 1,600 bytes, within an index entry.
+SELECT lives_ok(
+    $$
+    SELECT x_jobs.enqueue('long_job', idempotency_key => repeat('🔑', 400), concurrency_key => repeat('🔑', 400),
+        tenant_id => repeat('é', 200), traceparent => repeat('0', 512), enqueued_by => repeat('é', 200))
+    $$,
+    'Keys of 400 four-byte characters, a traceparent of 512 and a tenant_id and enqueued_by of 200 should be accepted'
+);
+
+-- x_jobs.max_payload_bytes that is no number of bytes (XJ040, 0.3.8): a bare cast error
+-- (22P02, 22003) failed every enqueue, and -5 was taken as a limit.
+SET LOCAL "x_jobs.max_payload_bytes" = 'abc';
+SELECT results_eq(
+    $$ SELECT c.* FROM tap_helpers.caught($q$ SELECT x_jobs.enqueue('setting_job') $q$) AS c $$,
+    $$
+    VALUES ('XJ040',
+            'X_SETTING_INVALID: x_jobs.max_payload_bytes ''abc'' is not a whole number of bytes from 1 to 2147483647',
+            'As this session reads it (SET, ALTER ROLE, ALTER DATABASE or postgresql.conf).',
+            'Set it to a number of bytes without a unit, such as 4194304 for 4 MiB, or RESET it for the default of '
+            '1 MiB (1048576).')
+    $$,
+    'An enqueue under a max_payload_bytes of ''abc'' should be refused with X_SETTING_INVALID, a DETAIL and a HINT'
+);
+SET LOCAL "x_jobs.max_payload_bytes" = '4MB';
+SELECT throws_ok(
+    $$ SELECT x_jobs.enqueue('setting_job') $$,
+    'XJ040',
+    'X_SETTING_INVALID: x_jobs.max_payload_bytes ''4MB'' is not a whole number of bytes from 1 to 2147483647',
+    'A max_payload_bytes with a unit should be refused'
+);
+SET LOCAL "x_jobs.max_payload_bytes" = '99999999999';
+SELECT throws_ok(
+    $$ SELECT x_jobs.enqueue('setting_job') $$,
+    'XJ040',
+    'X_SETTING_INVALID: x_jobs.max_payload_bytes ''99999999999'' is not a whole number of bytes from 1 to 2147483647',
+    'A max_payload_bytes past the integer range should be refused'
+);
+SET LOCAL "x_jobs.max_payload_bytes" = '-5';
+SELECT throws_ok(
+    $$ SELECT x_jobs.enqueue('setting_job') $$,
+    'XJ040',
+    'X_SETTING_INVALID: x_jobs.max_payload_bytes ''-5'' is not a whole number of bytes from 1 to 2147483647',
+    'A negative max_payload_bytes should be refused, not taken as a limit'
+);
+SET LOCAL "x_jobs.max_payload_bytes" = '0';
+SELECT throws_ok(
+    $$ SELECT x_jobs.enqueue('setting_job') $$,
+    'XJ040',
+    'X_SETTING_INVALID: x_jobs.max_payload_bytes ''0'' is not a whole number of bytes from 1 to 2147483647',
+    'A max_payload_bytes of 0 should be refused'
+);
+SET LOCAL "x_jobs.max_payload_bytes" = ' 100 ';
+SELECT throws_like(
+    $$ SELECT x_jobs.enqueue('setting_job', jsonb_build_object('x', repeat('a', 200))) $$,
+    'X_PAYLOAD_TOO_LARGE: input of % bytes exceeds the limit of 100',
+    'A max_payload_bytes of digits between spaces should still be a limit, as the cast took it'
+);
+-- A value of the catalog is checked as the session's is: read when the session's is above 1 MiB
+-- (the role's in this database, set above, is the one that counts).
+SET LOCAL "x_jobs.max_payload_bytes" = 2000000;
+DO $$
+BEGIN
+    EXECUTE pg_catalog.format(
+        'ALTER ROLE %I IN DATABASE %I SET "x_jobs.max_payload_bytes" = ''2 MB''',
+        current_user, pg_catalog.current_database()
+    );
+END
+$$;
+SELECT results_eq(
+    $$
+    SELECT c.err_state, c.err_message, c.err_detail
+    FROM tap_helpers.caught($q$ SELECT x_jobs.enqueue('setting_job') $q$) AS c
+    $$,
+    $$
+    VALUES ('XJ040',
+            'X_SETTING_INVALID: x_jobs.max_payload_bytes ''2 MB'' is not a whole number of bytes from 1 to 2147483647',
+            'Set by ALTER ROLE, which holds a session''s value above 1 MiB to it.')
+    $$,
+    'A malformed max_payload_bytes set by ALTER ROLE should be refused, naming it and where it was set'
+);
+DO $$
+BEGIN
+    EXECUTE pg_catalog.format(
+        'ALTER ROLE %I IN DATABASE %I RESET "x_jobs.max_payload_bytes"', current_user, pg_catalog.current_database()
+    );
+END
+$$;
+SET LOCAL "x_jobs.max_payload_bytes" = '';
+SELECT is(
+    (
+        SELECT count(*)::integer FROM x_jobs.job
+        WHERE name = 'setting_job'
+    ),
+    0,
+    'No enqueue under a malformed max_payload_bytes should leave a row'
 );
 
 -- Details and hints --------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 -- x_jobs.enqueue_many: one answer per request in input order, rows inserted in input order,
 -- dedupe within the batch and against live rows, and refusals that leave nothing behind.
 BEGIN;
-SELECT plan(39);
+SELECT plan(45);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:00:00+00';
 
@@ -221,6 +221,67 @@ SELECT throws_ok(
     'XJ009',
     'X_JOBS_INVALID: a field has the wrong type: invalid input syntax for type timestamp with time zone: "soon"',
     'A run_at that is not a timestamp should be refused'
+);
+
+-- The text fields must be JSON strings (0.3.8): the cast took an object, an array or a number as
+-- its JSON text, a job named '{"a": 1}' or a key "12".
+SELECT results_eq(
+    $$
+    SELECT c.* FROM tap_helpers.caught($q$
+        SELECT * FROM x_jobs.enqueue_many('[{"name": "fine"}, {"name": {"a": 1}}]')
+    $q$) AS c
+    $$,
+    $$
+    VALUES ('XJ009', 'X_JOBS_INVALID: name {"a": 1} of request 2 is not a string', '',
+            'Pass name, queue, idempotency_key, tenant_id, concurrency_key, traceparent, enqueued_by as JSON '
+            'strings, such as {"name": "send_email", "queue": "mail"}, or leave them out (name is required).')
+    $$,
+    'A name that is a JSON object should be refused, naming the field, its value and the request, with a HINT'
+);
+SELECT throws_ok(
+    $$ SELECT * FROM x_jobs.enqueue_many('[{"name": "typed", "queue": ["a", "b"]}]') $$,
+    'XJ009', 'X_JOBS_INVALID: queue ["a", "b"] of request 1 is not a string',
+    'A queue that is a JSON array should be refused'
+);
+SELECT throws_ok(
+    $$ SELECT * FROM x_jobs.enqueue_many('[{"name": "typed", "idempotency_key": 12}]') $$,
+    'XJ009', 'X_JOBS_INVALID: idempotency_key 12 of request 1 is not a string',
+    'An idempotency_key that is a JSON number should be refused'
+);
+SELECT results_eq(
+    $$
+    SELECT c.err_state, c.err_message
+    FROM (VALUES ('tenant_id', 'true'), ('concurrency_key', '7'), ('traceparent', '{}'), ('enqueued_by', '[1]'))
+        AS f (field, value)
+    CROSS JOIN LATERAL tap_helpers.caught(pg_catalog.format(
+        'SELECT * FROM x_jobs.enqueue_many(%L)', pg_catalog.format('[{"name": "typed", "%s": %s}]', f.field, f.value)
+    )) AS c
+    $$,
+    $$
+    VALUES ('XJ009', 'X_JOBS_INVALID: tenant_id true of request 1 is not a string'),
+           ('XJ009', 'X_JOBS_INVALID: concurrency_key 7 of request 1 is not a string'),
+           ('XJ009', 'X_JOBS_INVALID: traceparent {} of request 1 is not a string'),
+           ('XJ009', 'X_JOBS_INVALID: enqueued_by [1] of request 1 is not a string')
+    $$,
+    'tenant_id, concurrency_key, traceparent and enqueued_by of another JSON type should be refused'
+);
+SELECT throws_ok(
+    $$
+    SELECT * FROM x_jobs.enqueue_many(jsonb_build_array(jsonb_build_object(
+        'name', (SELECT jsonb_object_agg('k' || g, g) FROM generate_series(1, 100) AS g)
+    )))
+    $$,
+    'XJ009',
+    'X_JOBS_INVALID: name {"k1": 1, "k2": 2, "k3": 3, "k4": 4, "k5": 5, "k6": 6, "k7": 7, ... '
+    '(1084 characters) of request 1 is not a string',
+    'A long value of the wrong type should be shown by its first 64 characters and its length'
+);
+SELECT lives_ok(
+    $$
+    SELECT * FROM x_jobs.enqueue_many('[{"name": "typed", "queue": null, "idempotency_key": null, "tenant_id": null,
+        "concurrency_key": null, "traceparent": null, "enqueued_by": null}]')
+    $$,
+    'JSON nulls should still stand for the defaults'
 );
 
 SELECT results_eq(

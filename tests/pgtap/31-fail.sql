@@ -4,7 +4,7 @@
 -- failed). Every failure is kept in x_jobs.job_error; anyone else's fail changes nothing.
 -- The clock is moved with SET LOCAL "x_jobs.fake_now" (quoted so that sqlfluff parses it).
 BEGIN;
-SELECT plan(45);
+SELECT plan(50);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
@@ -360,6 +360,14 @@ SELECT throws_ok(
     'fail should refuse an empty error'
 );
 
+-- Without an id either, the message says NULL (0.3.8: it read "job  failed ...").
+SELECT results_eq(
+    $$SELECT * FROM tap_helpers.caught($q$ SELECT x_jobs.fail(id => NULL, worker => 'w', error => NULL) $q$)$$,
+    $$VALUES ('XJ023', 'X_ERROR_MISSING: job NULL failed without an error message', '',
+              'Pass what went wrong as error, such as the exception''s message.')$$,
+    'fail without an id or an error should name the id as NULL, with a HINT'
+);
+
 SELECT throws_ok(
     $$SELECT x_jobs.fail(tap_helpers.jid('held'), 'w1', 'boom', retry_delay => '-1 second')$$,
     'XJ018',
@@ -379,6 +387,14 @@ SELECT throws_ok(
     'XJ011',
     'X_WORKER_INVALID: worker id NULL is empty',
     'fail should refuse a NULL worker id'
+);
+
+SELECT results_eq(
+    $$SELECT * FROM tap_helpers.caught($q$ SELECT x_jobs.fail(tap_helpers.jid('held'), repeat('w', 401), 'boom') $q$)$$,
+    $$VALUES ('XJ011',
+              'X_WORKER_INVALID: worker id ''' || repeat('w', 64) || '''... is 401 characters, longer than 400',
+              '', 'Use a worker id of 1 to 400 characters, such as host:pid:random.')$$,
+    'fail should refuse a worker id of 401 characters, naming its length, with a HINT'
 );
 
 SELECT set_eq(
@@ -506,6 +522,49 @@ SELECT results_eq(
     $$,
     $$VALUES (TRUE), (TRUE)$$,
     'Such a retry should be due on the last day of the year 9999'
+);
+
+------------------------------------------------------------------------------------------------
+-- Error texts are cut, not refused (0.3.8): 5,000,000 characters were stored whole, twice
+------------------------------------------------------------------------------------------------
+
+INSERT INTO j (tag, id)
+SELECT
+    'huge' AS tag,
+    e.id
+FROM x_jobs.enqueue('t31_huge', queue => 't31-huge', max_attempts => 5) AS e;
+
+SELECT is(
+    (
+        SELECT count(*)::integer FROM x_jobs.claim(ARRAY['t31-huge'], 'w11') AS c
+        WHERE c.state = 'running'
+    ),
+    1,
+    'The job of the error texts should be claimed (setup)'
+);
+
+SELECT is(
+    x_jobs.fail(tap_helpers.jid('huge'), 'w11', repeat('e', 5000000), repeat('s', 70000))::text,
+    'delayed',
+    'fail with an error of 5,000,000 characters should still fail the attempt'
+);
+
+SELECT results_eq(
+    $$
+    SELECT length(k.last_error), left(k.last_error, 65536) = repeat('e', 65536), substr(k.last_error, 65537),
+           length(k.last_error_stack), substr(k.last_error_stack, 65537)
+    FROM x_jobs.job AS k WHERE k.id = tap_helpers.jid('huge')
+    UNION ALL
+    SELECT length(e.error), left(e.error, 65536) = repeat('e', 65536), substr(e.error, 65537),
+           length(e.error_stack), substr(e.error_stack, 65537)
+    FROM x_jobs.job_error AS e WHERE e.job_id = tap_helpers.jid('huge')
+    $$,
+    $$VALUES
+        (65536 + 39, TRUE, E'\n[truncated: 5000000 characters in all]',
+         65536 + 37, E'\n[truncated: 70000 characters in all]'),
+        (65536 + 39, TRUE, E'\n[truncated: 5000000 characters in all]',
+         65536 + 37, E'\n[truncated: 70000 characters in all]')$$,
+    'The row and its history should keep the first 65,536 characters of the error and stack, and their length'
 );
 
 SELECT * FROM finish();

@@ -6,7 +6,7 @@
 -- Each scenario is a job in a queue of its own; the clock is moved with SET LOCAL
 -- "x_jobs.fake_now", which is also the clock of events and first-reached instants.
 BEGIN;
-SELECT plan(106);
+SELECT plan(112);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
@@ -796,9 +796,9 @@ SELECT results_eq(
 SELECT results_eq(
     $$SELECT * FROM tap_helpers.caught($q$ SELECT x_jobs.progress(tap_helpers.jid('prog'), 'w1', 11, 10) $q$)$$,
     $$VALUES ('XJ033', 'X_PROGRESS_INVALID: progress 11 of 10 is negative, not finite or past the total',
-              'A note may hold up to 1000 characters.',
+              '',
               'Report done and total as finite numbers of zero or more, with done <= total.')$$,
-    'progress should refuse done past the total, with a DETAIL and a HINT'
+    'progress should refuse done past the total, with a HINT'
 );
 
 SELECT throws_ok(
@@ -832,13 +832,29 @@ SELECT results_eq(
     'progress should refuse NaN and infinite numbers, which JSON cannot hold'
 );
 
+-- A long note has a message of its own (0.3.8): it was refused as "progress NULL of NULL is
+-- negative, not finite or past the total", naming values that were not the problem.
+SELECT results_eq(
+    $$
+    SELECT * FROM tap_helpers.caught($q$
+        SELECT x_jobs.progress(id => tap_helpers.jid('prog'), worker => 'w1', note => pg_catalog.repeat('n', 1001))
+    $q$)
+    $$,
+    $$VALUES ('XJ033',
+              'X_PROGRESS_INVALID: progress note ''' || pg_catalog.repeat('n', 64) || '''... is 1001 characters, '
+              'longer than 1000',
+              '',
+              'Keep a progress note to 1000 characters; log the rest, or put it in the job''s output.')$$,
+    'progress should refuse a note of more than 1000 characters with a message naming the note and its length'
+);
 SELECT throws_ok(
     pg_catalog.format(
         'SELECT x_jobs.progress(tap_helpers.jid(''prog''), ''w1'', 1, 2, %L)', pg_catalog.repeat('n', 1001)
     ),
     'XJ033',
-    'X_PROGRESS_INVALID: progress 1 of 2 is negative, not finite or past the total',
-    'progress should refuse a note of more than 1000 characters'
+    'X_PROGRESS_INVALID: progress note ''' || pg_catalog.repeat('n', 64)
+    || '''... is 1001 characters, longer than 1000',
+    'progress with valid numbers should refuse a note of more than 1000 characters all the same'
 );
 
 SELECT is(
@@ -863,6 +879,40 @@ SELECT is(
     x_jobs.progress(tap_helpers.jid('w_before'), 'w1', 1, 10),
     FALSE,
     'progress on a run suspended by its worker should answer false'
+);
+
+-- An error text is cut, not refused (0.3.8): a step's error was stored whole (5,000,000
+-- characters passed), and refusing it would leave the worker unable to record the failure.
+INSERT INTO j (tag, id)
+SELECT
+    'errtext' AS tag,
+    e.id
+FROM x_jobs.enqueue('t34_errtext', queue => 't34-errtext') AS e;
+SELECT is(pg_temp.take('errtext', 'w1'), 1, 'The job of the error texts should run on w1 (setup)');
+SELECT is(
+    x_jobs.step_record(tap_helpers.jid('errtext'), 'w1', 'huge_error', error => pg_catalog.repeat('x', 5000000)),
+    'failed'::x_jobs.step_status,
+    'step_record with an error of 5,000,000 characters should still record the step as failed'
+);
+SELECT results_eq(
+    $$SELECT pg_catalog.length(error), pg_catalog.left(error, 65536) = pg_catalog.repeat('x', 65536),
+             pg_catalog.substr(error, 65537)
+      FROM x_jobs.step WHERE job_id = tap_helpers.jid('errtext') AND name = 'huge_error'$$,
+    $$VALUES (65536 + 39, TRUE, E'\n[truncated: 5000000 characters in all]')$$,
+    'The error should be kept to its first 65,536 characters and a note of its length'
+);
+SELECT is(
+    x_jobs.step_record(tap_helpers.jid('errtext'), 'w1', 'edge_error', error => pg_catalog.repeat('x', 65536)),
+    'failed'::x_jobs.step_status,
+    'step_record with an error of 65,536 characters should record it (setup)'
+);
+SELECT is(
+    (
+        SELECT error FROM x_jobs.step
+        WHERE job_id = tap_helpers.jid('errtext') AND name = 'edge_error'
+    ),
+    pg_catalog.repeat('x', 65536),
+    'An error of 65,536 characters should be kept as it is'
 );
 
 SELECT * FROM finish();

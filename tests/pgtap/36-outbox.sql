@@ -53,7 +53,7 @@ COMMIT;
 
 RESET default_transaction_isolation;
 BEGIN;
-SELECT plan(178);
+SELECT plan(192);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:00:00+00';
 
@@ -330,6 +330,101 @@ SELECT lives_ok(
 );
 SET LOCAL "x_jobs.max_payload_bytes" = '';
 
+-- Headers count with the payload (0.3.8): 50 MB of headers passed beside a small payload.
+SET LOCAL "x_jobs.max_payload_bytes" = 100;
+SELECT results_eq(
+    $$
+    SELECT c.err_state,
+           c.err_message
+           LIKE 'X_PAYLOAD_TOO_LARGE: payload of % bytes with headers of % bytes exceeds the limit of 100',
+           c.err_detail, c.err_hint
+    FROM tap_helpers.caught($q$
+        SELECT x_jobs.outbox_put('t36-refused', '{}', headers => jsonb_build_object('h', repeat('a', 200)))
+    $q$) AS c
+    $$,
+    $$ VALUES ('XJ003', TRUE, 'For a message of topic ''t36-refused''.',
+               'Put a reference to large data in the message, or raise x_jobs.max_payload_bytes.') $$,
+    'A put whose headers take it past x_jobs.max_payload_bytes should be refused, naming both sizes'
+);
+SELECT throws_like(
+    $$
+    SELECT * FROM x_jobs.outbox_put_many(jsonb_build_array(jsonb_build_object(
+        'topic', 't36-refused', 'payload', '{}'::jsonb, 'headers', jsonb_build_object('h', repeat('a', 200)))))
+    $$,
+    'X_PAYLOAD_TOO_LARGE: payload of % bytes with headers of % bytes exceeds the limit of 100',
+    'outbox_put_many should count the headers with the payload too'
+);
+SET LOCAL "x_jobs.max_payload_bytes" = '';
+SELECT throws_like(
+    $$ SELECT x_jobs.outbox_put('t36-refused', '{}', headers => jsonb_build_object('h', repeat('a', 2000000))) $$,
+    'X_PAYLOAD_TOO_LARGE: payload of % bytes with headers of % bytes exceeds the limit of 1048576',
+    'Headers of 2 MB beside an empty payload should be refused under the default limit'
+);
+
+-- A key is in outbox_key_idx (0.3.8): 6,400 incompressible characters failed with a bare 54000.
+CREATE TEMP TABLE long_text AS
+SELECT string_agg(md5(g.i::text), '' ORDER BY g.i) AS v FROM generate_series(1, 200) AS g (i);
+SELECT results_eq(
+    $$
+    SELECT c.* FROM tap_helpers.caught($q$
+        SELECT x_jobs.outbox_put('t36-refused', '{}', key => (SELECT v FROM long_text))
+    $q$) AS c
+    $$,
+    $$ VALUES ('XJ035',
+               'X_MESSAGE_INVALID: key ''c4ca4238a0b923820dcc509a6f75849bc81e728d9d4c2f636f067f89cc14862c''... '
+               'is 6400 characters, longer than 400',
+               'For a message of topic ''t36-refused''.',
+               'Key messages with a short text, such as an order id (up to 400 characters): hash a longer one.') $$,
+    'A put with a key of 6,400 characters should be refused with X_MESSAGE_INVALID, its length and a HINT'
+);
+SELECT results_eq(
+    $$
+    SELECT c.err_state, c.err_message, c.err_hint FROM tap_helpers.caught($q$
+        SELECT * FROM x_jobs.outbox_put_many(jsonb_build_array(
+            jsonb_build_object('topic', 't36-refused', 'payload', '{}'::jsonb),
+            jsonb_build_object('topic', 't36-refused', 'payload', '{}'::jsonb, 'key', (SELECT v FROM long_text))))
+    $q$) AS c
+    $$,
+    $$ VALUES ('XJ035',
+               'X_MESSAGE_INVALID: key ''c4ca4238a0b923820dcc509a6f75849bc81e728d9d4c2f636f067f89cc14862c''... '
+               'of message 2 is 6400 characters, longer than 400',
+               'Key messages with a short text, such as an order id (up to 400 characters): hash a longer one.') $$,
+    'outbox_put_many with a key of 6,400 characters should be refused, naming the message'
+);
+SELECT lives_ok(
+    $$ SELECT x_jobs.outbox_put('t36-refused-edge', '{"tag": "edge"}', key => repeat('🔑', 400)) $$,
+    'A key of 400 four-byte characters should be accepted'
+);
+
+-- The topic must be a JSON string (0.3.8): ->> took an object or a number as its JSON text.
+SELECT results_eq(
+    $$
+    SELECT c.err_state, c.err_message, c.err_hint FROM tap_helpers.caught($q$
+        SELECT * FROM x_jobs.outbox_put_many('[{"topic": {"a": 1}, "payload": {}}]')
+    $q$) AS c
+    $$,
+    $$ VALUES ('XJ035', 'X_MESSAGE_INVALID: topic {"a": 1} of message 1 is not a string',
+               'Pass the topic as a string, such as "orders.created".') $$,
+    'outbox_put_many with a topic that is a JSON object should be refused, with a HINT'
+);
+SELECT throws_ok(
+    $$
+    SELECT * FROM x_jobs.outbox_put_many('[{"topic": "t36-refused", "payload": {}}, {"topic": 5, "payload": {}}]')
+    $$,
+    'XJ035', 'X_MESSAGE_INVALID: topic 5 of message 2 is not a string',
+    'outbox_put_many with a topic that is a JSON number should be refused'
+);
+
+-- A malformed x_jobs.max_payload_bytes is refused by its own code (0.3.8), not a bare cast error.
+SET LOCAL "x_jobs.max_payload_bytes" = 'abc';
+SELECT throws_ok(
+    $$ SELECT x_jobs.outbox_put('t36-refused', '{}') $$,
+    'XJ040',
+    'X_SETTING_INVALID: x_jobs.max_payload_bytes ''abc'' is not a whole number of bytes from 1 to 2147483647',
+    'A put under a max_payload_bytes of ''abc'' should be refused with X_SETTING_INVALID'
+);
+SET LOCAL "x_jobs.max_payload_bytes" = '';
+
 SELECT throws_ok(
     $$ SELECT * FROM x_jobs.relay_outbox(NULL) $$,
     'XJ036', 'X_RELAY_INVALID: relay id NULL is empty',
@@ -379,6 +474,14 @@ SELECT throws_ok(
     $$ SELECT x_jobs.outbox_nack(12345, 'r', '') $$,
     'XJ023', 'X_ERROR_MISSING: message 12345 failed without an error message',
     'outbox_nack with an empty error should be refused'
+);
+SELECT results_eq(
+    $$
+    SELECT c.* FROM tap_helpers.caught($q$ SELECT x_jobs.outbox_nack(id => NULL, relay => 'r', error => '') $q$) AS c
+    $$,
+    $$ VALUES ('XJ023', 'X_ERROR_MISSING: message NULL failed without an error message', '',
+               'Pass what went wrong as error, such as the HTTP status and body.') $$,
+    'outbox_nack without an id or an error should name the id as NULL (0.3.8: it read "message  failed")'
 );
 SELECT throws_ok(
     $$ SELECT x_jobs.outbox_redrive(max_rows => 0) $$,
@@ -1416,6 +1519,26 @@ SELECT results_eq(
     $$,
     $$ VALUES ('XJ036'), ('XJ012') $$,
     'outbox_extend_lease should refuse an empty relay id and a lease that is not positive'
+);
+
+-- A nack's error is cut, not refused (0.3.8): 5,000,000 characters were stored whole.
+SELECT lives_ok(
+    $$ SELECT pg_temp.put('t36-errtext', 'errtext') $$,
+    'A message for the error text should be put (setup)'
+);
+SELECT is(pg_temp.relay('r-err', 't36-errtext'), ARRAY['errtext'], 'r-err should hold it (setup)');
+SELECT is(
+    x_jobs.outbox_nack(pg_temp.mid('errtext'), 'r-err', repeat('e', 5000000))::text,
+    'pending',
+    'outbox_nack with an error of 5,000,000 characters should still nack the message'
+);
+SELECT results_eq(
+    $$
+    SELECT length(h.last_error), left(h.last_error, 65536) = repeat('e', 65536), substr(h.last_error, 65537)
+    FROM pg_temp.held('errtext') AS h
+    $$,
+    $$ VALUES (65536 + 39, TRUE, E'\n[truncated: 5000000 characters in all]') $$,
+    'The error should be kept to its first 65,536 characters and a note of its length'
 );
 
 SELECT * FROM finish();

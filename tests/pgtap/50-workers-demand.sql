@@ -3,7 +3,7 @@
 -- due rows of open queues, and running rows not held by a live draining worker.
 -- The clock is moved with SET LOCAL "x_jobs.fake_now".
 BEGIN;
-SELECT plan(38);
+SELECT plan(41);
 
 ------------------------------------------------------------------------------------------------
 -- announce_worker
@@ -104,6 +104,45 @@ SELECT throws_ok(
     'XJ011',
     'X_WORKER_INVALID: worker id NULL is empty',
     'announce_worker should refuse a NULL worker id'
+);
+
+-- The id is the primary key of x_jobs.worker (0.3.8): 6,400 incompressible characters failed
+-- with a bare 54000. Every function taking a worker id refuses what announce would.
+CREATE TEMP TABLE long_text AS
+SELECT string_agg(md5(g.i::text), '' ORDER BY g.i) AS v FROM generate_series(1, 200) AS g (i);
+SELECT results_eq(
+    $$
+    SELECT c.*
+    FROM tap_helpers.caught($q$ SELECT x_jobs.announce_worker((SELECT v FROM long_text), ARRAY['a']) $q$) AS c
+    $$,
+    $$VALUES ('XJ011',
+              'X_WORKER_INVALID: worker id ''c4ca4238a0b923820dcc509a6f75849bc81e728d9d4c2f636f067f89cc14862c''... '
+              'is 6400 characters, longer than 400',
+              '', 'Use a worker id of 1 to 400 characters, such as host:pid:random.')$$,
+    'announce_worker should refuse a worker id of 6,400 characters, naming its length, with a HINT'
+);
+SELECT results_eq(
+    $$
+    SELECT f.fn, c.err_state, c.err_message LIKE 'X_WORKER_INVALID: worker id % is 6400 characters, longer than 400'
+    FROM (VALUES
+        ('claim', $q$ SELECT * FROM x_jobs.claim(ARRAY['a'], (SELECT v FROM long_text)) $q$),
+        ('extend_lease', $q$ SELECT * FROM x_jobs.extend_lease('{1}', (SELECT v FROM long_text)) $q$),
+        ('release', $q$ SELECT * FROM x_jobs.release('{1}', (SELECT v FROM long_text)) $q$),
+        ('complete', $q$ SELECT x_jobs.complete(1, (SELECT v FROM long_text)) $q$),
+        ('fail', $q$ SELECT x_jobs.fail(1, (SELECT v FROM long_text), 'boom') $q$),
+        ('steps', $q$ SELECT * FROM x_jobs.steps(1, (SELECT v FROM long_text)) $q$),
+        ('progress', $q$ SELECT x_jobs.progress(1, (SELECT v FROM long_text)) $q$)
+    ) AS f (fn, stmt)
+    CROSS JOIN LATERAL tap_helpers.caught(f.stmt) AS c
+    $$,
+    $$VALUES ('claim', 'XJ011', TRUE), ('extend_lease', 'XJ011', TRUE), ('release', 'XJ011', TRUE),
+             ('complete', 'XJ011', TRUE), ('fail', 'XJ011', TRUE), ('steps', 'XJ011', TRUE),
+             ('progress', 'XJ011', TRUE)$$,
+    'Every function taking a worker id should refuse one of 6,400 characters'
+);
+SELECT lives_ok(
+    $$SELECT x_jobs.announce_worker(repeat('🔑', 400), ARRAY['a'])$$,
+    'announce_worker should accept a worker id of 400 four-byte characters'
 );
 
 SELECT throws_ok(

@@ -2,7 +2,7 @@
 -- (every SQLSTATE and X_ code an x_jobs body raises is in it, paired as raised) and true (every
 -- entry is raised somewhere), with unique codes and SQLSTATEs. The bodies are read from pg_proc.
 BEGIN;
-SELECT plan(14);
+SELECT plan(15);
 
 -- Every RAISE EXCEPTION of every x_jobs function, one row each: the text from that RAISE to the
 -- next one (or the end of the body), the ERRCODE it names and the X_ code its MESSAGE starts with
@@ -117,7 +117,8 @@ SELECT is_empty(
 
 -- The catalogue itself: clients and the README branch on these pairs, so a renumbered or
 -- renamed code is an API change. 0.2.0 added XJ024..XJ033 (steps and events) and XJ034..XJ037
--- (the outbox and the webhook ledger), 0.3.3 XJ038 (the test clock), 0.3.5 XJ039 (times clients cannot read).
+-- (the outbox and the webhook ledger), 0.3.3 XJ038 (the test clock), 0.3.5 XJ039 (times clients cannot read),
+-- 0.3.8 XJ040 (a malformed x_jobs.max_payload_bytes).
 SELECT set_eq(
     $$SELECT sqlstate, code FROM x_jobs.error_codes()$$,
     $$VALUES
@@ -134,23 +135,31 @@ SELECT set_eq(
         ('XJ031', 'X_STEP_NOT_FOUND'), ('XJ032', 'X_STEP_NOT_WAITING'), ('XJ033', 'X_PROGRESS_INVALID'),
         ('XJ034', 'X_TOPIC_INVALID'), ('XJ035', 'X_MESSAGE_INVALID'), ('XJ036', 'X_RELAY_INVALID'),
         ('XJ037', 'X_WEBHOOK_INVALID'), ('XJ038', 'X_CLOCK_REFUSED'), ('XJ039', 'X_TIME_INVALID'),
-        ('40001', 'X_ENQUEUE_RACE')$$,
+        ('XJ040', 'X_SETTING_INVALID'), ('40001', 'X_ENQUEUE_RACE')$$,
     'error_codes() should list exactly the documented SQLSTATE and X_ code pairs'
 );
 
 -- The outbox's own codes come from the outbox functions only: the put checks (a topic, a
--- message), the relay's id on claim and settle, and the webhook's source and id.
+-- message, and outbox_put's key), the relay's id on claim and settle, and the webhook's source
+-- and id.
 SELECT set_eq(
     $$SELECT DISTINCT r.sqlstate, regexp_replace(r.fn, '^x_jobs\.|\(.*$', '', 'g')
       FROM raised AS r
       WHERE r.sqlstate IN ('XJ034', 'XJ035', 'XJ036', 'XJ037')$$,
     $$VALUES
         ('XJ034', '_require_message'),
-        ('XJ035', '_require_message'), ('XJ035', 'outbox_put_many'),
+        ('XJ035', '_require_message'), ('XJ035', 'outbox_put'), ('XJ035', 'outbox_put_many'),
         ('XJ036', 'relay_outbox'), ('XJ036', 'outbox_ack'), ('XJ036', 'outbox_nack'),
         ('XJ036', 'outbox_extend_lease'),
         ('XJ037', 'receive_webhook')$$,
     'XJ034..XJ037 should be raised only by the outbox and webhook functions they are documented for'
+);
+
+-- The malformed setting is refused in one place, which every limit read goes through.
+SELECT set_eq(
+    $$SELECT DISTINCT regexp_replace(r.fn, '^x_jobs\.|\(.*$', '', 'g') FROM raised AS r WHERE r.sqlstate = 'XJ040'$$,
+    $$VALUES ('_max_payload_setting')$$,
+    'XJ040 should be raised only by _max_payload_setting, which _max_payload_bytes calls'
 );
 
 SELECT * FROM finish();

@@ -69,6 +69,8 @@ def test_a_refusal_becomes_its_typed_error(conn: Conn) -> None:
         ("SELECT x_jobs.cancel(-1)", errors.JobNotFound),
         ("SELECT x_jobs.purge('-1 day')", errors.RetentionInvalid),
         ("SELECT x_jobs.enqueue('a', run_at => 'infinity')", errors.TimeInvalid),
+        ("SELECT x_jobs.enqueue('a', idempotency_key => repeat('k', 401))", errors.JobsInvalid),
+        ("SELECT * FROM x_jobs.claim(ARRAY['default'], repeat('w', 401))", errors.WorkerInvalid),
     ],
 )
 def test_every_kind_of_refusal_translates(
@@ -130,6 +132,20 @@ def test_errors_that_are_no_refusal_come_back_unchanged(conn: Conn) -> None:
     )
     assert errors.translate(headless) is headless
     assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_a_malformed_payload_limit_is_a_setting_error_not_an_argument_error(conn: Conn) -> None:
+    """x_jobs.max_payload_bytes = 'abc' failed every enqueue with a bare cast error. It is the
+    deployment's setting, not the call's value: not an InvalidArgument, which the outbox relay and
+    the webhook receiver refuse for good."""
+    conn.execute("SET x_jobs.max_payload_bytes = '4MB'")
+    err = _refusal(conn, "SELECT x_jobs.enqueue('a')")
+    typed = errors.translate(err)
+    assert type(typed) is errors.SettingInvalid
+    assert not isinstance(typed, errors.InvalidArgument)
+    assert typed.sqlstate == "XJ040"
+    assert typed.message.startswith("X_SETTING_INVALID: x_jobs.max_payload_bytes '4MB' ")
+    assert typed.hint and "RESET" in typed.hint
 
 
 def test_the_test_clock_is_refused_to_a_session_that_is_not_a_superusers(
