@@ -21,6 +21,8 @@
 --     unbounded, outbox headers outside the payload limit, non-string JSON taken as names, a
 --     malformed x_jobs.max_payload_bytes (a bare cast error; X_SETTING_INVALID, XJ040, now).
 --     Error texts a worker reports are cut at 65,536 characters, never refused.
+--   * A row buried because its final attempt's lease lapsed names, in last_error, the steps it
+--     completed that no compensation undid.
 
 -- The version of the SQL API installed here. Clients check it before they speak to the database
 -- (the Python worker refuses one it cannot speak to); it answers the same whether the schema came
@@ -1151,7 +1153,21 @@ BEGIN
                 SET state = CASE WHEN j.dead_letter THEN 'dead' ELSE 'failed' END::x_jobs.job_state,
                     visible_at = NULL,
                     claimed_by = NULL,
-                    last_error = 'lease lapsed on the final attempt',
+                    -- No attempt is left to run the compensations (code in the handler) of the
+                    -- steps it completed: name those steps, as a final attempt that did not reach
+                    -- them does, so that an operator knows what to undo by hand.
+                    last_error = 'lease lapsed on the final attempt' || coalesce((
+                        SELECT pg_catalog.format(
+                            ': steps %s completed and their compensations, if any, did not run',
+                            pg_catalog.string_agg(pg_catalog.quote_literal(s.name), ', ' ORDER BY s.created_at, s.name))
+                        FROM x_jobs.step AS s
+                        WHERE s.job_id = j.id AND s.kind = 'run' AND NOT s.compensation AND s.status = 'done'
+                            AND NOT EXISTS (
+                                SELECT FROM x_jobs.step AS c
+                                WHERE c.job_id = s.job_id AND c.name = s.name AND c.compensation
+                            )
+                        HAVING count(*) > 0
+                    ), ''),
                     last_error_stack = NULL,
                     finished_at = v_now,
                     updated_at = v_now

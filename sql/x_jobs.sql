@@ -1746,7 +1746,21 @@ BEGIN
                 SET state = CASE WHEN j.dead_letter THEN 'dead' ELSE 'failed' END::x_jobs.job_state,
                     visible_at = NULL,
                     claimed_by = NULL,
-                    last_error = 'lease lapsed on the final attempt',
+                    -- No attempt is left to run the compensations (code in the handler) of the
+                    -- steps it completed: name those steps, as a final attempt that did not reach
+                    -- them does, so that an operator knows what to undo by hand.
+                    last_error = 'lease lapsed on the final attempt' || coalesce((
+                        SELECT pg_catalog.format(
+                            ': steps %s completed and their compensations, if any, did not run',
+                            pg_catalog.string_agg(pg_catalog.quote_literal(s.name), ', ' ORDER BY s.created_at, s.name))
+                        FROM x_jobs.step AS s
+                        WHERE s.job_id = j.id AND s.kind = 'run' AND NOT s.compensation AND s.status = 'done'
+                            AND NOT EXISTS (
+                                SELECT FROM x_jobs.step AS c
+                                WHERE c.job_id = s.job_id AND c.name = s.name AND c.compensation
+                            )
+                        HAVING count(*) > 0
+                    ), ''),
                     last_error_stack = NULL,
                     finished_at = v_now,
                     updated_at = v_now

@@ -31,7 +31,7 @@ COMMIT;
 
 RESET default_transaction_isolation;
 BEGIN;
-SELECT plan(74);
+SELECT plan(77);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:00:00+00';
 
@@ -708,6 +708,36 @@ SELECT results_eq(
     'Behind due delayed rows of a key at its limit, a claim should find the due rows of a key with room and '
     'the unkeyed one'
 );
+
+-- A saga whose final attempt lost its lease: no attempt is left to run the compensations, so
+-- the buried row names the completed steps that none undid (a compensated one is not named).
+SELECT is(
+    (SELECT count(*)::integer FROM x_jobs.enqueue('saga_lapsed', queue => 'saga', max_attempts => 1)),
+    1,
+    'The saga should be enqueued (setup)'
+);
+CREATE TEMP TABLE saga_claim AS
+SELECT c.id FROM x_jobs.claim(ARRAY['saga'], 'saga-worker', '30 seconds', 1) AS c;
+SELECT results_eq(
+    $$
+    SELECT x_jobs.step_record(c.id, 'saga-worker', s.step, '{}', compensation => s.undo)::text
+    FROM saga_claim AS c
+    CROSS JOIN (VALUES (1, 'charge', FALSE), (2, 'reserve', FALSE), (3, 'reserve', TRUE), (4, 'ship', FALSE)) AS s (n, step, undo)
+    ORDER BY s.n
+    $$,
+    $$ VALUES ('done'), ('done'), ('done'), ('done') $$,
+    'Three steps and the compensation of one should be recorded (setup)'
+);
+SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:01:00+00';
+SELECT results_eq(
+    $$ SELECT c.state::text, c.last_error FROM x_jobs.claim(ARRAY['saga'], 'saga-worker-2', '30 seconds', 1) AS c $$,
+    $$
+    VALUES ('dead', 'lease lapsed on the final attempt: steps ''charge'', ''ship'' completed and their '
+                    'compensations, if any, did not run')
+    $$,
+    'A saga buried after its final lease lapsed should name the completed steps no compensation undid'
+);
+SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:00:00+00';
 
 -- A server restart: leases that ran out while it was down are left to their holders for one
 -- lease (the claim's) after it started; a lease renewed since the start lapses as usual.
