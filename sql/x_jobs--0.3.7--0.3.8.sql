@@ -1513,6 +1513,50 @@ BEGIN
 END
 $$;
 
+-- The refusals shared by the step functions: the worker must hold the job (it is running and
+-- claimed by `p_worker`), and the step needs a name. Locks the job row, so that a cancel or a
+-- lapse-and-reclaim cannot slip in between the check and the write.
+CREATE OR REPLACE FUNCTION x_jobs._require_held(p_id bigint, p_worker text, p_step text)
+RETURNS x_jobs.job
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_job x_jobs.job;
+BEGIN
+    PERFORM x_jobs._require_worker(p_worker, 'Pass the id the worker claimed with.');
+    IF p_step IS NOT NULL AND (p_step = '' OR pg_catalog.length(p_step) > 200) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ024',
+            MESSAGE = pg_catalog.format('X_STEP_INVALID: step name %L is empty or longer than 200 characters',
+                p_step),
+            HINT = 'Name each step of a run with a short text unique within the run, such as ''charge''.';
+    END IF;
+    SELECT j.* INTO v_job FROM x_jobs.job AS j WHERE j.id = p_id FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ014',
+            MESSAGE = pg_catalog.format('X_JOB_NOT_FOUND: no job has id %s', coalesce(p_id::text, 'NULL')),
+            HINT = 'Pass the id of the job the worker claimed.';
+    END IF;
+    IF v_job.state <> 'running' OR v_job.claimed_by IS DISTINCT FROM p_worker THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ026',
+            MESSAGE = pg_catalog.format('X_JOB_NOT_HELD: job %s is %s and not held by worker %L',
+                p_id, v_job.state, p_worker),
+            -- A settled row keeps the worker that ran it in claimed_by; only a running row is held.
+            DETAIL = CASE
+                WHEN v_job.state = 'running' THEN pg_catalog.format('It is held by %s.',
+                    coalesce(pg_catalog.quote_literal(v_job.claimed_by), 'no worker'))
+                ELSE 'It is held by no worker.'
+            END,
+            HINT = 'The job was cancelled, or its lease lapsed and another worker took it: stop its body.';
+    END IF;
+    RETURN v_job;
+END
+$$;
+
 -- Record the result of a run step (or, compensation => true, of the compensation of a step):
 -- its output, or the error it ended with (status failed). A done step is never changed: the
 -- first result recorded is the one every replay answers. A failed one is replaced by the next

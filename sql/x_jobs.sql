@@ -2277,7 +2277,12 @@ BEGIN
             ERRCODE = 'XJ026',
             MESSAGE = pg_catalog.format('X_JOB_NOT_HELD: job %s is %s and not held by worker %L',
                 p_id, v_job.state, p_worker),
-            DETAIL = pg_catalog.format('It is held by %s.', coalesce(pg_catalog.quote_literal(v_job.claimed_by), 'no worker')),
+            -- A settled row keeps the worker that ran it in claimed_by; only a running row is held.
+            DETAIL = CASE
+                WHEN v_job.state = 'running' THEN pg_catalog.format('It is held by %s.',
+                    coalesce(pg_catalog.quote_literal(v_job.claimed_by), 'no worker'))
+                ELSE 'It is held by no worker.'
+            END,
             HINT = 'The job was cancelled, or its lease lapsed and another worker took it: stop its body.';
     END IF;
     RETURN v_job;

@@ -6,7 +6,7 @@
 -- Each scenario is a job in a queue of its own; the clock is moved with SET LOCAL
 -- "x_jobs.fake_now", which is also the clock of events and first-reached instants.
 BEGIN;
-SELECT plan(112);
+SELECT plan(115);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
@@ -638,6 +638,22 @@ SELECT results_eq(
               'It is held by ''w1''.',
               'The job was cancelled, or its lease lapsed and another worker took it: stop its body.')$$,
     'step_record by a worker that does not hold the job should be refused, the DETAIL naming the holder'
+);
+
+-- A settled row keeps the worker that ran it in claimed_by: no worker holds it all the same.
+INSERT INTO j (tag, id)
+SELECT 'settled', e.id FROM x_jobs.enqueue('settled', queue => 't34-settled') AS e;
+SELECT is(pg_temp.take('settled', 'w1'), 1, 'w1 should claim the job (setup)');
+SELECT ok(x_jobs.complete(tap_helpers.jid('settled'), 'w1'), 'w1 should complete it (setup)');
+SELECT results_eq(
+    $$SELECT * FROM tap_helpers.caught($q$ SELECT x_jobs.step_record(tap_helpers.jid('settled'), 'w1', 's') $q$)$$,
+    $$VALUES ('XJ026',
+              pg_catalog.format(
+                  'X_JOB_NOT_HELD: job %s is done and not held by worker ''w1''', tap_helpers.jid('settled')
+              ),
+              'It is held by no worker.',
+              'The job was cancelled, or its lease lapsed and another worker took it: stop its body.')$$,
+    'step_record on a job its worker completed should be refused, the DETAIL saying no worker holds it'
 );
 
 SELECT throws_ok(
