@@ -143,7 +143,7 @@ BEGIN
 END
 $$;
 
-REVOKE ALL ON FUNCTION x_jobs._max_payload_setting() FROM PUBLIC;
+REVOKE ALL ON FUNCTION x_jobs._max_payload_setting() FROM public;
 GRANT EXECUTE ON FUNCTION x_jobs._max_payload_setting() TO x_jobs_worker;
 
 -- The catalogue of refusals: every SQLSTATE an x_jobs function raises, its X_ code, what it

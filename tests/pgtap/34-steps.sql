@@ -642,7 +642,10 @@ SELECT results_eq(
 
 -- A settled row keeps the worker that ran it in claimed_by: no worker holds it all the same.
 INSERT INTO j (tag, id)
-SELECT 'settled', e.id FROM x_jobs.enqueue('settled', queue => 't34-settled') AS e;
+SELECT
+    'settled' AS tag,
+    e.id
+FROM x_jobs.enqueue('settled', queue => 't34-settled') AS e;
 SELECT is(pg_temp.take('settled', 'w1'), 1, 'w1 should claim the job (setup)');
 SELECT ok(x_jobs.complete(tap_helpers.jid('settled'), 'w1'), 'w1 should complete it (setup)');
 SELECT results_eq(
