@@ -23,6 +23,8 @@
 --     Error texts a worker reports are cut at 65,536 characters, never refused.
 --   * A row buried because its final attempt's lease lapsed names, in last_error, the steps it
 --     completed that no compensation undid.
+--   * retry keeps only the steps still in effect: a step its compensation undid, a failed step
+--     and a timed-out wait run again (a retried saga replayed a refunded charge as done).
 
 -- The version of the SQL API installed here. Clients check it before they speak to the database
 -- (the Python worker refuses one it cannot speak to); it answers the same whether the schema came
@@ -2268,6 +2270,81 @@ BEGIN
         AND o.relay = outbox_nack.relay
     RETURNING o.state INTO v_state;
     RETURN v_state;
+END
+$$;
+
+-- Re-queue a dead, failed or cancelled job: due now, with all its attempts again and the same
+-- run_id (so a workflow resumes, not restarts). Its error history stays. Refused for live and
+-- done rows, and when another live row now holds its idempotency key.
+--
+-- The steps it resumes with are those still in effect: a step its compensation undid runs again
+-- (the run replayed it as done, and went on from a refunded charge to ship the order, in a
+-- review), and so does a step that failed (a wait that timed out replayed its timeout at once,
+-- so the workflow could never be recovered). A compensation that failed is forgotten, so that
+-- the step it did not undo can be undone if this run fails for good.
+CREATE OR REPLACE FUNCTION x_jobs.retry(id bigint)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := x_jobs.now();
+    v_job record;
+BEGIN
+    SELECT j.state, j.queue, j.idempotency_key INTO v_job
+    FROM x_jobs.job AS j
+    WHERE j.id = retry.id
+    FOR UPDATE;
+
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ014',
+            MESSAGE = pg_catalog.format('X_JOB_NOT_FOUND: no job has id %s', coalesce(retry.id::text, 'NULL')),
+            HINT = 'Check the id; finished jobs are removed by purge after their retention.';
+    END IF;
+    IF v_job.state NOT IN ('dead', 'failed', 'cancelled') THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ015',
+            MESSAGE = pg_catalog.format('X_JOB_NOT_RETRYABLE: job %s is %s', retry.id, v_job.state),
+            HINT = 'Only dead, failed and cancelled jobs can be retried; a live job runs already, '
+                'and a done job is enqueued anew.';
+    END IF;
+
+    DELETE FROM x_jobs.step AS s
+    WHERE s.job_id = retry.id
+        AND (
+            s.status = 'failed'
+            OR EXISTS (
+                SELECT FROM x_jobs.step AS c
+                WHERE c.job_id = s.job_id AND c.name = s.name AND c.compensation AND c.status = 'done'
+            )
+        );
+
+    BEGIN
+        UPDATE x_jobs.job AS j
+        SET state = 'ready',
+            attempt = 0,
+            run_at = v_now,
+            visible_at = NULL,
+            claimed_by = NULL,
+            finished_at = NULL,
+            output = NULL,
+            updated_at = v_now
+        WHERE j.id = retry.id;
+    EXCEPTION
+        WHEN unique_violation THEN
+            RAISE EXCEPTION USING
+                ERRCODE = 'XJ017',
+                MESSAGE = pg_catalog.format('X_IDEMPOTENCY_CONFLICT: a live job already holds key %L',
+                    v_job.idempotency_key),
+                DETAIL = pg_catalog.format('Job %s cannot be re-queued while that job is live.', retry.id),
+                HINT = 'Wait for the live job to finish, or cancel it, then retry this one.';
+    END;
+
+    PERFORM pg_catalog.pg_notify('x_jobs', v_job.queue);
+    RETURN TRUE;
 END
 $$;
 

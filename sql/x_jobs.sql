@@ -567,24 +567,6 @@ AS $$
     SELECT (pg_catalog.pg_backend_pid() % 16)::smallint
 $$;
 
--- The size limit for inputs and outputs, default 1 MiB, set per database or role:
--- ALTER DATABASE app SET x_jobs.max_payload_bytes = 4194304. One expression, and no SET
--- search_path, so that the planner inlines it: unset, the limit costs nothing (as x_jobs.now()).
--- A value set is read by _max_payload_setting, whose plans are kept. Until 0.3.8 this was one
--- SQL function with a catalog subquery, planned afresh on every call: 0.7-1.4 ms a call against
--- 0.007 unset, 0.03 set to a plain number (measured 2026-11-30, 10,000 calls in a loop).
-CREATE FUNCTION x_jobs._max_payload_bytes()
-RETURNS integer
-LANGUAGE sql
-STABLE
-PARALLEL SAFE
-AS $$
-    SELECT CASE
-        WHEN coalesce(pg_catalog.current_setting('x_jobs.max_payload_bytes', true), '') = '' THEN 1048576
-        ELSE x_jobs._max_payload_setting()
-    END
-$$;
-
 -- x_jobs.max_payload_bytes as set. Any role can SET a custom setting, and producers enqueue
 -- through functions that run as their owner, so a session's own value counts only up to 1 MiB;
 -- above it, only up to what ALTER DATABASE or ALTER ROLE set (the most specific, as PostgreSQL
@@ -653,6 +635,24 @@ BEGIN
     END LOOP;
     RETURN least(coalesce(v_session, v_bytes), v_bytes);
 END
+$$;
+
+-- The size limit for inputs and outputs, default 1 MiB, set per database or role:
+-- ALTER DATABASE app SET x_jobs.max_payload_bytes = 4194304. One expression, and no SET
+-- search_path, so that the planner inlines it: unset, the limit costs nothing (as x_jobs.now()).
+-- A value set is read by _max_payload_setting, whose plans are kept. Until 0.3.8 this was one
+-- SQL function with a catalog subquery, planned afresh on every call: 0.7-1.4 ms a call against
+-- 0.007 unset, 0.03 set to a plain number (measured 2026-11-30, 10,000 calls in a loop).
+CREATE FUNCTION x_jobs._max_payload_bytes()
+RETURNS integer
+LANGUAGE sql
+STABLE
+PARALLEL SAFE
+AS $$
+    SELECT CASE
+        WHEN coalesce(pg_catalog.current_setting('x_jobs.max_payload_bytes', true), '') = '' THEN 1048576
+        ELSE x_jobs._max_payload_setting()
+    END
 $$;
 
 -- A payload's size as the limit counts it: uncompressed. pg_column_size counts a value as it is
@@ -3842,6 +3842,12 @@ $$;
 -- Re-queue a dead, failed or cancelled job: due now, with all its attempts again and the same
 -- run_id (so a workflow resumes, not restarts). Its error history stays. Refused for live and
 -- done rows, and when another live row now holds its idempotency key.
+--
+-- The steps it resumes with are those still in effect: a step its compensation undid runs again
+-- (the run replayed it as done, and went on from a refunded charge to ship the order, in a
+-- review), and so does a step that failed (a wait that timed out replayed its timeout at once,
+-- so the workflow could never be recovered). A compensation that failed is forgotten, so that
+-- the step it did not undo can be undone if this run fails for good.
 CREATE FUNCTION x_jobs.retry(id bigint)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -3871,6 +3877,16 @@ BEGIN
             HINT = 'Only dead, failed and cancelled jobs can be retried; a live job runs already, '
                 'and a done job is enqueued anew.';
     END IF;
+
+    DELETE FROM x_jobs.step AS s
+    WHERE s.job_id = retry.id
+        AND (
+            s.status = 'failed'
+            OR EXISTS (
+                SELECT FROM x_jobs.step AS c
+                WHERE c.job_id = s.job_id AND c.name = s.name AND c.compensation AND c.status = 'done'
+            )
+        );
 
     BEGIN
         UPDATE x_jobs.job AS j

@@ -59,13 +59,16 @@ VERSION: LiteralString = "SELECT x_jobs.version()"
 # Local to the transaction; put back afterwards for a caller whose transaction goes on.
 SETTINGS: LiteralString = (
     "SELECT pg_catalog.current_setting('search_path'),"
-    " pg_catalog.current_setting('client_min_messages')"
+    " pg_catalog.current_setting('client_min_messages'),"
+    " pg_catalog.current_setting('check_function_bodies')"
 )
 SET_SETTINGS: LiteralString = (
     "SELECT pg_catalog.set_config('search_path', %s, true),"
-    " pg_catalog.set_config('client_min_messages', %s, true)"
+    " pg_catalog.set_config('client_min_messages', %s, true),"
+    " pg_catalog.set_config('check_function_bodies', %s, true)"
 )
-SCRIPT_SETTINGS = ("pg_catalog, pg_temp", "warning")
+# As CREATE EXTENSION runs a script: a SQL function may then name one defined further down.
+SCRIPT_SETTINGS = ("pg_catalog, pg_temp", "warning", "off")
 
 _GUARD = re.compile(r"^\\echo\b.*\\quit[ \t]*(?:\r?\n|\Z)", re.MULTILINE)
 _CONFIG_DUMP = re.compile(

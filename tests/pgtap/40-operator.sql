@@ -2,7 +2,7 @@
 -- re-queues a dead, failed or cancelled row with all its attempts, pause_queue / resume_queue
 -- hold a queue back from claims. The clock is moved with SET LOCAL "x_jobs.fake_now".
 BEGIN;
-SELECT plan(44);
+SELECT plan(45);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
@@ -178,7 +178,36 @@ SELECT results_eq(
     'A retried row should be claimable at once, starting again from attempt 1'
 );
 
+-- The failed row ran a saga: a step its compensation undid, a step whose compensation failed, a
+-- wait that timed out and a step still in effect.
+INSERT INTO x_jobs.step (job_id, name, compensation, kind, created_at, status, attempt, event)
+SELECT
+    tap_helpers.jid('failed') AS job_id,
+    s.name,
+    s.compensation,
+    s.kind,
+    '2030-01-01 10:00:05+00'::timestamptz AS created_at,
+    s.status::x_jobs.step_status AS status,
+    1 AS attempt,
+    s.event
+FROM (
+    VALUES
+    ('charge', FALSE, 'run', 'done', NULL),
+    ('charge', TRUE, 'run', 'done', NULL),
+    ('reserve', FALSE, 'run', 'done', NULL),
+    ('reserve', TRUE, 'run', 'failed', NULL),
+    ('paid', FALSE, 'wait', 'failed', 't40.paid'),
+    ('label', FALSE, 'run', 'done', NULL)
+) AS s (name, compensation, kind, status, event);
+
 SELECT is(x_jobs.retry(tap_helpers.jid('failed')), TRUE, 'retry should answer true for a failed row');
+
+SELECT results_eq(
+    $$SELECT s.name, s.compensation, s.status::text FROM x_jobs.step AS s
+      WHERE s.job_id = tap_helpers.jid('failed') ORDER BY s.name, s.compensation$$,
+    $$VALUES ('label', FALSE, 'done'), ('reserve', FALSE, 'done')$$,
+    'A retried saga should keep the steps still in effect, and run again the undone, failed and timed-out ones'
+);
 
 SELECT is(x_jobs.retry(tap_helpers.jid('cancelled')), TRUE, 'retry should answer true for a cancelled row');
 
