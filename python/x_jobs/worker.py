@@ -46,11 +46,19 @@ from typing import Any, LiteralString
 
 import psycopg
 from psycopg.types.json import Jsonb
+from pydantic import ValidationError
 
 from x_jobs._conn import connect
 from x_jobs._listen import DB_GONE, listen
 from x_jobs.app import App, Job, Seconds, interval, seconds
-from x_jobs.errors import JobNotHeld, OutputInvalid, PermissionDenied, ascii_only, storable
+from x_jobs.errors import (
+    InputInvalid,
+    JobNotHeld,
+    OutputInvalid,
+    PermissionDenied,
+    ascii_only,
+    storable,
+)
 from x_jobs.metrics import WorkerMetrics
 from x_jobs.steps import AsyncSteps, Steps, StepStore, Suspended, _Journal, progress
 
@@ -1219,15 +1227,30 @@ class Worker:
         return outcome
 
     def _invoke(self, run: _Run) -> Any:
-        value = run.job.validate_json(run.payload)
+        value = self._input(run)
         return run.job.fn(value, run.ctx) if run.job.takes_ctx else run.job.fn(value)
 
     async def _invoke_async(self, run: _Run) -> Any:
-        value = run.job.validate_json(run.payload)
+        value = self._input(run)
         call: Coroutine[Any, Any, Any] = (
             run.job.fn(value, run.ctx) if run.job.takes_ctx else run.job.fn(value)
         )
         return await call
+
+    @staticmethod
+    def _input(run: _Run) -> Any:
+        """The handler's input, validated against the job's declaration. A row enqueued past
+        App.enqueue (x-jobs enqueue, SQL, another language) may not fit it: no attempt would
+        run it, so it fails for good at once, where each of its 25 attempts failed alike."""
+        try:
+            return run.job.validate_json(run.payload)
+        except ValidationError as err:
+            raise InputInvalid(
+                f"X_INPUT_INVALID: the input of job {run.job.name!r} does not fit its "
+                f"declared {run.job.type_name}: {err}",
+                hint="Enqueue it again with an input that validates (App.enqueue checks it "
+                "before it reaches the database).",
+            ) from err
 
     def _call(self, run: _Run) -> _Outcome:
         try:
@@ -1330,7 +1353,7 @@ class Worker:
             ok=False,
             error=error,
             stack=stack,
-            retryable=not isinstance(err, PermanentError | JobNotHeld),
+            retryable=not isinstance(err, PermanentError | JobNotHeld | InputInvalid),
             lost=isinstance(err, JobNotHeld),
         )
 
