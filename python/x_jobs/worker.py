@@ -50,7 +50,14 @@ from psycopg.types.json import Jsonb
 from x_jobs._conn import connect
 from x_jobs._listen import DB_GONE, listen
 from x_jobs.app import App, Job, Seconds, interval, seconds
-from x_jobs.errors import JobNotHeld, OutputInvalid, PermissionDenied, ascii_only, storable
+from x_jobs.errors import (
+    JobNotHeld,
+    OutputInvalid,
+    PermissionDenied,
+    ascii_only,
+    storable,
+    translate,
+)
 from x_jobs.metrics import WorkerMetrics
 from x_jobs.steps import AsyncSteps, Steps, StepStore, Suspended, _Journal, progress
 
@@ -380,6 +387,13 @@ class Worker:
         except psycopg.errors.InsufficientPrivilege as err:
             # A login without x_jobs_worker: refused at its first claim or announce.
             raise PermissionDenied.of(err) from err
+        except psycopg.Error as err:
+            # An x_jobs refusal of the worker's own arguments (X_QUEUES_INVALID for a queue
+            # named ''), typed as everywhere else; any other error as it is.
+            typed = translate(err)
+            if typed is err:
+                raise
+            raise typed from err
         finally:
             self._shutdown_threads()
             if self._conn is not None:
