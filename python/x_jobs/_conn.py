@@ -1,7 +1,9 @@
-"""How the client opens its connections: autocommit, named, and in UTF-8."""
+"""How the client opens its connections: autocommit, named, and in UTF-8; and how it keeps the
+password of a DSN out of everything it prints or logs."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import psycopg
@@ -11,12 +13,57 @@ import psycopg
 #: nothing compares equal: the version check read b'0.3.4' and refused to start.
 CLIENT_ENCODING = "utf8"
 
+#: What stands for a password that was redacted.
+HIDDEN = "***"
+
+# The user:password@ of a URI's authority (the password runs to the last @ before the path, so
+# one holding a raw @ is hidden whole), a password=... of its query string, and a password=...
+# keyword of a key/value conninfo, its value bare or single-quoted with backslash escapes.
+_URI_PASSWORD = re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://[^\s:/?#@\"']*:)[^\s/?#\"']*(?=@)")
+_QUERY_PASSWORD = re.compile(r"(?i)([?&]password=)[^\s&#\"']*")
+_KEYWORD_PASSWORD = re.compile(r"(?i)(\bpassword\s*=\s*)(?:'(?:[^'\\]|\\.)*'?|[^\s'\"]+)")
+
+
+def redact(text: str) -> str:
+    """``text`` with every password a DSN in it holds replaced by ``***``: the ``user:password@``
+    of a URI, its ``?password=``, a ``password=...`` keyword. libpq quotes the whole DSN in some
+    of its errors ("... in URI: "postgresql://u:s3cret@[bad/db""); what the client prints or
+    logs about a connection goes through here."""
+    text = _URI_PASSWORD.sub(rf"\g<1>{HIDDEN}", text)
+    text = _QUERY_PASSWORD.sub(rf"\g<1>{HIDDEN}", text)
+    return _KEYWORD_PASSWORD.sub(rf"\g<1>{HIDDEN}", text)
+
+
+def has_password(dsn: str) -> bool:
+    """Whether ``dsn`` holds a password (what :func:`redact` would hide)."""
+    return redact(dsn) != dsn
+
+
+def redact_error(err: BaseException) -> BaseException:
+    """``err`` with the passwords in its message, and in those of the errors it was raised
+    from, redacted in place (its type and attributes kept); returned for ``raise``."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        current.args = tuple(redact(a) if isinstance(a, str) else a for a in current.args)
+        current = current.__cause__ or current.__context__
+    return err
+
 
 def connect(dsn: str, application_name: str) -> psycopg.Connection[Any]:
-    """An autocommit connection, as every loop of the client (worker, relay, listener) uses."""
-    return psycopg.connect(
-        dsn, autocommit=True, application_name=application_name, client_encoding=CLIENT_ENCODING
-    )
+    """An autocommit connection, as every loop of the client (worker, relay, listener) uses.
+    A failure to connect is raised with the DSN's password redacted from its message."""
+    try:
+        return psycopg.connect(
+            dsn,
+            autocommit=True,
+            application_name=application_name,
+            client_encoding=CLIENT_ENCODING,
+        )
+    except psycopg.Error as err:
+        redact_error(err)
+        raise
 
 
 def pool_kwargs(application_name: str) -> dict[str, Any]:

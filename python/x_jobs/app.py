@@ -28,7 +28,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from pydantic import SecretBytes, SecretStr, TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
 
-from x_jobs._conn import pool_kwargs
+from x_jobs._conn import connect, pool_kwargs
 from x_jobs.errors import (
     InputInvalid,
     JobFailed,
@@ -353,7 +353,8 @@ class App:
     ) -> Job[Any] | Callable[[Callable[..., Any]], Job[Any]]:
         """Declare a job over a plain function, sync or ``async``:
         ``def handle(input)`` or ``def handle(input, ctx)``. The input's type annotation (a
-        pydantic model, a dataclass, a TypedDict, ``dict``...) is what enqueue validates.
+        pydantic model, a dataclass, a TypedDict (``typing_extensions.TypedDict`` before Python
+        3.12: pydantic refuses ``typing``'s), ``dict``...) is what enqueue validates.
         ``keep_done=False``: completing a job deletes its row, so ``result`` cannot read it."""
 
         def declare(handler: Callable[..., Any]) -> Job[Any]:
@@ -420,7 +421,7 @@ class App:
         except PoolTimeout as err:
             # The pool only says that it waited; one connection of its own says why.
             try:
-                psycopg.connect(self.dsn, **pool_kwargs("x_jobs")).close()
+                connect(self.dsn, "x_jobs").close()  # its error without the DSN's password
             except psycopg.Error as reason:
                 raise reason from err
             raise

@@ -7,11 +7,14 @@ and ``install`` (the schema without CREATE EXTENSION, see :mod:`x_jobs.install`)
 ``--dsn`` (default ``DATABASE_URL``, else libpq's PG* environment, as ``App()``) and ``--json``
 (one JSON document on stdout instead of tables).
 
-Exit codes: 0 done; 1 the database refused (an x_jobs refusal such as X_JOB_NOT_FOUND, one
-this client makes in the same manner such as X_MESSAGE_NOT_FOUND, or any other SQL error); 2 a
-usage or connection problem (bad arguments, a bad DSN, an unreachable server, a database without
-x_jobs or with a version this client cannot speak to). An error is one line on stderr, then a
-hint; with ``--json`` stdout also gets ``{"error": {...}}`` (code X_USAGE for a usage error).
+Exit codes: 0 done; 1 the database refused what was asked (an x_jobs refusal such as
+X_JOB_NOT_FOUND, one this client makes in the same manner such as X_MESSAGE_NOT_FOUND, or any
+other SQL error, X_DATABASE_ERROR with its SQLSTATE); 2 the command could not do its work as it
+was set up (bad arguments, an input jsonb cannot store, a bad DSN, an unreachable server, a
+database without x_jobs or with a version this client cannot speak to, a login without the
+x_jobs role it needs; whatever stops a worker or relay from serving). An error is one line on
+stderr, then a hint; with ``--json`` stdout also gets ``{"error": {...}}`` whose code is never
+null (X_USAGE for a usage error). A DSN's password is never printed (``***``).
 Every time is read in UTC (the session's TimeZone is pinned to it); a ``--run-at`` without an
 offset is still read in the session's own TimeZone.
 """
@@ -48,13 +51,12 @@ from typer.core import TyperGroup
 
 from x_jobs import install as installer
 from x_jobs import maintenance
-from x_jobs._conn import connect
+from x_jobs._conn import HIDDEN, connect, has_password, redact
 from x_jobs.app import App
 from x_jobs.errors import (
     ClientError,
     JobNotFound,
     PermissionDenied,
-    QtyInvalid,
     StateUnknown,
     VersionUnsupported,
     XJobsError,
@@ -153,13 +155,16 @@ class TextLogFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        return _utc_ts(record)
+
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
         fields = " ".join(f"{k}={_logfmt(v)}" for k, v in _extra(record).items())
-        if not fields:
-            return line
-        head, newline, rest = line.partition("\n")  # after the message, before a traceback
-        return f"{head} {fields}{newline}{rest}"
+        if fields:
+            head, newline, rest = line.partition("\n")  # after the message, before a traceback
+            line = f"{head} {fields}{newline}{rest}"
+        return redact(line)  # a DSN's password, in a connection error of psycopg's pool say
 
 
 def _logfmt(value: Any) -> str:
@@ -174,7 +179,7 @@ class JsonLogFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
-            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "ts": _utc_ts(record),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
@@ -182,7 +187,14 @@ class JsonLogFormatter(logging.Formatter):
         entry.update(_extra(record))
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
+        return redact(json.dumps(entry, default=str))
+
+
+def _utc_ts(record: logging.LogRecord) -> str:
+    """A log record's time in UTC to the millisecond, as ISO 8601 with a Z:
+    2026-11-30T19:26:50.123Z, whatever the process's time zone."""
+    when = datetime.fromtimestamp(int(record.created), UTC)
+    return f"{when:%Y-%m-%dT%H:%M:%S}.{int(record.msecs):03d}Z"
 
 
 def setup_logging(level: str, fmt: str) -> None:
@@ -337,6 +349,7 @@ def worker(
     app = load_app(app_path)
     if dsn is not None:
         app.dsn = dsn
+    out = _LoopOutput(log_format == "json")
     loop: Worker | None = None
     try:
         loop = Worker(
@@ -353,13 +366,19 @@ def worker(
         # The process ends with the worker, and the handlers still running with it: a drain
         # whose grace runs out hands their jobs back for another worker to take at once.
         loop.run(process_exits=True)
+    except ValueError as err:
+        if loop is not None:
+            raise  # not the Worker's refusal of its arguments
+        # An App without jobs and no --queue: nothing to serve.
+        out.usage(str(err), "'MODULE:APP' / '--queue'")
     except XJobsError as err:
-        # A database without x_jobs (or too old), a metrics port another process holds.
-        Output(as_json=False).refuse(EXIT_USAGE, err)
+        # A database without x_jobs (or too old), a login without x_jobs_worker, a metrics port
+        # another process holds, a --queue the claim refuses (X_QUEUES_INVALID): its setup.
+        out.refuse(EXIT_USAGE, err)
     except psycopg.Error as err:
         if loop is not None and loop.wait_stopped(0):
             raise  # it ran: no start-up failure (it rides out a lost connection itself)
-        _start_failed(err)
+        _start_failed(out, err)
 
 
 @cli.command()
@@ -392,45 +411,80 @@ def relay(
     app = load_app(app_path)
     if dsn is not None:
         app.dsn = dsn
+    out = _LoopOutput(log_format == "json")
     loop: Relay | None = None
     try:
         loop = Relay(app, concurrency=concurrency, lease=lease, poll_interval=poll, grace=grace)
         loop.run()
     except ValueError as err:
-        raise typer.BadParameter(str(err)) from err
+        out.usage(str(err))
     except XJobsError as err:
-        Output(as_json=False).refuse(EXIT_USAGE, err)
+        # As the worker's: a database without x_jobs, a login without x_jobs_worker (refused
+        # at its first claim), ...
+        out.refuse(EXIT_USAGE, err)
     except psycopg.Error as err:
         if loop is not None and loop.wait_stopped(0):
             raise  # it ran: no start-up failure (it rides out a lost connection itself)
-        _start_failed(err)
+        _start_failed(out, err)
 
 
-def _start_failed(err: psycopg.Error) -> NoReturn:
+class _LoopOutput:
+    """How `worker` and `relay`, which take no --json, end on an error: one line and a hint on
+    stderr, exit 2, as every command; with --log-format json the same error is also logged as
+    one JSON line (code, sqlstate, hint), the machine-readable form of their output."""
+
+    def __init__(self, json_logs: bool) -> None:
+        self.json_logs = json_logs
+        self.out = Output(as_json=False)
+
+    def _log(self, message: str, hint: str | None, code: str, sqlstate: str | None) -> None:
+        if self.json_logs:
+            extra = {"code": code, "sqlstate": sqlstate, "hint": hint}
+            logger.error(_first_line(message), extra=extra)
+
+    def fail(
+        self, message: str, hint: str | None, *, code: str, sqlstate: str | None = None
+    ) -> NoReturn:
+        self._log(message, hint, code, sqlstate)
+        self.out.fail(EXIT_USAGE, message, hint, code=code, sqlstate=sqlstate)
+
+    def refuse(self, exit_code: int, err: XJobsError) -> NoReturn:
+        self._log(err.message, err.hint, _code_of(err), err.sqlstate)
+        self.out.refuse(exit_code, err)
+
+    def usage(self, message: str, param_hint: str | None = None) -> NoReturn:
+        """A usage error, as click reports a bad option (exit 2): X_USAGE in the JSON log."""
+        self._log(message, None, "X_USAGE", None)
+        raise typer.BadParameter(message, param_hint=param_hint)
+
+
+def _start_failed(out: _LoopOutput, err: psycopg.Error) -> NoReturn:
     """A worker or relay that could not start on its database: one line and a hint, exit 2, as
     any command. Raised before the loop began, so by the first connection or the version
     check: an error without an SQLSTATE (a bad DSN) or an OperationalError is the connection's."""
-    out = Output(as_json=False)
     if err.sqlstate is None or isinstance(err, psycopg.OperationalError):
         out.fail(
-            EXIT_USAGE,
-            f"X_CONNECT_FAILED: cannot connect to the database: {_first_line(str(err))}",
+            f"X_CONNECT_FAILED: cannot connect to the database: {_first_line(redact(str(err)))}",
             CONNECT_HINT,
             code="X_CONNECT_FAILED",
         )
     if isinstance(err, psycopg.errors.InsufficientPrivilege):
         out.refuse(EXIT_USAGE, PermissionDenied.of(err))
-    out.fail(
-        EXIT_USAGE,
-        err.diag.message_primary or str(err),
-        err.diag.message_hint,
-        sqlstate=err.sqlstate,
-    )
+    typed = translate(err)
+    out.refuse(EXIT_USAGE, typed if isinstance(typed, XJobsError) else DatabaseError.of(err))
 
 
 # --- the operator's commands ------------------------------------------------------------------
 
+#: The database refused what a command asked: an x_jobs refusal (X_JOB_NOT_FOUND), one this
+#: client makes in the same manner (X_MESSAGE_NOT_FOUND, the install refusals), or any other
+#: SQL error (X_DATABASE_ERROR: a statement timeout, a read-only transaction).
 EXIT_REFUSED = 1
+#: The command could not do its work as it was set up: a usage error (X_USAGE, an input the
+#: database cannot store), a connection problem (X_CONNECT_FAILED, X_CONNECTION_LOST), a
+#: database without x_jobs or with a version this client cannot speak to (X_NOT_INSTALLED,
+#: X_VERSION_UNSUPPORTED), a login without the x_jobs role it needs (X_PERMISSION_DENIED); and
+#: whatever stops `worker` or `relay` (X_METRICS_PORT_UNAVAILABLE, a --queue the claim refuses).
 EXIT_USAGE = 2
 
 Dsn = Annotated[
@@ -444,6 +498,10 @@ Dsn = Annotated[
 AsJson = Annotated[
     bool, typer.Option("--json", help="Print one JSON document on stdout instead of tables.")
 ]
+
+#: The rows a page of `jobs list` or `outbox list` may hold: those x_jobs.list_jobs takes (a
+#: usage error outside them, before anything is sent).
+PageSize = Annotated[int, typer.Option(min=1, max=1000, help="Rows per page.")]
 
 # The ranges of SQL's bigint and integer: a number outside them is a usage error here, not an
 # "out of range" or "function ... does not exist" from the database.
@@ -895,9 +953,31 @@ class Output:
         raise typer.Exit(exit_code)
 
     def refuse(self, exit_code: int, err: XJobsError) -> NoReturn:
-        head = err.message.split(":", 1)[0]
-        code = head if head.startswith("X_") and head.isupper() else err.code
-        self.fail(exit_code, err.message, err.hint, code=code, sqlstate=err.sqlstate)
+        self.fail(exit_code, err.message, err.hint, code=_code_of(err), sqlstate=err.sqlstate)
+
+
+def _code_of(err: XJobsError) -> str:
+    """The X_ code an error's message starts with (that of the refusal it was made of), else
+    its class's."""
+    head = err.message.split(":", 1)[0]
+    return head if head.startswith("X_") and head.isupper() else err.code
+
+
+class DatabaseError(XJobsError):
+    """Any other error the database answered a command with (a statement timeout, a read-only
+    transaction): X_DATABASE_ERROR, carrying PostgreSQL's SQLSTATE, so that --json never prints
+    a code of null."""
+
+    code = "X_DATABASE_ERROR"
+
+    @classmethod
+    def of(cls, err: psycopg.Error) -> DatabaseError:
+        said = err.diag.message_primary or _first_line(str(err))
+        state = f" (SQLSTATE {err.sqlstate})" if err.sqlstate else ""
+        typed = cls(f"X_DATABASE_ERROR: {said}{state}", hint=err.diag.message_hint)
+        typed.__cause__ = err
+        typed.sqlstate = err.sqlstate
+        return typed
 
 
 @contextmanager
@@ -913,7 +993,7 @@ def database(
     except psycopg.Error as err:
         out.fail(
             EXIT_USAGE,
-            f"X_CONNECT_FAILED: cannot connect to the database: {_first_line(str(err))}",
+            f"X_CONNECT_FAILED: cannot connect to the database: {_first_line(redact(str(err)))}",
             CONNECT_HINT,
             code="X_CONNECT_FAILED",
         )
@@ -926,7 +1006,9 @@ def database(
             if check_version:
                 app.check_version(conn)
             yield conn
-    except VersionUnsupported as err:
+    except (VersionUnsupported, PermissionDenied) as err:
+        # No x_jobs there (or one this client cannot speak to), a login without the role the
+        # command needs: the command's setup, not what it asked (see EXIT_USAGE).
         out.refuse(EXIT_USAGE, err)
     except XJobsError as err:
         out.refuse(EXIT_REFUSED, err)
@@ -934,42 +1016,95 @@ def database(
         if conn.broken:
             out.fail(
                 EXIT_USAGE,
-                f"X_CONNECTION_LOST: the database connection was lost: {_first_line(str(err))}",
+                "X_CONNECTION_LOST: the database connection was lost: "
+                + _first_line(redact(str(err))),
                 CONNECT_HINT,
                 code="X_CONNECTION_LOST",
             )
         if isinstance(err, psycopg.errors.InsufficientPrivilege):
-            out.refuse(EXIT_REFUSED, PermissionDenied.of(err))
+            out.refuse(EXIT_USAGE, PermissionDenied.of(err))
         typed = translate(err)
-        if isinstance(typed, XJobsError):
-            out.refuse(EXIT_REFUSED, typed)
-        out.fail(
-            EXIT_REFUSED,
-            err.diag.message_primary or str(err),
-            err.diag.message_hint,
-            sqlstate=err.sqlstate,
-        )
+        out.refuse(EXIT_REFUSED, typed if isinstance(typed, XJobsError) else DatabaseError.of(err))
 
 
 def _json_input(value: str, option: str = "--input") -> str:
     """The JSON text an option gave, checked; a usage error (exit 2) naming ``option`` otherwise.
+    ``@PATH`` reads it from a file, ``-`` from stdin (no JSON text starts with @ or is a lone -):
+    the command line holds about 128 KiB, the database takes up to 1 MiB.
 
     The text itself goes to the database (``%s::jsonb``): read into Python floats, a number
     would lose digits jsonb keeps."""
+    text = _read_json_source(value, option)
 
     # jsonb has no NaN or Infinity: refuse them here, like any other text that is not JSON.
     def no_constants(name: str) -> Any:
         raise ValueError(f"{name} is not JSON")
 
     try:
-        json.loads(value, parse_constant=no_constants, parse_int=len, parse_float=len)
+        parsed = json.loads(text, parse_constant=no_constants, parse_int=len, parse_float=len)
     except ValueError as err:
         raise typer.BadParameter(f"not a JSON value ({err})", param_hint=f"'{option}'") from err
     except RecursionError:
-        # Nested deeper than Python decodes (jsonb nests deeper): the database checks it alone,
-        # and refuses text that is no JSON as an SQL error.
-        pass
-    return value
+        # Nested deeper than Python decodes (jsonb nests deeper): the database checks the rest,
+        # but not the NUL escape it cannot store, refused here all the same.
+        if _NUL_ESCAPE.search(text):
+            raise _unstorable(option, "a NUL character (\\u0000)") from None
+        return text
+    why = _unstorable_text(parsed)
+    if why is not None:
+        raise _unstorable(option, why)
+    return text
+
+
+#: A \\u0000 escape in JSON text: a backslash that no other backslash escapes, then u0000.
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def _unstorable(option: str, what: str) -> typer.BadParameter:
+    return typer.BadParameter(
+        f"it holds {what}, which PostgreSQL cannot store in jsonb: nothing was sent",
+        param_hint=f"'{option}'",
+    )
+
+
+def _unstorable_text(value: Any) -> str | None:
+    """Why jsonb cannot store the strings (keys too) of a JSON value: a NUL character, or half
+    of a surrogate pair; None when it can. Walked without recursion."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        texts: list[str] = []
+        if isinstance(item, dict):
+            texts = list(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str):
+            texts = [item]
+        for text in texts:
+            if "\x00" in text:
+                return "a NUL character (\\u0000)"
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                return "half of a UTF-16 surrogate pair (such as \\ud800 alone)"
+    return None
+
+
+def _read_json_source(value: str, option: str) -> str:
+    """``value``, or the text of the file ``@PATH`` or of stdin (``-``) it names."""
+    if value != "-" and not value.startswith("@"):
+        return value
+    where = "stdin" if value == "-" else value[1:]
+    try:
+        if value == "-":
+            return sys.stdin.read()
+        with open(value[1:], encoding="utf-8") as source:
+            return source.read()
+    except (OSError, UnicodeDecodeError) as err:
+        raise typer.BadParameter(
+            f"cannot read JSON from {where}: {err}", param_hint=f"'{option}'"
+        ) from err
 
 
 def _iso_datetime(value: str) -> datetime:
@@ -1028,7 +1163,12 @@ def enqueue(
         str, typer.Argument(metavar="NAME", help="The job's name (any name; no App needed).")
     ],
     input_json: Annotated[
-        str, typer.Option("--input", metavar="JSON", help="The job's input, a JSON value.")
+        str,
+        typer.Option(
+            "--input",
+            metavar="JSON",
+            help="The job's input, a JSON value; @PATH reads it from a file, - from stdin.",
+        ),
     ],
     queue: Annotated[
         str | None, typer.Option(help="Queue; default 'default'.", show_default=False)
@@ -1202,9 +1342,7 @@ def jobs_list(
             help="Only ids below this one: the next page's start.",
         ),
     ] = None,
-    limit: Annotated[
-        int, typer.Option(min=INT_MIN, max=INT_MAX, help="Rows per page, 1 to 1000.")
-    ] = 50,
+    limit: PageSize = 50,
     dsn: Dsn = None,
     as_json: AsJson = False,
 ) -> None:
@@ -1224,10 +1362,26 @@ def jobs_list(
         args += ["--queue", queue] if queue is not None else []
         args += ["--limit", str(limit)] if limit != 50 else []
         args += ["--before", str(next_before)]
-        human.append(f"next page: {shlex.join(args)}")
+        human += _next_page(args, dsn)
     out.emit(
         {"jobs": [dataclasses.asdict(job) for job in jobs], "next_before": next_before}, *human
     )
+
+
+def _next_page(args: list[str], dsn: str | None) -> list[str]:
+    """The line that says how to ask for the next page: ``args`` and the --dsn the command was
+    given (none when it read DATABASE_URL or PG*: the next command reads them too). A password
+    in that --dsn is never printed: it shows as *** and a second line says to put it back."""
+    if dsn is None:
+        return [f"next page: {shlex.join(args)}"]
+    line = f"next page: {shlex.join([*args, '--dsn', redact(dsn)])}"
+    if not has_password(dsn):
+        return [line]
+    return [
+        line,
+        f"(the password in --dsn is shown as {HIDDEN}: give it in its place, or keep it out of"
+        " the DSN with PGPASSWORD or ~/.pgpass)",
+    ]
 
 
 def _errors_table(errors: list[JobErrorRow]) -> RenderableType:
@@ -1625,9 +1779,6 @@ outbox_cli = typer.Typer(
 )
 cli.add_typer(outbox_cli, name="outbox")
 
-#: The page sizes `outbox list` takes, as x_jobs.list_jobs for `jobs list`.
-OUTBOX_PAGE = range(1, 1001)
-
 
 class MessageNotFound(ClientError):
     """No outbox message has the id an outbox command was given."""
@@ -1680,7 +1831,7 @@ def outbox_list(
             help="Only ids below this one: the next page's start.",
         ),
     ] = None,
-    limit: Annotated[int, typer.Option(help="Rows per page, 1 to 1000.")] = 50,
+    limit: PageSize = 50,
     dsn: Dsn = None,
     as_json: AsJson = False,
 ) -> None:
@@ -1700,11 +1851,6 @@ def outbox_list(
                     f"X_STATE_UNKNOWN: {_literal(state)} is not an outbox state",
                     hint=f"Use one of: {', '.join(states)}.",
                 )
-        if limit not in OUTBOX_PAGE:
-            raise QtyInvalid(
-                f"X_QTY_INVALID: --limit {limit} is outside 1..1000",
-                hint="Ask for a page of 1 to 1000 rows and page on with --before.",
-            )
         cur = conn.cursor(row_factory=class_row(OutboxRow))
         messages = cur.execute(LIST_OUTBOX, params).fetchall()
     next_before = messages[-1].id if len(messages) == limit else None
@@ -1716,7 +1862,7 @@ def outbox_list(
         args += ["--key", key] if key is not None else []
         args += ["--limit", str(limit)] if limit != 50 else []
         args += ["--before", str(next_before)]
-        human.append(f"next page: {shlex.join(args)}")
+        human += _next_page(args, dsn)
     out.emit(
         {"messages": [dataclasses.asdict(m) for m in messages], "next_before": next_before},
         *human,

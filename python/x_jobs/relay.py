@@ -51,7 +51,7 @@ import psycopg
 from x_jobs._conn import connect
 from x_jobs._listen import DB_GONE, listen
 from x_jobs.app import App, Seconds, interval, seconds
-from x_jobs.errors import XJobsError, storable, translate
+from x_jobs.errors import PermissionDenied, XJobsError, storable, translate
 from x_jobs.outbox import BatchSink, DeliveryError, OutboxMessage
 
 logger = logging.getLogger(__name__)
@@ -359,6 +359,10 @@ class Relay:
         except DB_GONE as err:
             self._lost_connection(err)
             return None
+        except psycopg.errors.InsufficientPrivilege as err:
+            # A login without x_jobs_worker: no retry will be granted it. Fatal, as the
+            # worker's first claim is (x-jobs relay exits 2 with X_PERMISSION_DENIED).
+            raise PermissionDenied.of(err) from err
         except psycopg.Error as err:
             self._refused("claiming", err)
             return None
@@ -585,7 +589,8 @@ class Relay:
 
     def _refused(self, what: str, err: psycopg.Error) -> None:
         """The database refused a statement of the loop's own, the connection still up: a
-        read-only session during a failover, a privilege revoked. Log it, and pause claiming,
+        read-only session during a failover (a claim refused for want of a privilege is fatal
+        instead, see _claim). Log it, and pause claiming,
         extending and settling with backoff; then go on on a new session (a session keeps
         what it started with, a read-only default say, so the old one might never recover)."""
         logger.error(

@@ -58,6 +58,7 @@ from x_jobs.errors import (
     PermissionDenied,
     ascii_only,
     storable,
+    translate,
 )
 from x_jobs.metrics import WorkerMetrics
 from x_jobs.steps import AsyncSteps, Steps, StepStore, Suspended, _Journal, progress
@@ -388,6 +389,13 @@ class Worker:
         except psycopg.errors.InsufficientPrivilege as err:
             # A login without x_jobs_worker: refused at its first claim or announce.
             raise PermissionDenied.of(err) from err
+        except psycopg.Error as err:
+            # An x_jobs refusal of the worker's own arguments (X_QUEUES_INVALID for a queue
+            # named ''), typed as everywhere else; any other error as it is.
+            typed = translate(err)
+            if typed is err:
+                raise
+            raise typed from err
         finally:
             self._shutdown_threads()
             if self._conn is not None:
