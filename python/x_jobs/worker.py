@@ -12,14 +12,19 @@ The dispatcher claims when a notification names one of its queues, when the poll
 passed (no notification comes for a delayed row becoming due or a lease lapsing), and at once
 after a claim that filled every free slot (more may be waiting). It heartbeats the running jobs:
 an id that ``extend_lease`` no longer answers was lost (cancelled, or its lease lapsed and
-another worker took it), and its handler is told to stop; its outcome is dropped.
+another worker took it), and its handler is told to stop; its outcome is dropped. A claimed job
+that waited in the local queue for a while (a quarter of the heartbeat interval) is confirmed the
+same way before its handler starts: one cancelled meanwhile never starts.
 
 Stopping: the first SIGTERM or SIGINT drains (announce draining, claim nothing more, let running
 jobs finish within ``grace``, hand the rest back with ``x_jobs.release``); a second one stops at
 once. Handing back a job whose handler still runs is safe only when the process ends with the
 worker (``x-jobs worker``); embedded in a process that lives on, the worker keeps such jobs until
 their handlers return. A lost connection is retried with backoff while handlers keep running;
-their outcomes wait in memory until the database answers again.
+their outcomes wait in memory until the database answers again. Meanwhile timeouts still tell
+their handlers to stop, and a drain keeps its grace: when it runs out, ``x-jobs worker`` exits
+without waiting for the database, and what it still holds is left to its lease (another worker
+runs it again once the lease lapses).
 """
 
 from __future__ import annotations
@@ -212,6 +217,9 @@ class _Run:
     payload: str = "null"
     #: When its handler began (monotonic), None while it waits in the local queue.
     started: float | None = None
+    #: When this worker last knew that it held the job (monotonic): its claim, or extend_lease
+    #: answering it before its start (a heartbeat counts too: see Worker._confirmed_at).
+    checked: float = 0.0
     deadline: float | None = None
     task: asyncio.Task[None] | None = None  # an async handler's, made on the event loop
     #: Set once the dispatcher settled or dropped the job: a late outcome is ignored.
@@ -358,6 +366,17 @@ class Worker:
         # Serializes a handler's start with a hand-back or a loss of the same job: a job is
         # either started here or released (or lost) and never started, not both.
         self._start_lock = threading.Lock()
+        #: A claimed job that waited in the local queue longer than this since the worker last
+        #: knew it held it is confirmed (extend_lease) before its handler starts: a cancel that
+        #: came meanwhile is seen by the next heartbeat only, too late to keep it from starting.
+        self._confirm_after = self.heartbeat_interval / 4
+        #: When the last heartbeat that was answered was sent: every job held then was held.
+        self._confirmed_at = 0.0
+        #: The runs an executor found waiting past _confirm_after, for the dispatcher to confirm.
+        self._unconfirmed: queue.SimpleQueue[_Run] = queue.SimpleQueue()
+        #: Jobs to hand back (release) once the database answers: their runs are over (never
+        #: started, or stopped); if the worker exits first, they are left to their leases.
+        self._unreleased: list[_Run] = []
 
     # --- public -------------------------------------------------------------------------------
 
@@ -435,14 +454,18 @@ class Worker:
         while True:
             if self._conn is None:
                 # Lost by whichever call noticed it last turn: nothing below runs without it.
-                self._pause_for_database()
-                if self._conn is None:
-                    self._stop_now()
+                if not self._pause_for_database():
                     return
                 # Back: extend every lease this worker holds before it claims. A lease that
                 # lapsed meanwhile is this worker's again, and no claim of its own takes that
-                # job as lapsed, to run it a second time beside the first.
-                next_heartbeat = 0.0
+                # job as lapsed, to run it a second time beside the first. A drain that began
+                # meanwhile is announced at once.
+                next_heartbeat = next_announce = 0.0
+                if self._unreleased:
+                    runs, self._unreleased = self._unreleased, []
+                    self._release(runs)
+                    if self._conn is None:
+                        continue
             now = time.monotonic()
             if self._stop_requests >= 2:
                 self._stop_now()
@@ -454,6 +477,8 @@ class Worker:
             self._take_settled()
             self._collect(now)
             next_deadline = self._check_deadlines(now)
+            if self._conn is None:
+                continue  # lost by a hand-back (a drain's, or of a job stopped by it)
             if self._settle_due(now):
                 self._submit_settlement()
 
@@ -466,14 +491,15 @@ class Worker:
                 if self._conn is None:
                     continue
                 next_announce = now + self.announce_interval
+            if not self._unconfirmed.empty() and not self._confirm():
+                continue
 
             if self._draining:
-                if not self._held:
+                if not self._held and not self._unreleased:
                     return
                 if now >= self._drain_deadline:
                     if self._process_exits:
-                        self._hand_back(started=True, reason="shutdown")
-                        self._finish_settlements()
+                        self._exit_at_grace()
                         return
                     self._outlast_grace()
             else:
@@ -516,6 +542,7 @@ class Worker:
 
     def _claim(self, room: int) -> int | None:
         assert self._conn is not None
+        sent = time.monotonic()
         try:
             rows = self._conn.execute(
                 CLAIM, [self.queues, self.worker_id, interval(self.lease), room]
@@ -563,7 +590,7 @@ class Worker:
                 created_at=created_at,
                 _store=self._step_store,
             )
-            run = _Run(job or _unknown_job(self.app, name), ctx, payload)
+            run = _Run(job or _unknown_job(self.app, name), ctx, payload, checked=sent)
             self._held[job_id] = run
             if job is not None and job.timeout is not None:
                 self._timed[job_id] = run
@@ -916,6 +943,7 @@ class Worker:
         if not self._held:
             return True
         assert self._conn is not None
+        sent = time.monotonic()
         try:
             rows = self._conn.execute(
                 EXTEND, [_ids(self._held), self.worker_id, interval(self.lease)]
@@ -926,20 +954,33 @@ class Worker:
         held = {row[0] for row in rows}
         # A finished one that was not extended is settled already, or its settlement will say
         # that the worker lost it.
-        gone = [job_id for job_id, run in self._held.items() if not run.done and job_id not in held]
-        if not gone:
-            return True
+        gone = [run for job_id, run in self._held.items() if not run.done and job_id not in held]
+        if gone:
+            self._drop_gone(gone)
+        # Only now: a run that an executor takes meanwhile is not taken as confirmed before the
+        # runs that this heartbeat found gone are marked so (see _begin).
+        self._confirmed_at = sent
+        return True
+
+    def _drop_gone(self, runs: list[_Run]) -> None:
+        """The held runs that extend_lease did not answer: none starts from now on, a running
+        handler is told to stop, and the worker forgets them (nothing to settle)."""
+        assert self._conn is not None
         # Say why: an operator's cancel, or a lease another worker took over.
         try:
-            states = dict(self._conn.execute(ROW_STATES, [_ids(gone)]).fetchall())
+            states = dict(
+                self._conn.execute(ROW_STATES, [_ids(run.ctx.id for run in runs)]).fetchall()
+            )
         except DB_GONE as err:
             self._lost_connection(err)
             states = {}
         with self._start_lock:  # none of them starts from now on (see _hand_back)
-            for job_id in gone:
-                self._held[job_id].done = True
-        for job_id in gone:
-            run = self._held.pop(job_id)
+            for run in runs:
+                run.done = True
+        for run in runs:
+            job_id = run.ctx.id
+            if self._held.get(job_id) is run:
+                del self._held[job_id]
             if states.get(job_id) == "suspended":
                 # Its handler suspended it (a sleep, a wait) and its outcome is on the way.
                 self.metrics.settled(run.job.name, "suspended")
@@ -950,10 +991,60 @@ class Worker:
                 "job cancelled"
                 if reason == "cancelled"
                 else "job lost: its lease went to another worker",
-                extra={"job_id": job_id, "job": run.job.name},
+                extra={"job_id": job_id, "job": run.job.name, "started": run.started is not None},
             )
             self.metrics.settled(run.job.name, reason)
-        return True
+
+    def _confirm(self) -> bool:
+        """Start the runs that an executor found waiting past _confirm_after (see _begin) once
+        extend_lease answers that this worker still holds them, all of them in one call; drop
+        the others, cancelled or lost while they waited (they never ran: nothing to settle).
+        False when the database did not answer: they wait for the reconnect."""
+        runs: list[_Run] = []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                runs.append(self._unconfirmed.get_nowait())
+        runs = [run for run in runs if not run.done]  # handed back or lost meanwhile
+        if not runs:
+            return True
+        assert self._conn is not None
+        sent = time.monotonic()
+        # Those a heartbeat confirmed since they were put back need no other check.
+        stale = [run for run in runs if not self._fresh(run, sent)]
+        if stale:
+            try:
+                rows = self._conn.execute(
+                    EXTEND,
+                    [_ids(run.ctx.id for run in stale), self.worker_id, interval(self.lease)],
+                ).fetchall()
+            except DB_GONE as err:
+                for run in runs:
+                    self._unconfirmed.put(run)
+                self._lost_connection(err)
+                return False
+            held = {row[0] for row in rows}
+            for run in stale:
+                if run.ctx.id in held:
+                    run.checked = sent
+            gone = [run for run in stale if run.ctx.id not in held]
+            if gone:
+                self._drop_gone(gone)
+        self._dispatch([run for run in runs if not run.done])
+        return self._conn is not None  # lost by _drop_gone's question, maybe
+
+    def _fresh(self, run: _Run, now: float) -> bool:
+        """Did this worker know it held the job a short while ago (see _confirm_after)?"""
+        return now - max(run.checked, self._confirmed_at) <= self._confirm_after
+
+    def _dispatch(self, runs: list[_Run]) -> None:
+        """Put claimed runs in the local queue of their executors (threads, or the event loop)."""
+        async_runs = [run for run in runs if run.job.is_async]
+        for run in runs:
+            if not run.job.is_async:
+                self._inbox.put(run)
+        if async_runs:
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._start_async, async_runs)
 
     def _announce(self) -> None:
         if self._conn is None:
@@ -1024,14 +1115,21 @@ class Worker:
             if self._conn is None:
                 raise psycopg.OperationalError("no connection to the database")
             rows = self._conn.execute(RELEASE, [_ids(ids), self.worker_id]).fetchall()
+        except DB_GONE as err:
+            # Handed back once the database answers (they run no more here, and are not
+            # extended meanwhile); if the worker exits first, they are left to their leases.
+            for run in runs:
+                self._held.pop(run.ctx.id, None)
+            self._unreleased += runs
+            if self._conn is not None:
+                self._lost_connection(err)
+            return 0
         except psycopg.Error as err:
             logger.warning(
                 "could not hand jobs back; their leases will lapse", extra={"error": str(err)}
             )
             for run in runs:  # not held any more: not extended, and not waited for
                 self._held.pop(run.ctx.id, None)
-            if isinstance(err, DB_GONE) and self._conn is not None:
-                self._lost_connection(err)
             return 0
         for run in runs:
             self._held.pop(run.ctx.id, None)
@@ -1042,7 +1140,35 @@ class Worker:
     def _stop_now(self) -> None:
         logger.warning("second stop: stopping at once")
         self._hand_back(started=True, reason="shutdown")
-        self._finish_settlements(timeout=2.0)
+        if self._conn is not None:
+            self._finish_settlements(timeout=2.0)
+        self._left_to_leases()
+
+    def _exit_at_grace(self) -> None:
+        """The drain's grace ran out in a process that ends with the worker (and its handlers):
+        hand back every job still held and settle what finished. Without the database (away,
+        or lost now) the worker exits all the same: see _left_to_leases."""
+        self._hand_back(started=True, reason="shutdown")
+        if self._conn is not None:
+            self._finish_settlements()
+        self._left_to_leases()
+
+    def _left_to_leases(self) -> None:
+        """Exiting: say what the worker leaves behind without handing it back or settling it
+        (the database did not answer). Each job stays claimed until its lease lapses; then
+        another worker runs it again (an outcome not settled is lost, not the job)."""
+        unsettled = len(self._held)  # finished, their outcomes not settled
+        left = unsettled + len(self._unreleased)
+        if left:
+            logger.warning(
+                "exiting without the database: jobs left to their leases (other workers run "
+                "them again once the leases lapse)",
+                extra={
+                    "left_to_leases": left,
+                    "unsettled": unsettled,
+                    "not_handed_back": len(self._unreleased),
+                },
+            )
 
     def _tell_stop(self, run: _Run, reason: str) -> None:
         run.ctx._stop(reason)
@@ -1069,28 +1195,55 @@ class Worker:
             self._conn.close()
         self._conn = None
 
-    def _pause_for_database(self) -> None:
-        """Reconnect with backoff, while handlers go on and their outcomes wait."""
+    def _pause_for_database(self) -> bool:
+        """Reconnect with backoff, while handlers go on and their outcomes wait. The worker
+        keeps its clocks meanwhile: a timeout tells its handler to stop, a stop begins the
+        drain, and the drain's grace is kept (when it runs out, a process that ends with the
+        worker exits without the database; an embedded one tells its handlers to stop, and
+        waits on). True once the database answers; False when the worker stopped without it."""
         delay = 0.1
-        while self._conn is None:
+        next_try = time.monotonic()
+        while True:
+            now = time.monotonic()
             if self._stop_requests >= 2:
-                return
-            try:
-                self._connect()
-                logger.info("database connection back")
-                return
-            except DB_GONE as err:
-                logger.warning(
-                    "database unreachable; retrying",
-                    extra={"retry_in_s": round(delay, 2), "error": str(err).strip()},
-                )
-                self._wake.wait(delay)
+                self._stop_now()
+                return False
+            if self._stop_requests == 1 and not self._draining:
+                self._begin_drain(now)
+            if now >= next_try:
+                try:
+                    self._connect()
+                except DB_GONE as err:
+                    logger.warning(
+                        "database unreachable; retrying",
+                        extra={"retry_in_s": round(delay, 2), "error": str(err).strip()},
+                    )
+                    next_try = time.monotonic() + delay
+                    # No longer than a heartbeat apart: after a restart a claim leaves alone, for
+                    # one lease, the jobs whose leases ran out while the server was down, so that
+                    # their holders can reconnect and renew them first (see x_jobs.claim).
+                    delay = min(delay * 2, 5.0, self.heartbeat_interval)
+                else:
+                    logger.info("database connection back")
+                    return True
+            now = time.monotonic()
+            self._take_settled()
+            self._collect(now)
+            next_deadline = self._check_deadlines(now)
+            wake_at = next_try
+            if self._draining:
+                if not self._held and not self._unreleased:
+                    return False  # drained: nothing is left that needs the database
+                if now >= self._drain_deadline:
+                    if self._process_exits:
+                        self._exit_at_grace()
+                        return False
+                    self._outlast_grace()
+                wake_at = min(wake_at, self._drain_deadline)
+            if next_deadline is not None:
+                wake_at = min(wake_at, next_deadline)
+            if self._wake.wait(timeout=min(max(0.0, wake_at - time.monotonic()), 1.0)):
                 self._wake.clear()
-                self._collect(time.monotonic())
-                # No longer than a heartbeat apart: after a restart a claim leaves alone, for one
-                # lease, the jobs whose leases ran out while the server was down, so that their
-                # holders can reconnect and renew them first (see x_jobs.claim).
-                delay = min(delay * 2, 5.0, self.heartbeat_interval)
 
     # --- handler threads ----------------------------------------------------------------------
 
@@ -1142,13 +1295,26 @@ class Worker:
             self._wake.set()
 
     def _begin(self, run: _Run) -> bool:
-        """Mark a run started (its timeout starts now), unless it was dropped meanwhile."""
+        """Mark a run started (its timeout starts now), unless it was dropped meanwhile, or it
+        waited in the local queue so long that a cancel may have come unseen: then it goes back
+        to the dispatcher, which starts it again once extend_lease answers that the worker still
+        holds it (see _confirm). A run started soon after its claim is not checked."""
+        now = time.monotonic()
         with self._start_lock:
             if run.done:
                 return False
-            run.started = time.monotonic()
+            # _fresh, inline: this runs once per job.
+            if now - max(run.checked, self._confirmed_at) > self._confirm_after:
+                self._unconfirmed.put(run)
+                stale = True
+            else:
+                run.started = now
+                stale = False
+        if stale:
+            self._wake.set()
+            return False
         if run.job.timeout is not None:
-            run.deadline = run.started + run.job.timeout
+            run.deadline = now + run.job.timeout
         return True
 
     def _execute_sync(self) -> None:
