@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 import urllib.request
 import uuid
@@ -24,6 +25,8 @@ import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
+
+import x_jobs
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +115,21 @@ def fresh_database(admin: Conn, template: str, prefix: str = "x_jobs_test") -> I
         yield make_conninfo("", dbname=name)
     finally:
         _drop_database(admin, name)
+
+
+@contextmanager
+def serving(app: x_jobs.App, concurrency: int = 4) -> Iterator[x_jobs.Worker]:
+    """A Worker running ``app``'s jobs on a thread of this process until the block ends; the
+    app is closed after it."""
+    worker = x_jobs.Worker(app, concurrency=concurrency, poll_interval=0.05, grace=1)
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+        app.close()
 
 
 @contextmanager

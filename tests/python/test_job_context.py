@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from conftest import Conn, wait_for
+from conftest import Conn, serving, wait_for
 
 import x_jobs
 
@@ -22,20 +19,6 @@ logger = logging.getLogger(__name__)
 
 #: How long a test waits for what a sound worker does in well under a second.
 SETTLE_SECONDS = 15.0
-
-
-@contextmanager
-def serving(app: x_jobs.App) -> Iterator[x_jobs.Worker]:
-    """A Worker running ``app``'s jobs on a thread until the block ends."""
-    worker = x_jobs.Worker(app, concurrency=4, poll_interval=0.05, grace=1)
-    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
-    thread.start()
-    try:
-        yield worker
-    finally:
-        worker.stop()
-        thread.join(timeout=30)
-        app.close()
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])

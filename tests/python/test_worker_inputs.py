@@ -5,12 +5,8 @@ raises itself is the handler's failure, retried as any other."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import pytest
-from conftest import Conn
+from conftest import Conn, serving
 from pydantic import BaseModel
 
 import x_jobs
@@ -22,19 +18,6 @@ SETTLE_SECONDS = 15.0
 class Email(BaseModel):
     to: str
     subject: str
-
-
-@contextmanager
-def serving(app: x_jobs.App) -> Iterator[None]:
-    worker = x_jobs.Worker(app, concurrency=2, poll_interval=0.05, grace=1)
-    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
-    thread.start()
-    try:
-        yield
-    finally:
-        worker.stop()
-        thread.join(timeout=30)
-        app.close()
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
