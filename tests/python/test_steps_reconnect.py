@@ -298,6 +298,9 @@ def test_a_step_call_waiting_for_the_database_stops_when_its_job_is_told_to(
     ctx = _claimed(app, conn, store)
     retries = _Retries()
     steps_logger = logging.getLogger("x_jobs.steps")
+    # Its own level: an earlier test's CLI run may have left the root logger at ERROR.
+    level = steps_logger.level
+    steps_logger.setLevel(logging.WARNING)
     steps_logger.addHandler(retries)
     ran: list[str] = []
     raised: list[BaseException] = []
@@ -318,6 +321,7 @@ def test_a_step_call_waiting_for_the_database_stops_when_its_job_is_told_to(
         assert not thread.is_alive()
     finally:
         steps_logger.removeHandler(retries)
+        steps_logger.setLevel(level)
         ctx.cancelled.set()
         thread.join(30)
         store.close()
