@@ -20,6 +20,17 @@ registered as the handler reaches its step, so only the steps the final attempt 
 undone: those that completed on an earlier attempt and were not reached again are named in the
 job's error (the rows do not say whether they had a compensation, so "if any").
 
+A lost connection (a server restart ends every connection of the pool) does not fail a step
+call: the idle connections are checked, and the call is sent again on a connection of its own,
+with backoff while the server is away, until it answers or the job is told to stop (then the call
+raises ``JobCancelled``, as a stopped step does). Sending a call again is safe: every step
+function checks that the worker still holds the job (a retry after the job was lost is refused
+with ``X_JOB_NOT_HELD``, as before), and each is idempotent for its holder when its first try
+committed and only the reply was lost: ``step_record`` never changes a done step and answers
+it done again (no conflict), ``step_sleep`` and ``step_wait`` keep the row they made (and a
+suspension that committed is answered as one, see :func:`_call`), ``steps`` and ``progress``
+write nothing that a second call changes.
+
 A sync handler's steps and compensations must be sync functions: one that is a coroutine function
 is refused when the step is declared, and one that returns an awaitable (a lambda calling an
 ``async def``) fails, its coroutine closed unrun, rather than be taken as done.
@@ -28,6 +39,8 @@ is refused when the step is declared, and one that returns an awaitable (a lambd
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import inspect
 import json
 import logging
@@ -43,9 +56,10 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from x_jobs._conn import pool_kwargs
+from x_jobs._conn import connect, pool_kwargs
+from x_jobs._listen import DB_GONE
 from x_jobs.app import Seconds, interval
-from x_jobs.errors import OutputInvalid, StepConflict, XJobsError, translate
+from x_jobs.errors import JobNotHeld, OutputInvalid, StepConflict, XJobsError, translate
 
 if TYPE_CHECKING:
     from x_jobs.worker import JobContext
@@ -71,6 +85,14 @@ PROGRESS: LiteralString = """
 #: How often a failing compensation is tried within the failing attempt, and the first pause.
 COMPENSATION_TRIES = 3
 COMPENSATION_BACKOFF = 0.2
+
+#: A step call whose connection was lost waits this long before its next try while the server
+#: is away, doubling up to RECONNECT_MAX (the worker's own reconnect backoff).
+RECONNECT_FIRST = 0.1
+RECONNECT_MAX = 5.0
+#: How long a step call waits for a connection of the pool before it takes one of its own (the
+#: pool may be reconnecting after an outage, on a backoff of its own that can reach minutes).
+CHECKOUT_TIMEOUT = 2.0
 
 
 class StepTimeout(XJobsError):
@@ -136,7 +158,14 @@ def _holds_nul(value: Any) -> bool:
 
 class StepStore:
     """The step functions' connections: a pool of the worker's, shared by its handler threads
-    and opened on the first step any handler takes."""
+    and opened on the first step any handler takes.
+
+    The pool does not check a connection as it hands it out (``check=``): that costs a round
+    trip per step call, and psycopg_pool sleeps a second, then two, four... between the stale
+    connections it finds, so that after a restart a pool of six failed its checkout for 30 s.
+    A call that finds its connection dead goes through :func:`_call` instead, which sweeps the
+    idle ones (:meth:`sweep`) and sends the call again on a connection of its own
+    (:meth:`fetch_alone`)."""
 
     def __init__(self, dsn: str, max_size: int) -> None:
         self._dsn = dsn
@@ -155,23 +184,104 @@ class StepStore:
                     kwargs=pool_kwargs("x_jobs steps"),
                     open=True,
                     name="x_jobs-steps",
+                    timeout=CHECKOUT_TIMEOUT,
                 )
             return self._pool
 
     def fetch(self, sql: LiteralString, params: list[Any]) -> list[dict[str, Any]]:
-        try:
-            with self._connections().connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-                return cur.execute(sql, params).fetchall()
-        except psycopg.Error as err:
-            typed = translate(err)
-            if typed is err:
-                raise
-            raise typed from err
+        """One try on a connection of the pool. A lost connection raises one of DB_GONE (a
+        PoolTimeout too, when none came within CHECKOUT_TIMEOUT); a refusal its typed error."""
+        with self._connections().connection() as conn:
+            return _execute(conn, sql, params)
+
+    def fetch_alone(self, sql: LiteralString, params: list[Any]) -> list[dict[str, Any]]:
+        """One try on a connection opened for it and closed after: the retry of a call whose
+        pooled connection was lost, which must not wait for the pool's own reconnection."""
+        with connect(self._dsn, "x_jobs steps") as conn:
+            return _execute(conn, sql, params)
+
+    def sweep(self) -> None:
+        """Check the pool's idle connections now, replacing the dead ones (in the background):
+        after a restart every one of them is dead, and each would fail a step call once."""
+        if self._pool is not None:
+            # Best effort: the retry that follows does not need it.
+            with contextlib.suppress(psycopg.Error):
+                self._pool.check()
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.close()
             self._pool = None
+
+
+def _execute(
+    conn: psycopg.Connection[Any], sql: LiteralString, params: list[Any]
+) -> list[dict[str, Any]]:
+    try:
+        with conn.cursor(row_factory=dict_row) as cur:
+            return cur.execute(sql, params).fetchall()
+    except psycopg.Error as err:
+        typed = translate(err)
+        if typed is err:
+            raise
+        raise typed from err
+
+
+def _call(
+    store: StepStore,
+    ctx: JobContext,
+    sql: LiteralString,
+    params: list[Any],
+    *,
+    patient: bool = True,
+    suspends: str | None = None,
+) -> list[dict[str, Any]]:
+    """A step function's call for ``ctx``'s job. The common path is one try on the pool. When
+    the connection is lost (or none comes), the pool's idle connections are swept and the call
+    is sent again at once on a connection of its own, then with backoff while the database is
+    away, until it answers, or until the job is told to stop (``ctx.cancelled``: a timeout, a
+    cancel, a lost lease, a drain's end), which raises JobCancelled as a stopped step does.
+    ``patient=False`` (what is best effort) gives up after the immediate try.
+
+    Sending the call again is safe: the step functions check the holder, so a job lost
+    meanwhile is refused (JobNotHeld), and each is idempotent for its holder (see the module's
+    doc). ``suspends`` names a sleep or a wait: its first try may have committed the run's
+    suspension and lost only the reply, and the next try finds the job suspended, no longer
+    held; that is the suspension asked for, answered as Suspended (nothing to settle either
+    way: a lapsed lease whose next holder suspended the run is no business of this one)."""
+    try:
+        return store.fetch(sql, params)
+    except DB_GONE as err:
+        lost: Exception = err
+    store.sweep()
+    delay = RECONNECT_FIRST
+    while True:
+        try:
+            return store.fetch_alone(sql, params)
+        except JobNotHeld as err:
+            if suspends is not None and " is suspended " in err.message:
+                raise Suspended(suspends) from err
+            raise
+        except DB_GONE as err:
+            lost = err
+        if not patient:
+            raise lost
+        _raise_if_stopped(ctx, lost)
+        logger.warning(
+            "step call: database unreachable; retrying",
+            extra={"job_id": ctx.id, "retry_in_s": round(delay, 2), "error": str(lost).strip()},
+        )
+        ctx.cancelled.wait(delay)
+        _raise_if_stopped(ctx, lost)
+        delay = min(delay * 2, RECONNECT_MAX)
+
+
+def _raise_if_stopped(ctx: JobContext, lost: Exception) -> None:
+    """JobCancelled (caused by the lost connection) once the job was told to stop."""
+    try:
+        ctx.raise_if_cancelled()
+    except Exception as stopped:
+        raise stopped from lost
 
 
 class _Journal:
@@ -197,20 +307,36 @@ class _Journal:
         self.reached.add(name)
         return self.rows().get(name)
 
+    def call(
+        self,
+        sql: LiteralString,
+        params: list[Any],
+        *,
+        patient: bool = True,
+        suspends: str | None = None,
+    ) -> list[dict[str, Any]]:
+        return _call(self.store, self.ctx, sql, params, patient=patient, suspends=suspends)
+
     def rows(self) -> dict[str, StepRow]:
         """The run's recorded steps (compensations apart), read once per attempt."""
         if self.steps is None:
             steps: dict[str, StepRow] = {}
-            for values in self.store.fetch(STEPS, [self.ctx.id, self.ctx.worker]):
+            for values in self.call(STEPS, [self.ctx.id, self.ctx.worker]):
                 row = _row(values)
                 (self.compensations if row.compensation else steps)[row.name] = row
             self.steps = steps
         return self.steps
 
     def record(
-        self, name: str, output: Any = None, error: str | None = None, compensation: bool = False
+        self,
+        name: str,
+        output: Any = None,
+        error: str | None = None,
+        compensation: bool = False,
+        *,
+        patient: bool = True,
     ) -> None:
-        self.store.fetch(
+        self.call(
             RECORD,
             [
                 self.ctx.id,
@@ -220,13 +346,15 @@ class _Journal:
                 error,
                 compensation,
             ],
+            patient=patient,
         )
 
     def record_failure(self, name: str, err: BaseException) -> None:
         """Keep a run step's error for the operator (the next attempt runs the step again);
-        best effort: the handler's own error is what the attempt fails with."""
+        best effort: the handler's own error is what the attempt fails with (no wait for a
+        database that is away)."""
         try:
-            self.record(name, error=f"{type(err).__name__}: {err}")
+            self.record(name, error=f"{type(err).__name__}: {err}", patient=False)
         except (XJobsError, psycopg.Error) as record_err:
             logger.warning(
                 "could not record a failed step",
@@ -271,7 +399,7 @@ class _Journal:
     def failed_compensation(self, name: str, err: BaseException) -> str:
         message = f"compensation of step {name!r} failed: {type(err).__name__}: {err}"
         try:
-            self.record(name, error=message, compensation=True)
+            self.record(name, error=message, compensation=True, patient=False)
         except (XJobsError, psycopg.Error) as record_err:
             logger.warning(
                 "could not record a failed compensation",
@@ -406,8 +534,10 @@ class Steps:
         row = journal.load(name)
         if row is not None and row.kind == "sleep" and row.status == "done":
             return
-        (values,) = journal.store.fetch(
-            SLEEP, [journal.ctx.id, journal.ctx.worker, name, _duration(duration)]
+        (values,) = journal.call(
+            SLEEP,
+            [journal.ctx.id, journal.ctx.worker, name, _duration(duration)],
+            suspends=f"sleep {name!r}",
         )
         journal.suspend_or_answer(_row(values), f"sleep {name!r}")
 
@@ -430,11 +560,12 @@ class Steps:
         row = journal.load(name)
         if row is not None and row.kind == "wait" and row.status != "waiting":
             return journal.suspend_or_answer(row, f"wait {name!r}")
-        (values,) = journal.store.fetch(
+        (values,) = journal.call(
             WAIT,
             journal.wait_params(
                 name, event=event, timeout=timeout, match=match, key=text_key, since=since
             ),
+            suspends=f"wait {name!r} for {event!r}",
         )
         return journal.suspend_or_answer(_row(values), f"wait {name!r} for {event!r}")
 
@@ -478,8 +609,12 @@ class AsyncSteps:
     def __init__(self, journal: _Journal) -> None:
         self._journal = journal
 
-    async def _fetch(self, sql: LiteralString, params: list[Any]) -> list[dict[str, Any]]:
-        return await asyncio.to_thread(self._journal.store.fetch, sql, params)
+    async def _fetch(
+        self, sql: LiteralString, params: list[Any], *, suspends: str
+    ) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(
+            functools.partial(self._journal.call, sql, params, suspends=suspends)
+        )
 
     async def run(
         self,
@@ -511,7 +646,9 @@ class AsyncSteps:
         if row is not None and row.kind == "sleep" and row.status == "done":
             return
         (values,) = await self._fetch(
-            SLEEP, [journal.ctx.id, journal.ctx.worker, name, _duration(duration)]
+            SLEEP,
+            [journal.ctx.id, journal.ctx.worker, name, _duration(duration)],
+            suspends=f"sleep {name!r}",
         )
         journal.suspend_or_answer(_row(values), f"sleep {name!r}")
 
@@ -535,6 +672,7 @@ class AsyncSteps:
             journal.wait_params(
                 name, event=event, timeout=timeout, match=match, key=text_key, since=since
             ),
+            suspends=f"wait {name!r} for {event!r}",
         )
         return journal.suspend_or_answer(_row(values), f"wait {name!r} for {event!r}")
 
@@ -574,7 +712,7 @@ async def _maybe_await(value: Any) -> Any:
 def progress(
     store: StepStore, ctx: JobContext, done: float | None, total: float | None, note: str | None
 ) -> bool:
-    (values,) = store.fetch(PROGRESS, [ctx.id, ctx.worker, done, total, note])
+    (values,) = _call(store, ctx, PROGRESS, [ctx.id, ctx.worker, done, total, note])
     return bool(values["progress"])
 
 
