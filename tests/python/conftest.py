@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import socket
+import subprocess
 import threading
 import time
 import urllib.request
@@ -115,6 +117,46 @@ def fresh_database(admin: Conn, template: str, prefix: str = "x_jobs_test") -> I
         yield make_conninfo("", dbname=name)
     finally:
         _drop_database(admin, name)
+
+
+#: For the tests that stop or restart the server: scripts/throwaway-pg (so `make test`) always
+#: provides X_JOBS_PG_CTL; only a run against a server of one's own lacks it.
+needs_pg_ctl = pytest.mark.skipif(
+    "X_JOBS_PG_CTL" not in os.environ, reason="needs scripts/throwaway-pg"
+)
+
+
+def pg_ctl(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run pg_ctl on the test server as its owner (X_JOBS_PG_CTL)."""
+    command = [*shlex.split(os.environ["X_JOBS_PG_CTL"]), *args]
+    return subprocess.run(command, cwd="/", capture_output=True, text=True, check=False)
+
+
+def _reconnect(admin: Conn) -> None:
+    """The session's admin connection, reconnected in place after a restart: the fixtures still
+    need it to drop this test's database and to make the next tests'."""
+    admin.pgconn.reset()
+    admin.execute("DISCARD ALL")  # psycopg forgets the statements it prepared before
+
+
+def restart_server(admin: Conn, *mode: str) -> None:
+    """pg_ctl restart (``"-m", "fast"`` or another mode, else pg_ctl's default)."""
+    done = pg_ctl("restart", *mode)
+    assert done.returncode == 0, done.stdout + done.stderr
+    _reconnect(admin)
+
+
+@contextmanager
+def server_stopped(admin: Conn) -> Iterator[None]:
+    """The server stopped (fast mode) for the block; started again after it, however it ends."""
+    done = pg_ctl("stop", "-m", "fast")
+    assert done.returncode == 0, done.stdout + done.stderr
+    try:
+        yield
+    finally:
+        done = pg_ctl("start")
+        assert done.returncode == 0, done.stdout + done.stderr
+        _reconnect(admin)
 
 
 @contextmanager

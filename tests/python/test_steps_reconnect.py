@@ -11,9 +11,6 @@ others call the steps of a job claimed here, on a pool whose connections the tes
 from __future__ import annotations
 
 import logging
-import os
-import shlex
-import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +20,7 @@ import psycopg
 import pytest
 from apps import flows, step_reconnect
 from apps.workers import Fleet
-from conftest import Conn, Connect, wait_for
+from conftest import Conn, Connect, needs_pg_ctl, restart_server, wait_for
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import x_jobs
@@ -32,26 +29,12 @@ from x_jobs.steps import StepStore, Suspended
 
 TARGET = "apps.step_reconnect:app"
 
-needs_pg_ctl = pytest.mark.skipif(
-    "X_JOBS_PG_CTL" not in os.environ, reason="needs scripts/throwaway-pg"
-)
-
 
 @pytest.fixture
 def fleet(dsn: str, tmp_path: Path) -> Iterator[Fleet]:
     with Fleet(dsn, tmp_path) as fleet:
         fleet.execute(flows.SCHEMA)
         yield fleet
-
-
-def _restart_server(admin: Conn) -> None:
-    """pg_ctl restart (fast mode: every backend is terminated), then reconnect the session's
-    admin connection in place, as test_worker_crash does."""
-    command = [*shlex.split(os.environ["X_JOBS_PG_CTL"]), "restart", "-m", "fast"]
-    done = subprocess.run(command, cwd="/", capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
-    admin.pgconn.reset()
-    admin.execute("DISCARD ALL")
 
 
 def _effects(fleet: Fleet, ids: list[int]) -> list[tuple[int, str, int]]:
@@ -82,7 +65,7 @@ def test_one_attempt_step_jobs_after_a_restart_all_complete(
     ]
     fleet.wait_for(lambda: fleet.all_in(before, "done"), "the first jobs to be done")
 
-    _restart_server(admin)
+    restart_server(admin, "-m", "fast")
     fleet.wait_for(
         lambda: "database connection back" in worker.log(), "the worker to reconnect after it"
     )
@@ -136,7 +119,7 @@ def test_a_job_paused_across_a_restart_completes_and_runs_each_step_once(
             "step one to be recorded",
         )
 
-    _restart_server(admin)
+    restart_server(admin, "-m", "fast")
     fleet.open_gate("resume")
     fleet.wait_for(lambda: _finished(fleet, [job_id]), "the job to finish")
 

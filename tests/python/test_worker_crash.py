@@ -8,11 +8,8 @@ start record to its end record or, when it has none, to the moment its process w
 from __future__ import annotations
 
 import logging
-import os
 import random
-import shlex
 import signal
-import subprocess
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -21,7 +18,7 @@ from pathlib import Path
 import pytest
 from apps import basic
 from apps.workers import Fleet, RunRow, WorkerProcess
-from conftest import Conn
+from conftest import Conn, needs_pg_ctl, restart_server, server_stopped
 
 logger = logging.getLogger(__name__)
 
@@ -150,24 +147,7 @@ def test_a_job_whose_workers_keep_dying_is_buried_on_its_final_attempt(
     assert fleet.overlaps() == []
 
 
-def _restart_server(admin: Conn) -> None:
-    """Restart the server (pg_ctl restart, fast mode), then reconnect the session's admin
-    connection in place: the fixtures still need it to drop this test's database and to make
-    the next tests'."""
-    command = [*shlex.split(os.environ["X_JOBS_PG_CTL"]), "restart"]
-    done = subprocess.run(command, cwd="/", capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
-    admin.pgconn.reset()
-    admin.execute("DISCARD ALL")  # psycopg forgets the statements it prepared before
-
-
-def _pg_ctl(*args: str) -> None:
-    command = [*shlex.split(os.environ["X_JOBS_PG_CTL"]), *args]
-    done = subprocess.run(command, cwd="/", capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
-
-
-@pytest.mark.skipif("X_JOBS_PG_CTL" not in os.environ, reason="needs scripts/throwaway-pg")
+@needs_pg_ctl
 def test_a_server_down_past_the_lease_leaves_each_job_to_the_worker_running_it(
     fleet: Fleet, conn: Conn, admin: Conn
 ) -> None:
@@ -187,12 +167,9 @@ def test_a_server_down_past_the_lease_leaves_each_job_to_the_worker_running_it(
     )
     holder.signal(signal.SIGSTOP)
     try:
-        _pg_ctl("stop", "-m", "fast")
-        # Down for twice the lease: every lease the holder took runs out while it cannot renew.
-        time.sleep(2 * lease)
-        _pg_ctl("start")
-        admin.pgconn.reset()
-        admin.execute("DISCARD ALL")
+        with server_stopped(admin):
+            # Down for twice the lease: every lease the holder took runs out meanwhile.
+            time.sleep(2 * lease)
         # The holder is stopped: the only worker connected is the idle one, and it has claimed.
         fleet.wait_for(
             lambda: bool(
@@ -219,14 +196,14 @@ def test_a_server_down_past_the_lease_leaves_each_job_to_the_worker_running_it(
         assert worker.wait() == 0, worker.log()
 
 
-@pytest.mark.skipif("X_JOBS_PG_CTL" not in os.environ, reason="needs scripts/throwaway-pg")
+@needs_pg_ctl
 def test_server_restarts_mid_run_lose_nothing(fleet: Fleet, conn: Conn, admin: Conn) -> None:
     ids = [e.id for e in basic.app.enqueue_many(basic.sleep, [{"seconds": 0.01}] * 1000, conn=conn)]
     worker = fleet.start(concurrency=8, lease=2)
     for threshold in (150, 550):
         fleet.wait_for(lambda: _done_jobs(fleet) >= threshold, f"{threshold} jobs done")  # noqa: B023
         assert _done_jobs(fleet) < len(ids), "the restart must come mid-run"
-        _restart_server(admin)
+        restart_server(admin)
 
     fleet.wait_for(lambda: fleet.all_in(ids, "done"), "every job to be done after the restarts")
     assert worker.alive(), worker.log()

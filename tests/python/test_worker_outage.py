@@ -14,27 +14,20 @@ server (``X_JOBS_PG_CTL``, which scripts/throwaway-pg sets) while they run.
 from __future__ import annotations
 
 import logging
-import os
-import shlex
 import signal
 import subprocess
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from apps import outage
 from apps.workers import Fleet
-from conftest import DEADLINE_SECONDS, Conn, wait_for
+from conftest import DEADLINE_SECONDS, Conn, needs_pg_ctl, pg_ctl, server_stopped, wait_for
 
 logger = logging.getLogger(__name__)
 
 TARGET = "apps.outage:app"
-
-needs_pg_ctl = pytest.mark.skipif(
-    "X_JOBS_PG_CTL" not in os.environ, reason="needs scripts/throwaway-pg"
-)
 
 
 @pytest.fixture
@@ -51,29 +44,8 @@ def notes(tmp_path: Path) -> outage.Notes:
     return outage.Notes(dir=str(path))
 
 
-def _pg_ctl(*args: str) -> subprocess.CompletedProcess[str]:
-    command = [*shlex.split(os.environ["X_JOBS_PG_CTL"]), *args]
-    return subprocess.run(command, cwd="/", capture_output=True, text=True, check=False)
-
-
 def _server_running() -> bool:
-    return _pg_ctl("status").returncode == 0  # 3: not running
-
-
-@contextmanager
-def server_stopped(admin: Conn) -> Iterator[None]:
-    """The server stopped (pg_ctl stop, fast mode) for the block; started again after it, however
-    it ends, and the session's admin connection reconnected in place (the fixtures still need
-    it to drop this test's database)."""
-    done = _pg_ctl("stop", "-m", "fast")
-    assert done.returncode == 0, done.stdout + done.stderr
-    try:
-        yield
-    finally:
-        done = _pg_ctl("start")
-        assert done.returncode == 0, done.stdout + done.stderr
-        admin.pgconn.reset()
-        admin.execute("DISCARD ALL")  # psycopg forgets the statements it prepared before
+    return pg_ctl("status").returncode == 0  # 3: not running
 
 
 def _note(notes: outage.Notes, name: str) -> Path:
