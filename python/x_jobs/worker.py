@@ -942,16 +942,10 @@ class Worker:
         extended too: were its lease to lapse first, a claim could run it again."""
         if not self._held:
             return True
-        assert self._conn is not None
         sent = time.monotonic()
-        try:
-            rows = self._conn.execute(
-                EXTEND, [_ids(self._held), self.worker_id, interval(self.lease)]
-            ).fetchall()
-        except DB_GONE as err:
-            self._lost_connection(err)
+        held = self._extend(self._held)
+        if held is None:
             return False
-        held = {row[0] for row in rows}
         # A finished one that was not extended is settled already, or its settlement will say
         # that the worker lost it.
         gone = [run for job_id, run in self._held.items() if not run.done and job_id not in held]
@@ -961,6 +955,19 @@ class Worker:
         # runs that this heartbeat found gone are marked so (see _begin).
         self._confirmed_at = sent
         return True
+
+    def _extend(self, ids: Iterable[int]) -> set[int] | None:
+        """extend_lease of ``ids``: those this worker still holds, or None when the database did
+        not answer (the connection is dropped, for the loop to reconnect)."""
+        assert self._conn is not None
+        try:
+            rows = self._conn.execute(
+                EXTEND, [_ids(ids), self.worker_id, interval(self.lease)]
+            ).fetchall()
+        except DB_GONE as err:
+            self._lost_connection(err)
+            return None
+        return {row[0] for row in rows}
 
     def _drop_gone(self, runs: list[_Run]) -> None:
         """The held runs that extend_lease did not answer: none starts from now on, a running
@@ -1007,22 +1014,15 @@ class Worker:
         runs = [run for run in runs if not run.done]  # handed back or lost meanwhile
         if not runs:
             return True
-        assert self._conn is not None
         sent = time.monotonic()
         # Those a heartbeat confirmed since they were put back need no other check.
         stale = [run for run in runs if not self._fresh(run, sent)]
         if stale:
-            try:
-                rows = self._conn.execute(
-                    EXTEND,
-                    [_ids(run.ctx.id for run in stale), self.worker_id, interval(self.lease)],
-                ).fetchall()
-            except DB_GONE as err:
+            held = self._extend(run.ctx.id for run in stale)
+            if held is None:
                 for run in runs:
                     self._unconfirmed.put(run)
-                self._lost_connection(err)
                 return False
-            held = {row[0] for row in rows}
             for run in stale:
                 if run.ctx.id in held:
                     run.checked = sent
