@@ -3,10 +3,13 @@ password of a DSN out of everything it prints or logs."""
 
 from __future__ import annotations
 
+import math
+import os
 import re
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 #: Every connection asks for UTF-8. On a SQL_ASCII database psycopg answers text as bytes unless
 #: the client encoding names a codec (PostgreSQL converts nothing there either way), and then
@@ -51,25 +54,60 @@ def redact_error(err: BaseException) -> BaseException:
     return err
 
 
-def connect(dsn: str, application_name: str) -> psycopg.Connection[Any]:
-    """An autocommit connection, as every loop of the client (worker, relay, listener) uses.
-    A failure to connect is raised with the DSN's password redacted from its message."""
+#: How long, in seconds, a connection may take to open, and the network may leave what the
+#: client sent unanswered, unless the DSN says otherwise (see :func:`network_settings`).
+PATIENCE = 10.0
+
+
+def network_settings(dsn: str, patience: float = PATIENCE) -> dict[str, Any]:
+    """The libpq settings that bound how long a connection can hang on the network: libpq's
+    own defaults wait forever. A server whose host went away without a reset (a network cut, a
+    failover that moved its address) left a connect waiting without end and a sent query until
+    the kernel gave up (15 minutes and more), and an idle LISTEN connection that a NAT or a
+    firewall forgot waited for notifications that could never come.
+
+    ``connect_timeout`` and ``tcp_user_timeout`` (sent data unacknowledged that long) are
+    ``patience``; keepalives probe an idle connection after ``patience`` too. A setting the DSN
+    gives is kept, as is ``PGCONNECT_TIMEOUT``, and a DSN that names a service (or
+    ``PGSERVICE``) is left to its service file. They apply to TCP only (not a Unix socket)."""
     try:
-        return psycopg.connect(
-            dsn,
-            autocommit=True,
-            application_name=application_name,
-            client_encoding=CLIENT_ENCODING,
-        )
+        given = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return {}  # a malformed DSN: connecting says what is wrong with it
+    if "service" in given or os.environ.get("PGSERVICE"):
+        return {}
+    seconds = max(2, math.ceil(patience))  # libpq reads whole seconds, and 2 at the least
+    settings: dict[str, Any] = {
+        "connect_timeout": seconds,
+        "tcp_user_timeout": seconds * 1000,
+        "keepalives": 1,
+        "keepalives_idle": seconds,
+        "keepalives_interval": max(1, seconds // 3),
+        "keepalives_count": 3,
+    }
+    if os.environ.get("PGCONNECT_TIMEOUT"):
+        del settings["connect_timeout"]
+    return {name: value for name, value in settings.items() if name not in given}
+
+
+def connect(
+    dsn: str, application_name: str, *, patience: float = PATIENCE
+) -> psycopg.Connection[Any]:
+    """An autocommit connection, as every loop of the client (worker, relay, listener) uses,
+    bounded on the network by ``patience`` (see :func:`network_settings`). A failure to connect
+    is raised with the DSN's password redacted from its message."""
+    try:
+        return psycopg.connect(dsn, **pool_kwargs(dsn, application_name, patience=patience))
     except psycopg.Error as err:
         redact_error(err)
         raise
 
 
-def pool_kwargs(application_name: str) -> dict[str, Any]:
+def pool_kwargs(dsn: str, application_name: str, *, patience: float = PATIENCE) -> dict[str, Any]:
     """The same, for the connections of a psycopg_pool.ConnectionPool."""
     return {
         "autocommit": True,
         "application_name": application_name,
         "client_encoding": CLIENT_ENCODING,
+        **network_settings(dsn, patience),
     }

@@ -400,7 +400,7 @@ class App:
                     self.dsn,
                     min_size=1,
                     max_size=self._pool_size,
-                    kwargs=pool_kwargs("x_jobs"),
+                    kwargs=pool_kwargs(self.dsn, "x_jobs"),
                     open=True,
                     name="x_jobs",
                 )

@@ -56,7 +56,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from x_jobs._conn import connect, pool_kwargs
+from x_jobs._conn import PATIENCE, connect, pool_kwargs
 from x_jobs._listen import DB_GONE
 from x_jobs.app import Seconds, interval
 from x_jobs.errors import JobNotHeld, OutputInvalid, StepConflict, XJobsError, translate
@@ -167,9 +167,11 @@ class StepStore:
     idle ones (:meth:`sweep`) and sends the call again on a connection of its own
     (:meth:`fetch_alone`)."""
 
-    def __init__(self, dsn: str, max_size: int) -> None:
+    def __init__(self, dsn: str, max_size: int, *, patience: float = PATIENCE) -> None:
         self._dsn = dsn
         self._max_size = max(1, max_size)
+        #: How long its connections wait on a silent network (see network_settings).
+        self._patience = patience
         self._pool: ConnectionPool | None = None
         # Handler threads take their first steps at once: one pool, not one each (leaked).
         self._pool_lock = threading.Lock()
@@ -181,7 +183,7 @@ class StepStore:
                     self._dsn,
                     min_size=1,
                     max_size=self._max_size,
-                    kwargs=pool_kwargs("x_jobs steps"),
+                    kwargs=pool_kwargs(self._dsn, "x_jobs steps", patience=self._patience),
                     open=True,
                     name="x_jobs-steps",
                     timeout=CHECKOUT_TIMEOUT,
@@ -197,7 +199,7 @@ class StepStore:
     def fetch_alone(self, sql: LiteralString, params: list[Any]) -> list[dict[str, Any]]:
         """One try on a connection opened for it and closed after: the retry of a call whose
         pooled connection was lost, which must not wait for the pool's own reconnection."""
-        with connect(self._dsn, "x_jobs steps") as conn:
+        with connect(self._dsn, "x_jobs steps", patience=self._patience) as conn:
             return _execute(conn, sql, params)
 
     def sweep(self) -> None:

@@ -43,7 +43,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import FrameType
@@ -134,7 +134,8 @@ class JobContext:
     worker: str
     #: When the job was enqueued: a wait_for_event(since="run") matches events from then on.
     created_at: datetime | None = None
-    #: Why the job was told to stop: "cancelled", "timeout", "lost", "shutdown"; None if not.
+    #: Why the job was told to stop: "cancelled", "timeout", "lost", "shutdown", or "lease"
+    #: (the worker could not renew its lease: the database did not answer); None if not.
     reason: str | None = None
     _stopped: bool = field(default=False, repr=False)
     _event: CancelEvent | None = field(default=None, repr=False)
@@ -233,6 +234,9 @@ class _Run:
     #: Still running when a drain's grace ran out in a process that lives on: told to stop, and
     #: handed back if it fails (as the drain would have), settled as usual if it completes.
     outlasted: bool = False
+    #: Still running when its lease had gone unrenewed too long (see Worker._unrenewed_after):
+    #: told to stop, and then, like an outlasted run, handed back or settled.
+    unrenewed: bool = False
 
 
 @dataclass(slots=True)
@@ -264,6 +268,23 @@ class _Settlement:
     batch: list[_Outcome]
     completed: set[int]
     states: dict[int, str | None]
+
+
+def _timed_out(err: BaseException) -> bool:
+    """Did reaching the database fail for want of an answer (connect_timeout, the kernel's
+    tcp_user_timeout or keepalives), rather than by one (refused, closed, shut down)?"""
+    return isinstance(err, psycopg.errors.ConnectionTimeout) or "timed out" in str(err)
+
+
+def _shut_down(conn: psycopg.Connection[Any]) -> None:
+    """Shut the socket of ``conn`` down under whichever thread waits on it: its wait ends, and
+    the call fails as on a lost connection. Only shut down, not closed: the descriptor stays
+    the connection's, for it to close."""
+    with (
+        contextlib.suppress(OSError, psycopg.Error),
+        socket.socket(fileno=os.dup(conn.fileno())) as sock,
+    ):
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 def _ids(ids: Iterable[int]) -> str:
@@ -324,6 +345,11 @@ class Worker:
             if heartbeat_interval is not None
             else min(self.lease / 3, 5.0)
         )
+        if self.heartbeat_interval >= self.lease:
+            raise ValueError(
+                f"heartbeat_interval ({self.heartbeat_interval:g} s) must be shorter than the "
+                f"lease ({self.lease:g} s): leases would lapse between heartbeats"
+            )
         self.announce_interval = seconds(announce_interval)
         self.settle_delay = seconds(settle_delay)
         self.grace = seconds(grace)
@@ -331,7 +357,10 @@ class Worker:
         self.build = build
         self.check_version = check_version
         self.metrics = WorkerMetrics(metrics_port)
-        self._step_store = StepStore(app.dsn, concurrency)
+        # Connections give up on a silent network within a quarter of the lease (see
+        # network_settings), so that a reconnect answers, one way or the other, in good time.
+        self._patience = min(10.0, max(2.0, self.lease / 4))
+        self._step_store = StepStore(app.dsn, concurrency, patience=self._patience)
 
         #: Every job claimed and not yet settled (or dropped), running or waiting to run.
         self._held: dict[int, _Run] = {}
@@ -377,6 +406,23 @@ class Worker:
         #: Jobs to hand back (release) once the database answers: their runs are over (never
         #: started, or stopped); if the worker exits first, they are left to their leases.
         self._unreleased: list[_Run] = []
+        #: A running handler whose lease this worker has not renewed for this long (the
+        #: database away, or its calls hanging) is told to stop: the lease may lapse soon, and
+        #: another worker could then run the job beside it. A heartbeat interval or a quarter of
+        #: the lease (at most half) is left to stop in before the lapse.
+        self._unrenewed_after = self.lease - min(
+            max(self.heartbeat_interval, self.lease / 4), self.lease / 2
+        )
+        #: The call each connection of the worker is in (by thread: "dispatcher", "settler")
+        #: and when it was sent; one unanswered for _call_limit is abandoned (see _watch).
+        self._calls: dict[str, tuple[psycopg.Connection[Any], float]] = {}
+        self._call_limit = max(self.lease / 2, 5.0)
+        #: The database did not answer the last try to reach it in time (see _watch); set by
+        #: the dispatcher and the watch thread, cleared by a connection that opens.
+        self._silent = False
+        #: When the watch thread last found the process running after a stop (SIGSTOP).
+        self._awake_since = 0.0
+        self._watch_stop = threading.Event()
 
     # --- public -------------------------------------------------------------------------------
 
@@ -544,9 +590,7 @@ class Worker:
         assert self._conn is not None
         sent = time.monotonic()
         try:
-            rows = self._conn.execute(
-                CLAIM, [self.queues, self.worker_id, interval(self.lease), room]
-            ).fetchall()
+            rows = self._query(CLAIM, [self.queues, self.worker_id, interval(self.lease), room])
         except DB_GONE as err:
             self._lost_connection(err)
             return None
@@ -645,9 +689,15 @@ class Worker:
                 del self._held[outcome.id]
                 self.metrics.settled(run.job.name, "suspended")
                 continue
-            if run.outlasted and not run.timed_out and not outcome.ok and not outcome.lost:
-                # Stopped by the drain: handed back, the attempt not counted, as a drain does. (A
-                # timeout that came first fails the attempt as timed out, as it would have.)
+            if (
+                (run.outlasted or run.unrenewed)
+                and not run.timed_out
+                and not outcome.ok
+                and not outcome.lost
+            ):
+                # Stopped by the drain, or for want of a renewed lease: handed back, the attempt
+                # not counted, as a drain does (once the database answers, if it is away). A
+                # timeout that came first fails the attempt as timed out, as it would have.
                 self._release([run])
                 continue
             if not self._pending:
@@ -748,11 +798,12 @@ class Worker:
             while True:
                 try:
                     if conn is None:
-                        conn = connect(self.app.dsn, "x_jobs settler")
-                    if in_doubt:
-                        result = self._settle_in_doubt(conn, batch)
-                    else:
-                        result = self._settle_batch(conn, batch)
+                        conn = connect(self.app.dsn, "x_jobs settler", patience=self._patience)
+                    with self._calling("settler", conn):
+                        if in_doubt:
+                            result = self._settle_in_doubt(conn, batch)
+                        else:
+                            result = self._settle_batch(conn, batch)
                     break
                 except DB_GONE as err:
                     if conn is not None:
@@ -961,9 +1012,7 @@ class Worker:
         not answer (the connection is dropped, for the loop to reconnect)."""
         assert self._conn is not None
         try:
-            rows = self._conn.execute(
-                EXTEND, [_ids(ids), self.worker_id, interval(self.lease)]
-            ).fetchall()
+            rows = self._query(EXTEND, [_ids(ids), self.worker_id, interval(self.lease)])
         except DB_GONE as err:
             self._lost_connection(err)
             return None
@@ -975,9 +1024,7 @@ class Worker:
         assert self._conn is not None
         # Say why: an operator's cancel, or a lease another worker took over.
         try:
-            states = dict(
-                self._conn.execute(ROW_STATES, [_ids(run.ctx.id for run in runs)]).fetchall()
-            )
+            states = dict(self._query(ROW_STATES, [_ids(run.ctx.id for run in runs)]))
         except DB_GONE as err:
             self._lost_connection(err)
             states = {}
@@ -1050,7 +1097,7 @@ class Worker:
         if self._conn is None:
             return
         try:
-            self._conn.execute(
+            self._query(
                 ANNOUNCE,
                 [
                     self.worker_id,
@@ -1114,7 +1161,7 @@ class Worker:
         try:
             if self._conn is None:
                 raise psycopg.OperationalError("no connection to the database")
-            rows = self._conn.execute(RELEASE, [_ids(ids), self.worker_id]).fetchall()
+            rows = self._query(RELEASE, [_ids(ids), self.worker_id])
         except DB_GONE as err:
             # Handed back once the database answers (they run no more here, and are not
             # extended meanwhile); if the worker exits first, they are left to their leases.
@@ -1180,7 +1227,7 @@ class Worker:
     # --- the database connection -------------------------------------------------------------
 
     def _connect(self, *, first: bool = False) -> None:
-        conn = connect(self.app.dsn, "x_jobs worker")
+        conn = connect(self.app.dsn, "x_jobs worker", patience=self._patience)
         if first and self.check_version:
             try:
                 self.app.check_version(conn)
@@ -1188,8 +1235,106 @@ class Worker:
                 conn.close()
                 raise
         self._conn = conn
+        self._silent = False
+
+    def _query(self, statement: LiteralString, params: list[Any]) -> list[tuple[Any, ...]]:
+        """One call on the dispatcher's connection, watched (see _watch)."""
+        assert self._conn is not None
+        with self._calling("dispatcher", self._conn):
+            return self._conn.execute(statement, params).fetchall()
+
+    @contextlib.contextmanager
+    def _calling(self, who: str, conn: psycopg.Connection[Any]) -> Iterator[None]:
+        self._calls[who] = (conn, time.monotonic())
+        try:
+            yield
+        finally:
+            self._calls.pop(who, None)
+
+    def _watch(self) -> None:
+        """The watch thread: the clocks that must run while the dispatcher waits on the
+        database, blocked in a call or reconnecting.
+
+        A call unanswered for _call_limit has its connection shut down, so that the thread
+        waiting in it gets an error and reconnects: a server that stopped answering without
+        closing the connection (a network that drops packets, a proxy or a NAT that forgot it)
+        held the worker there for good.
+
+        A running handler whose lease went unrenewed for _unrenewed_after is told to stop, if
+        the database has gone silent (see _silent_now): another worker may then be taking the
+        job as lapsed. Not when the database is known to be down (refused, shut down): no claim
+        takes anything meanwhile, and after a restart a claim leaves old leases to their
+        holders for one lease (see x_jobs.claim), so a handler runs on through a restart."""
+        tick = min(0.5, self.heartbeat_interval / 2)
+        last = time.monotonic()
+        while not self._watch_stop.wait(tick):
+            try:
+                last = self._watch_once(tick, last)
+            except Exception:
+                # Nothing may end this thread: the clocks would stop with it.
+                logger.exception("the worker's watch failed; it goes on")
+
+    def _watch_once(self, tick: float, last: float) -> float:
+        """One look of the watch thread (see _watch); answers when it looked."""
+        now = time.monotonic()
+        if now - last > 2 * tick + 1.0:
+            # The process was stopped (SIGSTOP, a suspended VM): a call sent before that may
+            # have its answer waiting. Time counts for calls from now on.
+            self._awake_since = now
+        calls = list(self._calls.items())
+        if self._silent_now(now, calls):
+            self._stop_unrenewed(now)
+        for who, call in calls:
+            conn, sent = call
+            if now - max(sent, self._awake_since) >= self._call_limit and (
+                self._calls.get(who) is call
+            ):
+                self._calls.pop(who, None)  # shut down once
+                self._silent = True
+                _shut_down(conn)
+                logger.warning(
+                    "a database call went unanswered; its connection is abandoned",
+                    extra={"connection": who, "waited_s": round(now - sent, 1)},
+                )
+        return now
+
+    def _silent_now(
+        self, now: float, calls: list[tuple[str, tuple[psycopg.Connection[Any], float]]]
+    ) -> bool:
+        """Has the database gone silent: the last try to reach it timed out, or a call has
+        waited a heartbeat interval for its answer? (A refusal or a closed connection is an
+        answer: the server, or the host it runs on, said it is not there.)"""
+        if self._silent:
+            return True
+        since = self._awake_since
+        return any(now - max(sent, since) >= self.heartbeat_interval for _, (_, sent) in calls)
+
+    def _stop_unrenewed(self, now: float) -> None:
+        """Tell the running handlers whose lease went unrenewed for _unrenewed_after to stop.
+        Every job held was renewed at the last heartbeat answered, or claimed after it."""
+        if now - self._confirmed_at < self._unrenewed_after:
+            return
+        stopped = [
+            run
+            for run in list(self._held.values())
+            if run.started is not None
+            and not run.done
+            and not run.ctx.is_cancelled()
+            and now - max(run.checked, self._confirmed_at) >= self._unrenewed_after
+        ]
+        for run in stopped:
+            run.unrenewed = True
+            self._tell_stop(run, "lease")
+        if stopped:
+            logger.warning(
+                "the database is silent and these jobs' leases went unrenewed; their handlers "
+                "are told to stop before another worker may take the jobs",
+                extra={"job_ids": [run.ctx.id for run in stopped], "lease_s": self.lease},
+            )
 
     def _lost_connection(self, err: Exception) -> None:
+        if _timed_out(err):
+            self._silent = True
         logger.warning("database connection lost", extra={"error": str(err).strip()})
         if self._conn is not None:
             self._conn.close()
@@ -1214,6 +1359,7 @@ class Worker:
                 try:
                     self._connect()
                 except DB_GONE as err:
+                    self._silent = _timed_out(err)
                     logger.warning(
                         "database unreachable; retrying",
                         extra={"retry_in_s": round(delay, 2), "error": str(err).strip()},
@@ -1252,7 +1398,9 @@ class Worker:
         listener.start()
         settler = threading.Thread(target=self._settle_loop, name="x_jobs-settle", daemon=True)
         settler.start()
-        self._threads += [listener, settler]
+        watch = threading.Thread(target=self._watch, name="x_jobs-watch", daemon=True)
+        watch.start()
+        self._threads += [listener, settler, watch]
         if any(not job.is_async for job in self.app.jobs.values()):
             for n in range(self.concurrency):
                 thread = threading.Thread(
@@ -1277,6 +1425,7 @@ class Worker:
             self._loop.close()
 
     def _shutdown_threads(self) -> None:
+        self._watch_stop.set()
         self._to_settle.put(None)
         for _ in range(self.concurrency):
             self._inbox.put(None)

@@ -71,6 +71,10 @@ RECORD_DEADLINE_SECONDS = 60.0
 #: How long a gated job waits for its gate before it gives up (a test that forgot to open it).
 GATE_DEADLINE_SECONDS = 120.0
 
+#: Where the recordings go when the worker's own way to the database is not theirs (a test
+#: that cuts the worker's network): Fleet.start(via=...) sets it.
+RECORD_DSN = os.environ.get("X_JOBS_TEST_RECORD_DSN", "")
+
 _local = threading.local()
 
 
@@ -82,7 +86,9 @@ def _db(query: LiteralString, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         conn: psycopg.Connection[tuple[Any, ...]] | None = getattr(_local, "conn", None)
         try:
             if conn is None or conn.closed:
-                conn = psycopg.connect(app.dsn, autocommit=True, application_name="run_log")
+                conn = psycopg.connect(
+                    RECORD_DSN or app.dsn, autocommit=True, application_name="run_log"
+                )
                 _local.conn = conn
             cur = conn.execute(query, params)
             return cur.fetchall() if cur.description is not None else []

@@ -152,11 +152,16 @@ class Fleet:
         grace: float = 10.0,
         target: str = "apps.basic:app",
         dbname: str | None = None,
+        via: str | None = None,
         extra: Sequence[str] = (),
     ) -> WorkerProcess:
-        """Start ``python -m x_jobs worker TARGET`` on this test's database (or ``dbname``)."""
+        """Start ``python -m x_jobs worker TARGET`` on this test's database (or ``dbname``);
+        ``via``: the DSN the worker reaches it by (its handlers record over the usual way)."""
         env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
         env["PGDATABASE"] = dbname or self.dbname
+        if via is not None:
+            env["X_JOBS_TEST_RECORD_DSN"] = self.dsn
+            extra = ["--dsn", via, *extra]
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))
         env["PYTHONUNBUFFERED"] = "1"
         log = self.logs / f"worker-{len(self.workers) + 1}.log"
