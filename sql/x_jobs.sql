@@ -543,7 +543,7 @@ IMMUTABLE
 PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT '0.3.8'::text
+    SELECT '0.3.9'::text
 $$;
 
 -- The bucket a settling statement adds to: its minute, in UTC whatever the session's TimeZone.
@@ -675,6 +675,24 @@ $$;
 -- then random bits that count up from a random start through the batch (the RFC's "monotonic
 -- random" method), so ids sort by creation and a batch draws randomness once. One
 -- gen_random_uuid per row cost a batch of 1,000 about 3 ms, an eighth of its enqueue_many.
+-- When the server last began to take connections: the end of its crash recovery (or of its
+-- start, or of a standby's promotion), which can come long after pg_postmaster_start_time()
+-- (a recovery of 700 MB of WAL took 2 s, and a busy server's minutes). The processes that start
+-- then (the WAL writer, the autovacuum launcher) say when; without the right to see them
+-- (pg_read_all_stats, which a superuser owner has) the postmaster's start stands in. It reads
+-- every backend's status, 0.2 ms a call: only claim's restart grace asks, and only for a lapsed
+-- lease last renewed before the server started.
+CREATE FUNCTION x_jobs._ready_since()
+RETURNS timestamptz
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT GREATEST(pg_catalog.pg_postmaster_start_time(), max(a.backend_start))
+    FROM pg_catalog.pg_stat_activity AS a
+    WHERE a.backend_type IN ('walwriter', 'autovacuum launcher')
+$$;
+
 CREATE FUNCTION x_jobs._run_ids(p_count integer)
 RETURNS uuid[]
 LANGUAGE plpgsql
@@ -1364,7 +1382,6 @@ AS $$
 DECLARE
     v_now timestamptz := x_jobs.now();
     v_started timestamptz := pg_catalog.pg_postmaster_start_time();
-    v_restart_settled boolean;
     v_window integer;
     v_window_full boolean;
     v_found bigint[];
@@ -1423,11 +1440,13 @@ BEGIN
     -- While the server was down no holder could heartbeat: every lease that ran out meanwhile
     -- looks lapsed once it is back, and the first worker to reconnect took the jobs of the
     -- others, which still ran them (seen with a 3 s lease and an 8 s outage). So for one lease
-    -- (this claim's) after the server started, a lease last renewed before the start is not
-    -- taken as lapsed: its holder has that long to reconnect and renew it (a worker reconnects
-    -- at least once a heartbeat interval). A holder that died meanwhile costs its jobs that
-    -- much more wait.
-    v_restart_settled := v_now >= v_started + claim.lease;
+    -- (this claim's) after the server took connections again, a lease last renewed before the
+    -- server started is not taken as lapsed: its holder has that long to reconnect and renew it
+    -- (a worker reconnects at least once a heartbeat interval). A holder that died meanwhile
+    -- costs its jobs that much more wait. Counted from the end of recovery (_ready_since), not
+    -- the start: until 0.3.9 a crash recovery longer than the lease used the grace up before
+    -- any holder could connect. The lapsed arm asks for it only when it meets such a lease (an
+    -- InitPlan runs on first use), so a claim pays nothing for it otherwise.
 
     -- A queue named twice would be two scans over one queue, and rows this statement locked are
     -- not skipped by itself: the repeat would spend slots on rows already picked.
@@ -1672,7 +1691,7 @@ BEGIN
                 WHERE j.queue = o.queue
                     AND j.state = 'running'
                     AND j.visible_at <= v_now
-                    AND (v_restart_settled OR j.updated_at >= v_started)
+                    AND (j.updated_at >= v_started OR v_now >= (SELECT x_jobs._ready_since()) + claim.lease)
                 ORDER BY j.visible_at, j.id
                 LIMIT v_want
                 FOR UPDATE SKIP LOCKED
@@ -3252,37 +3271,45 @@ BEGIN
 
     -- The heads among the oldest due keyed messages, locked in order as they are found, passing
     -- over those another relay holds, until qty are held: the window is read as far as that
-    -- takes, so relays calling at once take different heads.
+    -- takes, so relays calling at once take different heads. A head whose key another session
+    -- holds (the key's advisory lock, see below) is passed over too, as it is found, so that it
+    -- takes no place among the qty: until 0.3.9 the heads were cut to qty first, and one such
+    -- key at the front left a relay of qty 1 with nothing, call after call.
     v_heads := ARRAY(
-        SELECT o.id
+        SELECT h.id
         FROM (
-            SELECT d.id, d.key, d.topic, d.available_at
-            FROM x_jobs.outbox AS d
-            WHERE d.state = 'pending' AND d.key IS NOT NULL
-                AND d.available_at <= v_now
-            ORDER BY d.available_at, d.id
-            LIMIT v_window
-        ) AS w
-        INNER JOIN x_jobs.outbox AS o ON o.id = w.id
-        LEFT JOIN LATERAL (
-            SELECT e.id FROM x_jobs.outbox AS e
-            WHERE e.key = w.key AND e.state = 'pending' AND e.id < w.id
-                AND e.key IS NOT NULL AND e.state IN ('pending', 'inflight')
-            LIMIT 1
-        ) AS earlier ON TRUE
-        LEFT JOIN LATERAL (
-            SELECT e.id FROM x_jobs.outbox AS e
-            WHERE e.key = w.key AND e.state > 'pending'
-                AND e.key IS NOT NULL AND e.state IN ('pending', 'inflight')
-            LIMIT 1
-        ) AS out ON TRUE
-        WHERE (relay_outbox.topics IS NULL OR w.topic = ANY (relay_outbox.topics))
-            AND earlier.id IS NULL
-            AND out.id IS NULL
-            AND o.state = 'pending'
-        ORDER BY w.available_at, w.id
+            SELECT o.id, w.key
+            FROM (
+                SELECT d.id, d.key, d.topic, d.available_at
+                FROM x_jobs.outbox AS d
+                WHERE d.state = 'pending' AND d.key IS NOT NULL
+                    AND d.available_at <= v_now
+                ORDER BY d.available_at, d.id
+                LIMIT v_window
+            ) AS w
+            INNER JOIN x_jobs.outbox AS o ON o.id = w.id
+            LEFT JOIN LATERAL (
+                SELECT e.id FROM x_jobs.outbox AS e
+                WHERE e.key = w.key AND e.state = 'pending' AND e.id < w.id
+                    AND e.key IS NOT NULL AND e.state IN ('pending', 'inflight')
+                LIMIT 1
+            ) AS earlier ON TRUE
+            LEFT JOIN LATERAL (
+                SELECT e.id FROM x_jobs.outbox AS e
+                WHERE e.key = w.key AND e.state > 'pending'
+                    AND e.key IS NOT NULL AND e.state IN ('pending', 'inflight')
+                LIMIT 1
+            ) AS out ON TRUE
+            WHERE (relay_outbox.topics IS NULL OR w.topic = ANY (relay_outbox.topics))
+                AND earlier.id IS NULL
+                AND out.id IS NULL
+                AND o.state = 'pending'
+            ORDER BY w.available_at, w.id
+            FOR UPDATE OF o SKIP LOCKED
+        ) AS h
+        -- Above the row locks: the key's lock is tried only for a head this call holds.
+        WHERE pg_catalog.pg_try_advisory_xact_lock(2024061705, pg_catalog.hashtext(h.key))
         LIMIT relay_outbox.qty
-        FOR UPDATE OF o SKIP LOCKED
     );
     v_window_full := pg_catalog.cardinality(v_heads) < relay_outbox.qty AND v_window = (
         SELECT pg_catalog.count(*)
@@ -3332,15 +3359,19 @@ BEGIN
             ORDER BY h.available_at, h.id
             LIMIT v_window
         );
-        -- Locked as the window's heads are, in order, to make up qty.
+        -- Locked as the window's heads are, in order, busy keys passed over, to make up qty.
         v_heads := v_heads || ARRAY(
-            SELECT o.id
-            FROM unnest(v_more) WITH ORDINALITY AS h (id, n)
-            INNER JOIN x_jobs.outbox AS o ON o.id = h.id
-            WHERE o.state = 'pending' AND o.id <> ALL (v_heads)
-            ORDER BY h.n
+            SELECT m.id
+            FROM (
+                SELECT o.id, o.key
+                FROM unnest(v_more) WITH ORDINALITY AS h (id, n)
+                INNER JOIN x_jobs.outbox AS o ON o.id = h.id
+                WHERE o.state = 'pending' AND o.id <> ALL (v_heads)
+                ORDER BY h.n
+                FOR UPDATE OF o SKIP LOCKED
+            ) AS m
+            WHERE pg_catalog.pg_try_advisory_xact_lock(2024061705, pg_catalog.hashtext(m.key))
             LIMIT relay_outbox.qty - pg_catalog.cardinality(v_heads)
-            FOR UPDATE OF o SKIP LOCKED
         );
     END IF;
 

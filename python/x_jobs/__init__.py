@@ -49,4 +49,4 @@ __all__ = [
     "XJobsError",
     "translate",
 ]
-__version__ = "0.3.8"
+__version__ = "0.3.9"

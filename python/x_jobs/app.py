@@ -55,9 +55,10 @@ logger = logging.getLogger(__name__)
 #: on the tables (enqueue and the outbox run as their owner) and adds x_jobs.result, which
 #: ``App.result`` reads through from 0.3.6 on (a producer may no longer read x_jobs.job); 0.3.7
 #: changed relay_outbox and the operator's reads inside, and indexes, not what they take; 0.3.8
-#: changed how claim finds rows of concurrency keys, and indexes.
+#: changed how claim finds rows of concurrency keys, and indexes; 0.3.9 changed claim and
+#: relay_outbox inside.
 SUPPORTED_VERSIONS = frozenset(
-    {"0.3.0", "0.3.1", "0.3.2", "0.3.3", "0.3.4", "0.3.5", "0.3.6", "0.3.7", "0.3.8"}
+    {"0.3.0", "0.3.1", "0.3.2", "0.3.3", "0.3.4", "0.3.5", "0.3.6", "0.3.7", "0.3.8", "0.3.9"}
 )
 
 I = TypeVar("I")  # noqa: E741 - the input type, as in Job[I]

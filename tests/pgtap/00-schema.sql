@@ -2,7 +2,7 @@
 -- volatile it is, whose rights it runs with, which settings it pins, and who may use what.
 -- A change to any of these is a change to the API: it shows up here first, on purpose.
 BEGIN;
-SELECT plan(619);
+SELECT plan(627);
 
 -- The functions of the API, one row each, with what 00-schema pins about them. `args` is how
 -- pgTAP's catalog view spells the argument types (regtype output: 'timestamp with time zone',
@@ -32,6 +32,7 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
 ('_require_retention', '{text,interval,integer,text}', 'void', 'IMMUTABLE', NULL),
 ('_enqueue', '{x_jobs.enqueue_request[]}', 'setof x_jobs.enqueue_many_result', 'VOLATILE', NULL),
 ('_run_ids', '{integer}', 'uuid[]', 'VOLATILE', NULL),
+('_ready_since', '{}', 'timestamp with time zone', 'STABLE', NULL),
 (
     'enqueue',
     '{text,jsonb,text,timestamp with time zone,text,integer,integer,text,text,text,text,integer,boolean,'
@@ -172,6 +173,7 @@ INSERT INTO api_grant (fn, lowest_role, to_pg_monitor) VALUES
 ('_payload_bytes', 'x_jobs_worker', FALSE),
 ('_enqueue', NULL, FALSE),
 ('_run_ids', NULL, FALSE),
+('_ready_since', NULL, FALSE),
 ('_notify', NULL, FALSE),
 ('_require_retention', 'x_jobs_admin', FALSE),
 ('enqueue', 'x_jobs_producer', FALSE),

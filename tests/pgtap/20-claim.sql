@@ -740,7 +740,9 @@ SELECT results_eq(
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:00:00+00';
 
 -- A server restart: leases that ran out while it was down are left to their holders for one
--- lease (the claim's) after it started; a lease renewed since the start lapses as usual.
+-- lease (the claim's) after it took connections again (x_jobs._ready_since: the end of its
+-- recovery, since 0.3.9; test_restart_grace.py crashes a server for it); a lease renewed since
+-- the start lapses as usual.
 SELECT set_config('x_jobs.fake_now', (pg_postmaster_start_time() - interval '1 minute')::text, TRUE);
 CREATE TEMP TABLE restart_job AS
 SELECT e.* FROM x_jobs.enqueue('restart_stale', queue => 'restart') AS e
@@ -751,7 +753,7 @@ SELECT is(
     2,
     'Both rows should be claimed before the server started (setup)'
 );
-SELECT set_config('x_jobs.fake_now', (pg_postmaster_start_time() + interval '5 seconds')::text, TRUE);
+SELECT set_config('x_jobs.fake_now', (x_jobs._ready_since() + interval '5 seconds')::text, TRUE);
 SELECT results_eq(
     $$
     SELECT x_jobs.extend_lease(ARRAY[j.id], 'restart-holder', '1 second')
@@ -760,18 +762,18 @@ SELECT results_eq(
     $$ SELECT j.id FROM restart_job AS j JOIN x_jobs.job AS r ON r.id = j.id WHERE r.name = 'restart_renewed' $$,
     'The holder should renew one lease after the start, for a second (setup)'
 );
-SELECT set_config('x_jobs.fake_now', (pg_postmaster_start_time() + interval '10 seconds')::text, TRUE);
+SELECT set_config('x_jobs.fake_now', (x_jobs._ready_since() + interval '10 seconds')::text, TRUE);
 SELECT results_eq(
     $$ SELECT c.name, c.claimed_by FROM x_jobs.claim(ARRAY['restart'], 'restart-other', '30 seconds', 2) AS c $$,
     $$ VALUES ('restart_renewed', 'restart-other') $$,
-    'Inside a lease after the server started, a claim should take a lease renewed since the start that lapsed, '
+    'Inside a lease after the server took connections, a claim should take a lease renewed since then that lapsed, '
     'and leave one last renewed before the start'
 );
-SELECT set_config('x_jobs.fake_now', (pg_postmaster_start_time() + interval '31 seconds')::text, TRUE);
+SELECT set_config('x_jobs.fake_now', (x_jobs._ready_since() + interval '31 seconds')::text, TRUE);
 SELECT results_eq(
     $$ SELECT c.name, c.claimed_by FROM x_jobs.claim(ARRAY['restart'], 'restart-other', '30 seconds', 2) AS c $$,
     $$ VALUES ('restart_stale', 'restart-other') $$,
-    'A lease after the server started, a claim should take the lease its holder never renewed'
+    'A lease after the server took connections, a claim should take the lease its holder never renewed'
 );
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:00:00+00';
 

@@ -616,6 +616,48 @@ def test_a_key_lock_held_elsewhere_holds_back_that_key_only(conn: Conn, connect:
     assert _relay_ids(relay, "held-relay", ["held"]) == [ids["held-1"]]
 
 
+def test_a_key_lock_held_elsewhere_takes_no_place_among_qty(conn: Conn, connect: Connect) -> None:
+    """The oldest head's key is locked by another session: a relay asking for one message gets
+    the next head. Until 0.3.9 the heads were cut to qty before their keys were tried, and a
+    relay of qty 1 got nothing, call after call, for as long as that lock was held; with qty 3
+    a place was lost each call. The window's heads and those found by visiting keys alike."""
+    put: LiteralString = "SELECT x_jobs.outbox_put('front', '{}', key => %s)"
+    keys = ["front-stuck", "front-a", "front-b", "front-c"]
+    ids = {key: _one_id(conn.execute(put, [key])) for key in keys}
+    stranger = connect(name="lock-holder")
+    stranger.execute("SELECT pg_advisory_lock(2024061705, hashtext('front-stuck'))")
+    relay = connect(name="relay")
+    assert _relay_ids(relay, "front-relay", ["front"], qty=1) == [ids["front-a"]]
+    assert sorted(_relay_ids(relay, "front-relay", ["front"], qty=3)) == sorted(
+        [ids["front-b"], ids["front-c"]]
+    )
+    assert _relay_ids(relay, "front-relay", ["front"], qty=1) == []
+    stranger.execute("SELECT pg_advisory_unlock(2024061705, hashtext('front-stuck'))")
+    assert _relay_ids(relay, "front-relay", ["front"], qty=1) == [ids["front-stuck"]]
+
+
+def test_a_key_lock_held_elsewhere_takes_no_place_when_keys_are_visited(
+    conn: Conn, connect: Connect
+) -> None:
+    """The same behind a window full of messages waiting for their key (one in flight, 120
+    behind it, more than a call of qty 1 reads), where the relay visits the keys instead."""
+    conn.execute(
+        "SELECT x_jobs.outbox_put_many(jsonb_agg(jsonb_build_object("
+        " 'topic', 'wall', 'payload', jsonb_build_object('n', g), 'key', 'wall') ORDER BY g))"
+        " FROM generate_series(1, 121) AS g"
+    )
+    assert len(_relay_ids(conn, "wall-relay", ["wall"], qty=1)) == 1
+    put: LiteralString = "SELECT x_jobs.outbox_put('wall', '{}', key => %s)"
+    ids = {key: _one_id(conn.execute(put, [key])) for key in ("wall-stuck", "wall-free")}
+    stranger = connect(name="lock-holder")
+    stranger.execute("SELECT pg_advisory_lock(2024061705, hashtext('wall-stuck'))")
+    relay = connect(name="relay")
+    assert _relay_ids(relay, "wall-relay", ["wall"], qty=1) == [ids["wall-free"]]
+    assert _relay_ids(relay, "wall-relay", ["wall"], qty=1) == []
+    stranger.execute("SELECT pg_advisory_unlock(2024061705, hashtext('wall-stuck'))")
+    assert _relay_ids(relay, "wall-relay", ["wall"], qty=1) == [ids["wall-stuck"]]
+
+
 BUSY_KEYS = 200
 #: Pending messages behind the message in flight of each busy key: none can go out.
 BEHIND = 40

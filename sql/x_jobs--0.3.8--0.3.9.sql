@@ -1,0 +1,894 @@
+\echo Use "ALTER EXTENSION x_jobs UPDATE TO '0.3.9'" to load this file. \quit
+
+-- 0.3.8 -> 0.3.9: a review of 0.3.8 under concurrency, crashes and scale. No function changes
+-- what it takes or answers.
+--   * claim's restart grace ran from pg_postmaster_start_time(): a crash recovery longer than
+--     the lease used it up before any holder could connect, and the first claim after it ran
+--     the holders' jobs beside them. It runs from when the server took connections again
+--     (x_jobs._ready_since, new).
+--   * relay_outbox cut the heads to qty before it tried their keys' locks: a key whose lock
+--     another session held took a place, and a relay of qty 1 got nothing while it was held.
+--     A busy key's head is passed over as it is found.
+
+-- The version of the SQL API installed here. Clients check it before they speak to the database
+-- (the Python worker refuses one it cannot speak to); it answers the same whether the schema came
+-- from CREATE EXTENSION or from `x-jobs install` on a server that allows no extension files.
+-- Each version's script (and upgrade script) replaces this function with its own number.
+CREATE OR REPLACE FUNCTION x_jobs.version()
+RETURNS text
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT '0.3.9'::text
+$$;
+
+-- Run ids for `p_count` new jobs, as UUIDv7 (RFC 9562): 48 bits of Unix time in milliseconds,
+-- then random bits that count up from a random start through the batch (the RFC's "monotonic
+-- random" method), so ids sort by creation and a batch draws randomness once. One
+-- gen_random_uuid per row cost a batch of 1,000 about 3 ms, an eighth of its enqueue_many.
+-- When the server last began to take connections: the end of its crash recovery (or of its
+-- start, or of a standby's promotion), which can come long after pg_postmaster_start_time()
+-- (a recovery of 700 MB of WAL took 2 s, and a busy server's minutes). The processes that start
+-- then (the WAL writer, the autovacuum launcher) say when; without the right to see them
+-- (pg_read_all_stats, which a superuser owner has) the postmaster's start stands in. It reads
+-- every backend's status, 0.2 ms a call: only claim's restart grace asks, and only for a lapsed
+-- lease last renewed before the server started.
+CREATE FUNCTION x_jobs._ready_since()
+RETURNS timestamptz
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT GREATEST(pg_catalog.pg_postmaster_start_time(), max(a.backend_start))
+    FROM pg_catalog.pg_stat_activity AS a
+    WHERE a.backend_type IN ('walwriter', 'autovacuum launcher')
+$$;
+
+REVOKE ALL ON FUNCTION x_jobs._ready_since() FROM public;
+
+-- Hand up to `qty` due jobs of `queues` to `worker` for `lease`. Answers the claimed rows
+-- (state 'running', attempt counted) in claim order, and after them any row it buried (state
+-- 'dead' or 'failed'): a worker runs only the rows whose state is 'running'.
+--
+-- SKIP LOCKED is the design: a row another claimer holds is passed over, never waited for, so
+-- claimers never queue behind one another.
+--
+-- It SEEKS. For each open queue three ordered index scans, one per arm, each reading about `qty`
+-- entries, whatever the backlog:
+--   ready     job_ready_idx    rows due now, in (priority, run_at, id) order;
+--   waiting   job_waiting_idx  delayed and suspended rows whose run_at came, in run_at order;
+--   lapsed    job_running_idx  running rows whose lease (visible_at) ran out, in lease order
+--                              (but not in the first lease after the server started: see there).
+-- One `state IN (...) OR running` test over all queues cannot be served in order by any index:
+-- it reads and sorts every due row, so a queue slows down exactly when it is behind. The outer
+-- sort sees at most 3 x qty x queues rows. Priority orders the ready arm exactly; a row coming
+-- due from a delay competes by priority among the earliest-due ones the waiting arm read.
+-- The first two arms hold rows without a concurrency key; those with one, see below.
+--
+-- A lapsed row on its final attempt is buried instead (dead, or failed for a job that wants no
+-- dead letters), counted, and returned with that state: handing it out again would be an attempt
+-- past max_attempts every lease, forever. Its claimed_by is cleared, so the stalled body cannot
+-- settle a row it lost.
+--
+-- Concurrency keys: a row with a key is taken only while fewer than its limit of the key's rows
+-- run. Such rows are looked for in a window of each queue's oldest due keyed rows (10 x qty +
+-- 100 ready ones in claim order, as many waiting ones), ranked per key, and as many of each
+-- key's first ones as its room are locked in claim order, skipping those another claimer holds.
+-- When a window is full of rows whose keys have no room (one key backed up by thousands) and
+-- yields fewer than wanted, the claim visits the keys instead, one seek from each key to the
+-- next in job_keyed_idx, and takes the first due rows of those with room. Until 0.3.8 the
+-- ready arm walked every row of a full key ahead of it, keyed or not behind it: 170-330 ms a
+-- claim at 100,000 (measured 2026-11-30). So a claim reads about the window when keyed rows
+-- are at hand, and a seek or two per key with due rows at worst (every key full).
+-- The rows found are then granted under an advisory lock per key, counted again in a new
+-- statement, so two claimers cannot both take the last slot. That needs READ COMMITTED, which
+-- a claim refuses to run without.
+--
+-- Slots spent on rows it could not hand out (buried, or denied by a key) are claimed again in
+-- up to two more passes. Rows a scan locked and the outer LIMIT dropped stay locked until the
+-- transaction ends; called on its own, a claim is its own transaction and that is at once. Over
+-- several queues the first pass reads first how many ready rows to lock in each (see there).
+-- SECURITY DEFINER: workers hold no right to write the tables (see Grants).
+CREATE OR REPLACE FUNCTION x_jobs.claim(
+    queues text[],
+    worker text,
+    lease interval DEFAULT '30 seconds',
+    qty integer DEFAULT 1
+)
+RETURNS SETOF x_jobs.job
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+-- Every call would otherwise be planned afresh: the generic plans are costed above the custom
+-- ones (LIMIT of a parameter), so the plan cache keeps re-planning, which cost 2 ms a call here
+-- (measured 2026-11-29: 3.0 ms against 1.0 ms for qty 10). The generic plans are the same seeks.
+SET plan_cache_mode = force_generic_plan
+-- A generic plan costs the LIMIT as if every due row were read, which is above the JIT
+-- thresholds on a big table: each call then compiled its plan with LLVM (70-880 ms against 1 ms,
+-- 1.1M rows). The seeks read a few rows; compiling never pays.
+SET jit = off
+-- Every statement is index walks and seeks from them. A generic plan costs a window as if it
+-- were thousands of rows, which invites hashing the whole table to join it back.
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := x_jobs.now();
+    v_started timestamptz := pg_catalog.pg_postmaster_start_time();
+    v_window integer;
+    v_window_full boolean;
+    v_found bigint[];
+    v_queues text[];
+    v_pass integer := 0;
+    v_want integer;
+    v_got integer := 0;
+    v_seen bigint[] := ARRAY[]::bigint[];
+    v_picked integer;
+    v_take bigint[];
+    v_take_at tid[];
+    v_bury bigint[];
+    v_keyed bigint[];
+    v_keys text[];
+    v_lapsed bigint[];
+    v_lapsed_attempt integer[];
+    v_lapsed_worker text[];
+    v_granted integer;
+    v_busy_keys text[] := ARRAY[]::text[];
+    v_claimed x_jobs.job[];
+    v_buried x_jobs.job[];
+    v_buried_all x_jobs.job[] := ARRAY[]::x_jobs.job[];
+    v_limits integer[];
+    v_peeked integer;
+BEGIN
+    IF claim.queues IS NULL OR pg_catalog.cardinality(claim.queues) = 0
+        OR EXISTS (SELECT FROM unnest(claim.queues) AS q WHERE q IS NULL OR q = '') THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ010',
+            MESSAGE = pg_catalog.format('X_QUEUES_INVALID: queue list %s names no queue',
+                coalesce(claim.queues::text, 'NULL')),
+            HINT = 'Pass the queues to serve, such as ARRAY[''default''].';
+    END IF;
+    PERFORM x_jobs._require_worker(
+        claim.worker, 'Pass an id unique to the worker process, such as host:pid:random.'
+    );
+    PERFORM x_jobs._require_lease(
+        claim.lease, 'Pass a lease longer than the heartbeat interval, such as ''30 seconds''.'
+    );
+    IF claim.qty IS NULL OR claim.qty < 1 OR claim.qty > 1000 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ013',
+            MESSAGE = pg_catalog.format('X_QTY_INVALID: qty %s is outside 1..1000',
+                coalesce(claim.qty::text, 'NULL')),
+            HINT = 'Pass how many jobs the worker has free slots for, from 1 to 1000.';
+    END IF;
+    -- READ UNCOMMITTED runs as READ COMMITTED in PostgreSQL, so only these two are refused.
+    IF pg_catalog.current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ022',
+            MESSAGE = pg_catalog.format('X_ISOLATION_UNSUPPORTED: claim cannot run at isolation level %s',
+                pg_catalog.current_setting('transaction_isolation')),
+            HINT = 'Call claim in its own READ COMMITTED transaction (autocommit).';
+    END IF;
+
+    -- While the server was down no holder could heartbeat: every lease that ran out meanwhile
+    -- looks lapsed once it is back, and the first worker to reconnect took the jobs of the
+    -- others, which still ran them (seen with a 3 s lease and an 8 s outage). So for one lease
+    -- (this claim's) after the server took connections again, a lease last renewed before the
+    -- server started is not taken as lapsed: its holder has that long to reconnect and renew it
+    -- (a worker reconnects at least once a heartbeat interval). A holder that died meanwhile
+    -- costs its jobs that much more wait. Counted from the end of recovery (_ready_since), not
+    -- the start: until 0.3.9 a crash recovery longer than the lease used the grace up before
+    -- any holder could connect. The lapsed arm asks for it only when it meets such a lease (an
+    -- InitPlan runs on first use), so a claim pays nothing for it otherwise.
+
+    -- A queue named twice would be two scans over one queue, and rows this statement locked are
+    -- not skipped by itself: the repeat would spend slots on rows already picked.
+    v_queues := ARRAY(
+        SELECT DISTINCT q.queue
+        FROM unnest(claim.queues) AS q (queue)
+        WHERE NOT EXISTS (SELECT FROM x_jobs.queue_pause AS p WHERE p.queue = q.queue)
+    );
+
+    WHILE v_pass < 3 AND v_got < claim.qty AND pg_catalog.cardinality(v_queues) > 0 LOOP
+        v_pass := v_pass + 1;
+        v_want := claim.qty - v_got;
+        v_granted := NULL;
+
+        -- How many rows the ready arm may lock in each queue. Up to v_want in every queue, as
+        -- the other arms, the outer LIMIT keeping v_want of them: over 10 queues with a backlog
+        -- a claim of 50 locked 500 rows (a WAL record each), and took half again the time of a
+        -- claim over one queue. So the first pass over several queues reads first, without
+        -- locks, which queues hold the first v_want ready rows in claim order, and locks that
+        -- many in each. A row another claimer holds is counted there and skipped below, where
+        -- its queue's next row stands in; should a queue run out that way, the next pass locks
+        -- as before, up to v_want in each.
+        v_limits := pg_catalog.array_fill(v_want, ARRAY[pg_catalog.cardinality(v_queues)]);
+        v_peeked := NULL;
+        IF v_pass = 1 AND pg_catalog.cardinality(v_queues) > 1 THEN
+            v_limits := ARRAY(
+                SELECT count(t.queue)::integer
+                FROM unnest(v_queues) WITH ORDINALITY AS q (queue, n)
+                LEFT JOIN (
+                    SELECT arm.queue
+                    FROM unnest(v_queues) AS o (queue)
+                    CROSS JOIN LATERAL (
+                        SELECT j.queue, j.priority, j.run_at, j.id
+                        FROM x_jobs.job AS j
+                        WHERE j.queue = o.queue
+                            AND j.state = 'ready' AND j.concurrency_key IS NULL
+                            AND j.run_at <= v_now
+                        ORDER BY j.priority, j.run_at, j.id
+                        LIMIT v_want
+                    ) AS arm
+                    ORDER BY arm.priority, arm.run_at, arm.id
+                    LIMIT v_want
+                ) AS t ON t.queue = q.queue
+                GROUP BY q.n
+                ORDER BY q.n
+            );
+            v_peeked := (SELECT sum(l)::integer FROM unnest(v_limits) AS l);
+        END IF;
+
+        -- Rows with a concurrency key: the oldest due ones of each queue (ready ones in claim
+        -- order, waiting ones in run_at order), ranked per key in grant order; each key's first
+        -- ones up to its room are locked in claim order until v_want are held.
+        v_window := 10 * v_want + 100;
+        WITH win AS (
+            SELECT o.queue, FALSE AS waiting, r.*
+            FROM unnest(v_queues) AS o (queue)
+            CROSS JOIN LATERAL (
+                SELECT j.id, j.priority, j.run_at, j.concurrency_key, j.concurrency_limit
+                FROM x_jobs.job AS j
+                WHERE j.queue = o.queue
+                    AND j.state = 'ready' AND j.concurrency_key IS NOT NULL
+                    AND j.run_at <= v_now
+                ORDER BY j.priority, j.run_at, j.id
+                LIMIT v_window
+            ) AS r
+            UNION ALL
+            SELECT o.queue, TRUE AS waiting, r.*
+            FROM unnest(v_queues) AS o (queue)
+            CROSS JOIN LATERAL (
+                SELECT j.id, j.priority, j.run_at, j.concurrency_key, j.concurrency_limit
+                FROM x_jobs.job AS j
+                WHERE j.queue = o.queue
+                    AND j.state IN ('delayed', 'suspended') AND j.concurrency_key IS NOT NULL
+                    AND j.run_at <= v_now
+                ORDER BY j.run_at, j.id
+                LIMIT v_window
+            ) AS r
+        ),
+        ranked AS (
+            SELECT w.id, w.priority, w.run_at, w.concurrency_key, w.concurrency_limit,
+                   pg_catalog.row_number() OVER (
+                       PARTITION BY w.concurrency_key ORDER BY w.priority, w.run_at, w.id
+                   ) AS rank
+            FROM win AS w
+            WHERE w.id <> ALL (v_seen)
+        )
+        SELECT coalesce((
+                   SELECT pg_catalog.array_agg(t.id)
+                   FROM (
+                       SELECT l.id
+                       FROM (
+                           SELECT r.* FROM ranked AS r
+                           WHERE r.rank <= r.concurrency_limit
+                           ORDER BY r.priority, r.run_at, r.id
+                       ) AS r
+                       -- The key's running rows are counted here, for the rows reached in claim
+                       -- order only: counted in the window they cost a seek per key in it.
+                       CROSS JOIN LATERAL (
+                           SELECT j.id FROM x_jobs.job AS j
+                           WHERE j.id = r.id
+                               AND j.state IN ('ready', 'delayed', 'suspended')
+                               AND j.run_at <= v_now
+                               AND r.rank <= r.concurrency_limit - (
+                                   SELECT count(*) FROM x_jobs.job AS h
+                                   WHERE h.concurrency_key = r.concurrency_key AND h.state = 'running'
+                               )
+                           FOR UPDATE SKIP LOCKED
+                       ) AS l
+                       ORDER BY r.priority, r.run_at, r.id
+                       LIMIT v_want
+                   ) AS t
+               ), '{}'),
+               EXISTS (
+                   SELECT FROM win AS w GROUP BY w.queue, w.waiting HAVING count(*) >= v_window
+               )
+        INTO v_found, v_window_full;
+
+        IF v_window_full AND pg_catalog.cardinality(v_found) < v_want THEN
+            -- The windows are mostly rows of keys without room: visit the keys instead, a seek of
+            -- job_keyed_idx from one key to the first entry of the next, and of a key with room
+            -- take its first due rows in each of these queues, as many as its room (by the limit
+            -- its first row carries; the grant below counts each row's own), a seek per queue.
+            -- Locked in claim order.
+            v_found := v_found || ARRAY(
+                WITH RECURSIVE keys AS (
+                    (
+                        SELECT j.concurrency_key AS key, j.concurrency_limit AS lim
+                        FROM x_jobs.job AS j
+                        WHERE j.concurrency_key IS NOT NULL
+                            AND j.state IN ('ready', 'delayed', 'suspended')
+                        ORDER BY j.concurrency_key, j.queue, j.priority, j.run_at, j.id
+                        LIMIT 1
+                    )
+                    UNION ALL
+                    SELECT n.key, n.lim
+                    FROM keys AS k
+                    CROSS JOIN LATERAL (
+                        SELECT j.concurrency_key AS key, j.concurrency_limit AS lim
+                        FROM x_jobs.job AS j
+                        WHERE j.concurrency_key > k.key
+                            AND j.concurrency_key IS NOT NULL
+                            AND j.state IN ('ready', 'delayed', 'suspended')
+                        ORDER BY j.concurrency_key, j.queue, j.priority, j.run_at, j.id
+                        LIMIT 1
+                    ) AS n
+                ),
+                due AS (
+                    SELECT f.id, f.priority, f.run_at
+                    FROM keys AS k
+                    CROSS JOIN LATERAL (
+                        SELECT count(*) AS running FROM x_jobs.job AS h
+                        WHERE h.concurrency_key = k.key AND h.state = 'running'
+                    ) AS b
+                    CROSS JOIN unnest(v_queues) AS o (queue)
+                    CROSS JOIN LATERAL (
+                        SELECT e.id, e.priority, e.run_at
+                        FROM x_jobs.job AS e
+                        WHERE e.concurrency_key = k.key
+                            AND e.queue = o.queue
+                            AND e.concurrency_key IS NOT NULL
+                            AND e.state IN ('ready', 'delayed', 'suspended')
+                            AND e.run_at <= v_now
+                            AND e.id <> ALL (v_seen)
+                            AND e.id <> ALL (v_found)
+                        ORDER BY e.priority, e.run_at, e.id
+                        LIMIT LEAST(v_want, GREATEST(k.lim - b.running, 0))
+                    ) AS f
+                    ORDER BY f.priority, f.run_at, f.id
+                    LIMIT v_window
+                )
+                SELECT l.id
+                FROM due AS d
+                CROSS JOIN LATERAL (
+                    SELECT j.id FROM x_jobs.job AS j
+                    WHERE j.id = d.id
+                        AND j.state IN ('ready', 'delayed', 'suspended')
+                        AND j.run_at <= v_now
+                    FOR UPDATE SKIP LOCKED
+                ) AS l
+                ORDER BY d.priority, d.run_at, d.id
+                LIMIT v_want - pg_catalog.cardinality(v_found)
+            );
+        END IF;
+
+        SELECT count(*)::integer,
+               coalesce(pg_catalog.array_agg(c.id) FILTER (
+                   WHERE NOT c.exhausted AND (c.lapsed OR c.concurrency_key IS NULL)), '{}'),
+               coalesce(pg_catalog.array_agg(c.at) FILTER (
+                   WHERE NOT c.exhausted AND (c.lapsed OR c.concurrency_key IS NULL)), '{}'),
+               coalesce(pg_catalog.array_agg(c.id) FILTER (WHERE c.exhausted), '{}'),
+               coalesce(pg_catalog.array_agg(c.id) FILTER (
+                   WHERE NOT c.lapsed AND c.concurrency_key IS NOT NULL), '{}'),
+               coalesce(pg_catalog.array_agg(DISTINCT c.concurrency_key) FILTER (
+                   WHERE NOT c.lapsed AND c.concurrency_key IS NOT NULL), '{}'),
+               coalesce(pg_catalog.array_agg(c.id) FILTER (WHERE c.lapsed), '{}'),
+               coalesce(pg_catalog.array_agg(c.attempt) FILTER (WHERE c.lapsed), '{}'),
+               coalesce(pg_catalog.array_agg(c.claimed_by) FILTER (WHERE c.lapsed), '{}')
+        INTO v_picked, v_take, v_take_at, v_bury, v_keyed, v_keys, v_lapsed, v_lapsed_attempt,
+             v_lapsed_worker
+        FROM (
+            SELECT arm.*
+            FROM unnest(v_queues, v_limits) AS o (queue, lim)
+            CROSS JOIN LATERAL (
+                SELECT j.id, j.priority, j.run_at, FALSE AS lapsed, FALSE AS exhausted,
+                       j.concurrency_key, j.attempt, j.claimed_by, j.ctid AS at
+                FROM x_jobs.job AS j
+                WHERE j.queue = o.queue
+                    AND j.state = 'ready' AND j.concurrency_key IS NULL
+                    AND j.run_at <= v_now
+                ORDER BY j.priority, j.run_at, j.id
+                LIMIT o.lim
+                FOR UPDATE SKIP LOCKED
+            ) AS arm
+            UNION ALL
+            SELECT arm.*
+            FROM unnest(v_queues) AS o (queue)
+            CROSS JOIN LATERAL (
+                SELECT j.id, j.priority, j.run_at, FALSE AS lapsed, FALSE AS exhausted,
+                       j.concurrency_key, j.attempt, j.claimed_by, j.ctid AS at
+                FROM x_jobs.job AS j
+                WHERE j.queue = o.queue
+                    AND j.state IN ('delayed', 'suspended') AND j.concurrency_key IS NULL
+                    AND j.run_at <= v_now
+                ORDER BY j.run_at, j.id
+                LIMIT v_want
+                FOR UPDATE SKIP LOCKED
+            ) AS arm
+            UNION ALL
+            -- Locked above already.
+            SELECT j.id, j.priority, j.run_at, FALSE AS lapsed, FALSE AS exhausted,
+                   j.concurrency_key, j.attempt, j.claimed_by, j.ctid AS at
+            FROM x_jobs.job AS j
+            WHERE j.id = ANY (v_found)
+            UNION ALL
+            SELECT arm.*
+            FROM unnest(v_queues) AS o (queue)
+            CROSS JOIN LATERAL (
+                SELECT j.id, j.priority, j.run_at, TRUE AS lapsed,
+                       j.attempt >= j.max_attempts AS exhausted,
+                       j.concurrency_key, j.attempt, j.claimed_by, j.ctid AS at
+                FROM x_jobs.job AS j
+                WHERE j.queue = o.queue
+                    AND j.state = 'running'
+                    AND j.visible_at <= v_now
+                    AND (j.updated_at >= v_started OR v_now >= (SELECT x_jobs._ready_since()) + claim.lease)
+                ORDER BY j.visible_at, j.id
+                LIMIT v_want
+                FOR UPDATE SKIP LOCKED
+            ) AS arm
+            ORDER BY 2, 3, 1
+            LIMIT v_want
+        ) AS c;
+
+        -- Nothing to take; or, on a first pass that read its limits, nothing free under them.
+        EXIT WHEN v_picked = 0 AND coalesce(v_peeked, 0) < v_want;
+
+        IF pg_catalog.cardinality(v_keyed) > 0 THEN
+            -- Serialize the claimers of each key, then count its running rows afresh: this
+            -- statement's snapshot is taken after the locks, so it sees every claim that held
+            -- them before. The rows not granted stay locked, unclaimed, until this call ends.
+            -- It only tries, and leaves the rows of a key it cannot have now to other claims: a
+            -- claim never waits for another claimer. Until 0.3.6 the first pass waited, in key
+            -- order, which stalled every claimer of a key behind a claim made in a long
+            -- transaction, and deadlocked two claims whose keys' hashes collided (the lock is
+            -- taken on the hash, and text order is not hash order).
+            v_busy_keys := ARRAY(
+                SELECT k.key
+                FROM unnest(v_keys) AS k (key)
+                WHERE NOT pg_catalog.pg_try_advisory_xact_lock(2024061701, pg_catalog.hashtext(k.key))
+            );
+
+            v_granted := pg_catalog.cardinality(v_take);
+            SELECT v_take || coalesce(pg_catalog.array_agg(g.id), '{}'),
+                   v_take_at || coalesce(pg_catalog.array_agg(g.at), '{}')
+            INTO v_take, v_take_at
+            FROM (
+                    SELECT j.id, j.ctid AS at,
+                           pg_catalog.row_number() OVER (
+                               PARTITION BY j.concurrency_key ORDER BY j.priority, j.run_at, j.id
+                           ) AS rank,
+                           j.concurrency_limit - (
+                               SELECT count(*) FROM x_jobs.job AS h
+                               WHERE h.concurrency_key = j.concurrency_key AND h.state = 'running'
+                           ) AS room
+                    FROM x_jobs.job AS j
+                    WHERE j.id = ANY (v_keyed)
+                        AND j.concurrency_key <> ALL (v_busy_keys)
+                ) AS g
+            WHERE g.rank <= g.room;
+            v_granted := pg_catalog.cardinality(v_take) - v_granted;
+            v_seen := v_seen || v_keyed;
+        END IF;
+
+        IF pg_catalog.cardinality(v_lapsed) = 0 THEN
+            -- The common case, nothing lapsed and so nothing to bury, log or count: one update.
+            -- By ctid: this call holds the picked rows locked, so they cannot have moved, and a
+            -- TID scan reaches each at once where `id = ANY` descends the primary key per row.
+            RETURN QUERY
+            WITH claimed AS (
+                UPDATE x_jobs.job AS j
+                SET state = 'running',
+                    attempt = j.attempt + 1,
+                    claims = j.claims + 1,
+                    claimed_by = claim.worker,
+                    visible_at = v_now + claim.lease,
+                    started_at = v_now,
+                    updated_at = v_now
+                WHERE j.ctid = ANY (v_take_at)
+                RETURNING j.*
+            )
+            SELECT * FROM claimed AS c ORDER BY c.priority, c.run_at, c.id;
+        ELSE
+            -- Buried rows are answered after every claimed one, so they wait for the last pass.
+            WITH buried AS (
+                UPDATE x_jobs.job AS j
+                SET state = CASE WHEN j.dead_letter THEN 'dead' ELSE 'failed' END::x_jobs.job_state,
+                    visible_at = NULL,
+                    claimed_by = NULL,
+                    -- No attempt is left to run the compensations (code in the handler) of the
+                    -- steps it completed: name those steps, as a final attempt that did not reach
+                    -- them does, so that an operator knows what to undo by hand.
+                    last_error = 'lease lapsed on the final attempt' || coalesce((
+                        SELECT pg_catalog.format(
+                            ': steps %s completed and their compensations, if any, did not run',
+                            pg_catalog.string_agg(pg_catalog.quote_literal(s.name), ', ' ORDER BY s.created_at, s.name))
+                        FROM x_jobs.step AS s
+                        WHERE s.job_id = j.id AND s.kind = 'run' AND NOT s.compensation AND s.status = 'done'
+                            AND NOT EXISTS (
+                                SELECT FROM x_jobs.step AS c
+                                WHERE c.job_id = s.job_id AND c.name = s.name AND c.compensation
+                            )
+                        HAVING count(*) > 0
+                    ), ''),
+                    last_error_stack = NULL,
+                    finished_at = v_now,
+                    updated_at = v_now
+                WHERE j.id = ANY (v_bury)
+                RETURNING j.*
+            ),
+            -- A lapsed lease is an attempt that ended without a word: keep it in the error history.
+            lapse_logged AS (
+                INSERT INTO x_jobs.job_error (job_id, attempt, failed_at, worker, error)
+                SELECT l.id, l.attempt, v_now, l.worker,
+                       'lease lapsed: the worker stopped heartbeating before it settled the job'
+                FROM unnest(v_lapsed, v_lapsed_attempt, v_lapsed_worker) AS l (id, attempt, worker)
+            ),
+            counted AS (
+                INSERT INTO x_jobs.counter AS c (job, bucket_seconds, bucket_start, shard, retried, failed, dead)
+                SELECT l.name, 60, x_jobs._minute(v_now), x_jobs._shard(),
+                       count(*) FILTER (WHERE l.state = 'running'),
+                       count(*) FILTER (WHERE l.state = 'failed'),
+                       count(*) FILTER (WHERE l.state = 'dead')
+                FROM (
+                    SELECT b.name, b.state FROM buried AS b
+                    UNION ALL
+                    SELECT j.name, j.state FROM x_jobs.job AS j
+                    WHERE j.id = ANY (v_lapsed) AND NOT j.id = ANY (v_bury)
+                ) AS l
+                GROUP BY l.name
+                ON CONFLICT (job, bucket_seconds, bucket_start, shard) DO UPDATE
+                SET retried = c.retried + excluded.retried,
+                    failed = c.failed + excluded.failed,
+                    dead = c.dead + excluded.dead
+            ),
+            claimed AS (
+                UPDATE x_jobs.job AS j
+                SET state = 'running',
+                    attempt = j.attempt + 1,
+                    claims = j.claims + 1,
+                    claimed_by = claim.worker,
+                    visible_at = v_now + claim.lease,
+                    started_at = v_now,
+                    updated_at = v_now
+                WHERE j.id = ANY (v_take)
+                RETURNING j.*
+            )
+            SELECT (SELECT pg_catalog.array_agg(ROW(c.*)::x_jobs.job ORDER BY c.priority, c.run_at, c.id) FROM claimed AS c),
+                   (SELECT pg_catalog.array_agg(ROW(b.*)::x_jobs.job) FROM buried AS b)
+            INTO v_claimed, v_buried;
+
+            RETURN QUERY SELECT * FROM unnest(v_claimed);
+            v_buried_all := v_buried_all || coalesce(v_buried, ARRAY[]::x_jobs.job[]);
+        END IF;
+
+        v_got := v_got + pg_catalog.cardinality(v_take);
+        -- Another pass only when this one spent slots on rows it could not hand out (buried, or
+        -- denied by a key), since that may have freed a key or left due rows behind; a pick that
+        -- came back short with nothing spent means the queues are drained.
+        EXIT WHEN v_picked < v_want
+            AND pg_catalog.cardinality(v_bury) = 0
+            AND pg_catalog.cardinality(v_keyed) = coalesce(v_granted, 0)
+            -- Short for a queue that ran out under the limit the first pass read for it?
+            AND coalesce(v_peeked, 0) < v_want;
+    END LOOP;
+
+    RETURN QUERY SELECT * FROM unnest(v_buried_all);
+END
+$$;
+
+-- Hand `relay` up to `qty` messages to deliver, for `lease`: the oldest due pending messages
+-- that head their key (nothing earlier of the key is pending, and nothing of the key is in
+-- flight: a redriven or late-committed message with a lower id waits for the one out), and the
+-- messages whose lease lapsed (a relay that died; dead instead on their final attempt). Locked
+-- rows are skipped, so relays never wait for each other. `topics` restricts the claim to the
+-- topics this relay has sinks for (NULL: all).
+--
+-- Keyless messages are a seek of their own index, about `qty` entries. Keyed ones are looked
+-- for among the oldest due keyed messages, at most 10 x `qty` + 100 of them, each a head or
+-- not by two seeks of outbox_key_idx, and locked as found, skipping those another relay holds,
+-- until `qty` are held. When that window is full of messages waiting behind their keys (a
+-- backlog on keys whose messages are in flight, or nacked with a backoff) and yields fewer
+-- than `qty`, the relay visits every key with undelivered messages instead, one seek each, and
+-- takes the oldest of their heads. Until 0.3.7 it walked the whole backlog: with
+-- every key busy, a call read 500,000 pending messages to answer none (5-6 s, measured
+-- 2026-11-30). So a call costs about `qty` entries when heads are at hand, and a seek per busy
+-- key at worst.
+--
+-- The two checks of a message's key are lateral subqueries with LIMIT 1, which the planner runs
+-- per message as a seek of outbox_key_idx. As NOT EXISTS it made them anti-joins and, with
+-- statistics that saw few pending messages, compared every message of the window with every
+-- pending one: cheap on the table it planned for, quadratic on the backlog the plan is kept
+-- for. (With few keys and no delivered history the planner may check "earlier" by walking the
+-- primary key up to the message, a message of the key every few rows: cheap there. A row
+-- comparison on (state, id), which only the key index can serve, cost 60-80 us a check against
+-- 9 here: PostgreSQL 15 reads the key's entries past it.) "In flight" is spelt
+-- `state > 'pending'` beside the index's predicate (enum order: of the two, only inflight is
+-- above pending), since `state = 'inflight'` matches the predicate of outbox_inflight_idx,
+-- which the planner then read whole per message.
+--
+-- The keys of the picked messages are then locked and checked again under a fresh snapshot:
+-- two relays claiming at once cannot both take a message of one key, whatever order the
+-- producers committed in; a key whose lock another session holds is left to a later call. A
+-- message of a key whose check fails stays locked, unclaimed, until the call ends. Answers the
+-- messages in the order to deliver them, with the attempt this delivery is.
+-- SECURITY DEFINER: workers hold no right to write the tables (see Grants).
+CREATE OR REPLACE FUNCTION x_jobs.relay_outbox(
+    relay text,
+    qty integer DEFAULT 100,
+    lease interval DEFAULT '30 seconds',
+    topics text[] DEFAULT NULL
+)
+RETURNS TABLE (id bigint, topic text, key text, payload jsonb, headers jsonb, attempt integer)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+-- Before the outbox has statistics (a new table, a burst after a quiet spell) the planner chose
+-- a bitmap scan of every pending message and a sort: 80 ms a call at 10,000 pending against
+-- 3 ms for the ordered index walk (measured 2026-11-29). The walk is right at any size.
+SET enable_bitmapscan = off
+-- Every statement here is a walk of an index and seeks from it, and the window's heads are
+-- locked as they come, in order, only as many as wanted. A generic plan costs the window as
+-- 10,000 rows, and joined it to the outbox with a hash of the whole table (a sequential scan of
+-- 300,000 messages a call, 110-150 ms against 5).
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := x_jobs.now();
+    v_window integer;
+    v_window_full boolean;
+    v_heads bigint[];
+    v_more bigint[];
+    v_picked bigint[];
+    v_keys text[];
+    v_busy_keys text[];
+    v_lapsed boolean;
+BEGIN
+    IF relay_outbox.relay IS NULL OR relay_outbox.relay = '' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ036',
+            MESSAGE = pg_catalog.format('X_RELAY_INVALID: relay id %s is empty',
+                coalesce(pg_catalog.quote_literal(relay_outbox.relay), 'NULL')),
+            HINT = 'Pass an id unique to the relay process, such as host:pid:random.';
+    END IF;
+    PERFORM x_jobs._require_lease(
+        relay_outbox.lease, 'Pass a lease longer than a delivery takes, such as ''30 seconds''.'
+    );
+    IF relay_outbox.qty IS NULL OR relay_outbox.qty < 1 OR relay_outbox.qty > 1000 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ013',
+            MESSAGE = pg_catalog.format('X_QTY_INVALID: qty %s is outside 1..1000',
+                coalesce(relay_outbox.qty::text, 'NULL')),
+            HINT = 'Pass how many messages the relay can deliver at once, from 1 to 1000.';
+    END IF;
+    IF pg_catalog.current_setting('transaction_isolation') IN ('repeatable read', 'serializable') THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ022',
+            MESSAGE = pg_catalog.format('X_ISOLATION_UNSUPPORTED: relay_outbox cannot run at isolation level %s',
+                pg_catalog.current_setting('transaction_isolation')),
+            HINT = 'Call relay_outbox in its own READ COMMITTED transaction (autocommit).';
+    END IF;
+    -- Room for the heads other relays are taking at the same time, small calls included.
+    v_window := 10 * relay_outbox.qty + 100;
+
+    -- The heads among the oldest due keyed messages, locked in order as they are found, passing
+    -- over those another relay holds, until qty are held: the window is read as far as that
+    -- takes, so relays calling at once take different heads. A head whose key another session
+    -- holds (the key's advisory lock, see below) is passed over too, as it is found, so that it
+    -- takes no place among the qty: until 0.3.9 the heads were cut to qty first, and one such
+    -- key at the front left a relay of qty 1 with nothing, call after call.
+    v_heads := ARRAY(
+        SELECT h.id
+        FROM (
+            SELECT o.id, w.key
+            FROM (
+                SELECT d.id, d.key, d.topic, d.available_at
+                FROM x_jobs.outbox AS d
+                WHERE d.state = 'pending' AND d.key IS NOT NULL
+                    AND d.available_at <= v_now
+                ORDER BY d.available_at, d.id
+                LIMIT v_window
+            ) AS w
+            INNER JOIN x_jobs.outbox AS o ON o.id = w.id
+            LEFT JOIN LATERAL (
+                SELECT e.id FROM x_jobs.outbox AS e
+                WHERE e.key = w.key AND e.state = 'pending' AND e.id < w.id
+                    AND e.key IS NOT NULL AND e.state IN ('pending', 'inflight')
+                LIMIT 1
+            ) AS earlier ON TRUE
+            LEFT JOIN LATERAL (
+                SELECT e.id FROM x_jobs.outbox AS e
+                WHERE e.key = w.key AND e.state > 'pending'
+                    AND e.key IS NOT NULL AND e.state IN ('pending', 'inflight')
+                LIMIT 1
+            ) AS out ON TRUE
+            WHERE (relay_outbox.topics IS NULL OR w.topic = ANY (relay_outbox.topics))
+                AND earlier.id IS NULL
+                AND out.id IS NULL
+                AND o.state = 'pending'
+            ORDER BY w.available_at, w.id
+            FOR UPDATE OF o SKIP LOCKED
+        ) AS h
+        -- Above the row locks: the key's lock is tried only for a head this call holds.
+        WHERE pg_catalog.pg_try_advisory_xact_lock(2024061705, pg_catalog.hashtext(h.key))
+        LIMIT relay_outbox.qty
+    );
+    v_window_full := pg_catalog.cardinality(v_heads) < relay_outbox.qty AND v_window = (
+        SELECT pg_catalog.count(*)
+        FROM (
+            SELECT FROM x_jobs.outbox AS o
+            WHERE o.state = 'pending' AND o.key IS NOT NULL
+                AND o.available_at <= v_now
+            ORDER BY o.available_at, o.id
+            LIMIT v_window
+        ) AS w
+    );
+
+    IF v_window_full THEN
+        -- The window is mostly messages waiting behind their keys: visit the keys instead, a
+        -- seek of outbox_key_idx from one key to the first entry of the next. That entry is the
+        -- key's lowest pending message (its head), or one in flight when none is pending.
+        v_more := ARRAY(
+            WITH RECURSIVE heads AS (
+                (
+                    SELECT o.key, o.state, o.id, o.topic, o.available_at FROM x_jobs.outbox AS o
+                    WHERE o.key IS NOT NULL AND o.state IN ('pending', 'inflight')
+                    ORDER BY o.key, o.state, o.id
+                    LIMIT 1
+                )
+                UNION ALL
+                SELECT n.*
+                FROM heads AS h
+                CROSS JOIN LATERAL (
+                    SELECT o.key, o.state, o.id, o.topic, o.available_at FROM x_jobs.outbox AS o
+                    WHERE o.key > h.key AND o.key IS NOT NULL AND o.state IN ('pending', 'inflight')
+                    ORDER BY o.key, o.state, o.id
+                    LIMIT 1
+                ) AS n
+            )
+            SELECT h.id
+            FROM heads AS h
+            LEFT JOIN LATERAL (
+                SELECT e.id FROM x_jobs.outbox AS e
+                WHERE e.key = h.key AND e.state > 'pending'
+                    AND e.key IS NOT NULL AND e.state IN ('pending', 'inflight')
+                LIMIT 1
+            ) AS out ON TRUE
+            WHERE h.state = 'pending'
+                AND h.available_at <= v_now
+                AND (relay_outbox.topics IS NULL OR h.topic = ANY (relay_outbox.topics))
+                AND out.id IS NULL
+            ORDER BY h.available_at, h.id
+            LIMIT v_window
+        );
+        -- Locked as the window's heads are, in order, busy keys passed over, to make up qty.
+        v_heads := v_heads || ARRAY(
+            SELECT m.id
+            FROM (
+                SELECT o.id, o.key
+                FROM unnest(v_more) WITH ORDINALITY AS h (id, n)
+                INNER JOIN x_jobs.outbox AS o ON o.id = h.id
+                WHERE o.state = 'pending' AND o.id <> ALL (v_heads)
+                ORDER BY h.n
+                FOR UPDATE OF o SKIP LOCKED
+            ) AS m
+            WHERE pg_catalog.pg_try_advisory_xact_lock(2024061705, pg_catalog.hashtext(m.key))
+            LIMIT relay_outbox.qty - pg_catalog.cardinality(v_heads)
+        );
+    END IF;
+
+    SELECT coalesce(pg_catalog.array_agg(p.id), '{}'),
+           coalesce(pg_catalog.array_agg(DISTINCT p.key) FILTER (WHERE p.key IS NOT NULL), '{}'),
+           coalesce(pg_catalog.bool_or(p.lapsed), FALSE)
+    INTO v_picked, v_keys, v_lapsed
+    FROM (
+        WITH keyless AS (
+            SELECT o.id, o.key, o.available_at
+            FROM x_jobs.outbox AS o
+            WHERE o.state = 'pending' AND o.key IS NULL
+                AND o.available_at <= v_now
+                AND (relay_outbox.topics IS NULL OR o.topic = ANY (relay_outbox.topics))
+            ORDER BY o.available_at, o.id
+            LIMIT relay_outbox.qty
+            FOR UPDATE SKIP LOCKED
+        ),
+        -- Locked above already.
+        keyed AS (
+            SELECT o.id, o.key, o.available_at
+            FROM x_jobs.outbox AS o
+            WHERE o.id = ANY (v_heads)
+        ),
+        lapsed AS (
+            SELECT o.id, o.key, o.available_at
+            FROM x_jobs.outbox AS o
+            WHERE o.state = 'inflight'
+                AND o.available_at <= v_now
+                AND (relay_outbox.topics IS NULL OR o.topic = ANY (relay_outbox.topics))
+            ORDER BY o.available_at, o.id
+            LIMIT relay_outbox.qty
+            FOR UPDATE SKIP LOCKED
+        )
+        -- Rows an arm locked and this LIMIT drops stay locked until the call's transaction ends.
+        SELECT a.id, a.key, a.available_at, FALSE AS lapsed FROM keyless AS a
+        UNION ALL
+        SELECT k.id, k.key, k.available_at, FALSE AS lapsed FROM keyed AS k
+        UNION ALL
+        SELECT l.id, l.key, l.available_at, TRUE AS lapsed FROM lapsed AS l
+        ORDER BY 3, 1
+        LIMIT relay_outbox.qty
+    ) AS p;
+
+    IF pg_catalog.cardinality(v_keys) > 0 THEN
+        -- A relay whose snapshot predates another relay's claim of the same key could see that
+        -- key free (two producers on one key, the lower id committing last). So: lock the keys
+        -- and check them again in a statement whose snapshot comes after the locks, which sees
+        -- every claim of these keys that held them before. It only tries, and leaves a key it
+        -- cannot have now to a later call, as claim does: until 0.3.8 it waited, so that one
+        -- session holding a key's lock (any login may take advisory locks) stalled every relay
+        -- call, keyless messages and other keys included.
+        v_busy_keys := ARRAY(
+            SELECT k.key
+            FROM unnest(v_keys) AS k (key)
+            WHERE NOT pg_catalog.pg_try_advisory_xact_lock(2024061705, pg_catalog.hashtext(k.key))
+        );
+
+        v_picked := ARRAY(
+            SELECT o.id
+            FROM x_jobs.outbox AS o
+            LEFT JOIN LATERAL (
+                SELECT e.id FROM x_jobs.outbox AS e
+                WHERE e.key = o.key AND e.state = 'pending' AND e.id < o.id
+                    AND e.key IS NOT NULL AND e.state IN ('pending', 'inflight')
+                LIMIT 1
+            ) AS earlier ON TRUE
+            LEFT JOIN LATERAL (
+                SELECT e.id FROM x_jobs.outbox AS e
+                WHERE e.key = o.key AND e.state > 'pending'
+                    AND e.key IS NOT NULL AND e.state IN ('pending', 'inflight')
+                LIMIT 1
+            ) AS out ON TRUE
+            WHERE o.id = ANY (v_picked)
+                AND (o.key IS NULL OR o.key <> ALL (v_busy_keys))
+                AND (o.key IS NULL OR o.state = 'inflight' OR (earlier.id IS NULL AND out.id IS NULL))
+        );
+    END IF;
+
+    -- A message whose lease lapsed on its final attempt is not handed out again: a relay died
+    -- (or outlived its lease) delivering it max_attempts times, and each redelivery could do the
+    -- same while its key waited behind it. It is dead, for outbox_redrive, as a job is buried.
+    IF v_lapsed THEN
+        UPDATE x_jobs.outbox AS o
+        SET state = 'dead',
+            available_at = v_now,
+            relay = NULL,
+            last_error = 'lease lapsed on the final attempt'
+        WHERE o.id = ANY (v_picked)
+            AND o.state = 'inflight'
+            AND o.attempt >= o.max_attempts;
+    END IF;
+
+    RETURN QUERY
+    WITH taken AS (
+        UPDATE x_jobs.outbox AS o
+        SET state = 'inflight',
+            attempt = o.attempt + 1,
+            relay = relay_outbox.relay,
+            available_at = v_now + relay_outbox.lease
+        WHERE o.id = ANY (v_picked)
+            AND o.state <> 'dead'
+        RETURNING o.id, o.topic, o.key, o.payload, o.headers, o.attempt
+    )
+    SELECT t.id, t.topic, t.key, t.payload, t.headers, t.attempt FROM taken AS t ORDER BY t.id;
+END
+$$;
