@@ -497,7 +497,7 @@ AS $$
         ('XJ006', 'X_TENANT_INVALID', 'tenant_id is empty or longer than 200 characters.'),
         ('XJ007', 'X_CONCURRENCY_INVALID', 'A concurrency limit is below 1 or given without a key, or the key is empty or longer than 400 characters.'),
         ('XJ008', 'X_BACKOFF_INVALID', 'backoff_base or backoff_max is negative, or base exceeds max.'),
-        ('XJ009', 'X_JOBS_INVALID', 'enqueue_many got something other than an array of request objects, or a field of the wrong JSON type (receive_webhook: a request that is not an object); an idempotency_key is longer than 400 characters, a traceparent than 512 or enqueued_by than 200.'),
+        ('XJ009', 'X_JOBS_INVALID', 'enqueue_many got something other than an array of request objects, or a field of the wrong JSON type (receive_webhook: a request that is not an object); an idempotency_key is empty or longer than 400 characters, a traceparent longer than 512 or enqueued_by than 200.'),
         ('XJ010', 'X_QUEUES_INVALID', 'The queue list is missing, empty or holds an empty name.'),
         ('XJ011', 'X_WORKER_INVALID', 'A worker id is missing, empty or longer than 400 characters.'),
         ('XJ012', 'X_LEASE_INVALID', 'A lease is missing, not positive, or longer than 1000 years.'),
@@ -857,6 +857,9 @@ BEGIN
                    -- carry of a tracestate, room for other formats or a tracestate passed along).
                    WHEN pg_catalog.length(r.concurrency_key) > 400 THEN 'concurrency_key'
                    WHEN pg_catalog.length(r.idempotency_key) > 400 THEN 'idempotency_key'
+                   -- An empty key is most often a field that was left blank: taken as a key, it
+                   -- made every such job a duplicate of the first one still live.
+                   WHEN r.idempotency_key = '' THEN 'idempotency_key_empty'
                    WHEN pg_catalog.length(r.traceparent) > 512 THEN 'traceparent'
                    WHEN pg_catalog.length(r.enqueued_by) > 200 THEN 'enqueued_by'
                    WHEN r.backoff_base < interval '0' OR r.backoff_max < interval '0'
@@ -939,6 +942,13 @@ BEGIN
                     DETAIL = pg_catalog.format('In request %s (job %L).', v_bad_ord, v_bad.name),
                     HINT = 'Use a key of up to 400 characters, such as the id of what the job acts on: '
                         'hash a longer one.';
+            WHEN 'idempotency_key_empty' THEN
+                RAISE EXCEPTION USING
+                    ERRCODE = 'XJ009',
+                    MESSAGE = 'X_JOBS_INVALID: idempotency key '''' is empty',
+                    DETAIL = pg_catalog.format('In request %s (job %L).', v_bad_ord, v_bad.name),
+                    HINT = 'Pass a key that names what the job acts on, such as an order id, '
+                        'or leave it out (NULL) for no deduplication.';
             WHEN 'traceparent' THEN
                 RAISE EXCEPTION USING
                     ERRCODE = 'XJ009',

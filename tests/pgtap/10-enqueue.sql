@@ -2,7 +2,7 @@
 -- live idempotency key dedupes and when it is free again, and every refusal with its SQLSTATE,
 -- message, detail and hint.
 BEGIN;
-SELECT plan(79);
+SELECT plan(81);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:00:00+00';
 
@@ -565,6 +565,29 @@ SELECT results_eq(
             'Use a key of up to 400 characters, such as the id of what the job acts on: hash a longer one.')
     $$,
     'An idempotency key of 6,400 characters should be refused with X_JOBS_INVALID, its length and a HINT'
+);
+SELECT results_eq(
+    $$
+    SELECT c.* FROM tap_helpers.caught($q$
+        SELECT x_jobs.enqueue_many('[{"name": "blank_key_a"}, {"name": "blank_key_b", "idempotency_key": ""}]')
+    $q$) AS c
+    $$,
+    $$
+    VALUES ('XJ009',
+            'X_JOBS_INVALID: idempotency key '''' is empty',
+            'In request 2 (job ''blank_key_b'').',
+            'Pass a key that names what the job acts on, such as an order id, or leave it out (NULL) for no '
+            'deduplication.')
+    $$,
+    'An empty idempotency key should be refused with X_JOBS_INVALID (it made every such job a duplicate of the first)'
+);
+SELECT is(
+    (
+        SELECT count(*)::integer FROM x_jobs.job
+        WHERE name LIKE 'blank\_key\_%'
+    ),
+    0,
+    'A batch with an empty idempotency key should enqueue none of its jobs'
 );
 SELECT results_eq(
     $$
