@@ -50,6 +50,7 @@ import psycopg
 
 from x_jobs._conn import connect
 from x_jobs._listen import DB_GONE, listen
+from x_jobs._watch import CallWatch
 from x_jobs.app import App, Seconds, interval, seconds
 from x_jobs.errors import PermissionDenied, XJobsError, storable, translate
 from x_jobs.outbox import BatchSink, DeliveryError, OutboxMessage
@@ -203,6 +204,10 @@ class Relay:
         self.relay_id = relay_id or default_relay_id()
         self.check_version = check_version
         self.topics = app.outbox.topics
+        # As the worker's (see Worker): connections give up on a silent network within a quarter
+        # of the lease, and a call unanswered for half of it is abandoned.
+        self._patience = min(10.0, max(2.0, self.lease / 4))
+        self._watch = CallWatch("x_jobs-relay-watch", call_limit=max(self.lease / 2, 5.0), tick=0.5)
         self._conn: psycopg.Connection[Any] | None = None
         self._results: queue.SimpleQueue[_Result] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -239,10 +244,12 @@ class Relay:
         self._connect(first=True)
         listener = threading.Thread(target=self._listen, name="x_jobs-relay-listen", daemon=True)
         listener.start()
+        self._watch.start()
         threads = _DeliveryThreads()
         try:
             self._loop(threads)
         finally:
+            self._watch.stop()
             threads.shutdown()
             if self._in_flight:
                 # A sink still running past the grace (or a second signal), or outcomes the
@@ -353,9 +360,10 @@ class Relay:
         away or refused (then claiming pauses)."""
         assert self._conn is not None
         try:
-            rows = self._conn.execute(
-                CLAIM, [self.relay_id, room, interval(self.lease), self.topics]
-            ).fetchall()
+            with self._watch.calling("relay", self._conn):
+                rows = self._conn.execute(
+                    CLAIM, [self.relay_id, room, interval(self.lease), self.topics]
+                ).fetchall()
         except DB_GONE as err:
             self._lost_connection(err)
             return None
@@ -449,7 +457,10 @@ class Relay:
         if not ids:
             return
         try:
-            rows = self._conn.execute(EXTEND, [ids, self.relay_id, interval(self.lease)]).fetchall()
+            with self._watch.calling("relay", self._conn):
+                rows = self._conn.execute(
+                    EXTEND, [ids, self.relay_id, interval(self.lease)]
+                ).fetchall()
         except DB_GONE as err:
             self._lost_connection(err)
             return
@@ -477,19 +488,20 @@ class Relay:
         results = delivered + [r for r in self._pending if not r.ok]
         settled = 0
         try:
-            if delivered:
-                ids = [r.message.id for r in delivered]
-                acked = {row[0] for row in conn.execute(ACK, [ids, self.relay_id])}
-                lost = [i for i in ids if i not in acked]
-                if lost:
-                    logger.warning(
-                        "delivered after the lease lapsed: another relay delivers them again",
-                        extra={"ids": lost},
-                    )
-                settled = len(delivered)
-            for result in results[settled:]:
-                self._nack(conn, result)
-                settled += 1
+            with self._watch.calling("relay", conn):
+                if delivered:
+                    ids = [r.message.id for r in delivered]
+                    acked = {row[0] for row in conn.execute(ACK, [ids, self.relay_id])}
+                    lost = [i for i in ids if i not in acked]
+                    if lost:
+                        logger.warning(
+                            "delivered after the lease lapsed: another relay delivers them again",
+                            extra={"ids": lost},
+                        )
+                    settled = len(delivered)
+                for result in results[settled:]:
+                    self._nack(conn, result)
+                    settled += 1
         except DB_GONE as err:
             self._lost_connection(err)
         except psycopg.Error as err:
@@ -546,7 +558,7 @@ class Relay:
     # --- the database connection -------------------------------------------------------------
 
     def _connect(self, *, first: bool = False) -> None:
-        conn = connect(self.app.dsn, "x_jobs relay")
+        conn = connect(self.app.dsn, "x_jobs relay", patience=self._patience)
         if first and self.check_version:
             try:
                 self.app.check_version(conn)

@@ -43,7 +43,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Coroutine, Iterable, Iterator, Sequence
+from collections.abc import Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import FrameType
@@ -55,6 +55,7 @@ from pydantic import ValidationError
 
 from x_jobs._conn import connect
 from x_jobs._listen import DB_GONE, listen
+from x_jobs._watch import CallWatch, timed_out
 from x_jobs.app import App, Job, Seconds, interval, seconds
 from x_jobs.errors import (
     InputInvalid,
@@ -270,23 +271,6 @@ class _Settlement:
     states: dict[int, str | None]
 
 
-def _timed_out(err: BaseException) -> bool:
-    """Did reaching the database fail for want of an answer (connect_timeout, the kernel's
-    tcp_user_timeout or keepalives), rather than by one (refused, closed, shut down)?"""
-    return isinstance(err, psycopg.errors.ConnectionTimeout) or "timed out" in str(err)
-
-
-def _shut_down(conn: psycopg.Connection[Any]) -> None:
-    """Shut the socket of ``conn`` down under whichever thread waits on it: its wait ends, and
-    the call fails as on a lost connection. Only shut down, not closed: the descriptor stays
-    the connection's, for it to close."""
-    with (
-        contextlib.suppress(OSError, psycopg.Error),
-        socket.socket(fileno=os.dup(conn.fileno())) as sock,
-    ):
-        sock.shutdown(socket.SHUT_RDWR)
-
-
 def _ids(ids: Iterable[int]) -> str:
     """Job ids as a bigint[] literal, for a parameter cast to bigint[]: psycopg's list dumper
     looks at each element in Python (about 5% of a worker's CPU on no-op jobs)."""
@@ -413,16 +397,14 @@ class Worker:
         self._unrenewed_after = self.lease - min(
             max(self.heartbeat_interval, self.lease / 4), self.lease / 2
         )
-        #: The call each connection of the worker is in (by thread: "dispatcher", "settler")
-        #: and when it was sent; one unanswered for _call_limit is abandoned (see _watch).
-        self._calls: dict[str, tuple[psycopg.Connection[Any], float]] = {}
-        self._call_limit = max(self.lease / 2, 5.0)
-        #: The database did not answer the last try to reach it in time (see _watch); set by
-        #: the dispatcher and the watch thread, cleared by a connection that opens.
-        self._silent = False
-        #: When the watch thread last found the process running after a stop (SIGSTOP).
-        self._awake_since = 0.0
-        self._watch_stop = threading.Event()
+        #: Watches the calls of the dispatcher and the settler (one unanswered for half the
+        #: lease is abandoned), and runs _stop_unrenewed while the dispatcher may be blocked.
+        self._watch = CallWatch(
+            "x_jobs-watch",
+            call_limit=max(self.lease / 2, 5.0),
+            tick=min(0.5, self.heartbeat_interval / 2),
+            on_tick=self._stop_unrenewed,
+        )
 
     # --- public -------------------------------------------------------------------------------
 
@@ -799,7 +781,7 @@ class Worker:
                 try:
                     if conn is None:
                         conn = connect(self.app.dsn, "x_jobs settler", patience=self._patience)
-                    with self._calling("settler", conn):
+                    with self._watch.calling("settler", conn):
                         if in_doubt:
                             result = self._settle_in_doubt(conn, batch)
                         else:
@@ -1235,84 +1217,25 @@ class Worker:
                 conn.close()
                 raise
         self._conn = conn
-        self._silent = False
+        self._watch.silent = False
 
     def _query(self, statement: LiteralString, params: list[Any]) -> list[tuple[Any, ...]]:
-        """One call on the dispatcher's connection, watched (see _watch)."""
+        """One call on the dispatcher's connection, watched (see CallWatch)."""
         assert self._conn is not None
-        with self._calling("dispatcher", self._conn):
+        with self._watch.calling("dispatcher", self._conn):
             return self._conn.execute(statement, params).fetchall()
 
-    @contextlib.contextmanager
-    def _calling(self, who: str, conn: psycopg.Connection[Any]) -> Iterator[None]:
-        self._calls[who] = (conn, time.monotonic())
-        try:
-            yield
-        finally:
-            self._calls.pop(who, None)
-
-    def _watch(self) -> None:
-        """The watch thread: the clocks that must run while the dispatcher waits on the
-        database, blocked in a call or reconnecting.
-
-        A call unanswered for _call_limit has its connection shut down, so that the thread
-        waiting in it gets an error and reconnects: a server that stopped answering without
-        closing the connection (a network that drops packets, a proxy or a NAT that forgot it)
-        held the worker there for good.
-
-        A running handler whose lease went unrenewed for _unrenewed_after is told to stop, if
-        the database has gone silent (see _silent_now): another worker may then be taking the
-        job as lapsed. Not when the database is known to be down (refused, shut down): no claim
-        takes anything meanwhile, and after a restart a claim leaves old leases to their
-        holders for one lease (see x_jobs.claim), so a handler runs on through a restart."""
-        tick = min(0.5, self.heartbeat_interval / 2)
-        last = time.monotonic()
-        while not self._watch_stop.wait(tick):
-            try:
-                last = self._watch_once(tick, last)
-            except Exception:
-                # Nothing may end this thread: the clocks would stop with it.
-                logger.exception("the worker's watch failed; it goes on")
-
-    def _watch_once(self, tick: float, last: float) -> float:
-        """One look of the watch thread (see _watch); answers when it looked."""
-        now = time.monotonic()
-        if now - last > 2 * tick + 1.0:
-            # The process was stopped (SIGSTOP, a suspended VM): a call sent before that may
-            # have its answer waiting. Time counts for calls from now on.
-            self._awake_since = now
-        calls = list(self._calls.items())
-        if self._silent_now(now, calls):
-            self._stop_unrenewed(now)
-        for who, call in calls:
-            conn, sent = call
-            if now - max(sent, self._awake_since) >= self._call_limit and (
-                self._calls.get(who) is call
-            ):
-                self._calls.pop(who, None)  # shut down once
-                self._silent = True
-                _shut_down(conn)
-                logger.warning(
-                    "a database call went unanswered; its connection is abandoned",
-                    extra={"connection": who, "waited_s": round(now - sent, 1)},
-                )
-        return now
-
-    def _silent_now(
-        self, now: float, calls: list[tuple[str, tuple[psycopg.Connection[Any], float]]]
-    ) -> bool:
-        """Has the database gone silent: the last try to reach it timed out, or a call has
-        waited a heartbeat interval for its answer? (A refusal or a closed connection is an
-        answer: the server, or the host it runs on, said it is not there.)"""
-        if self._silent:
-            return True
-        since = self._awake_since
-        return any(now - max(sent, since) >= self.heartbeat_interval for _, (_, sent) in calls)
-
     def _stop_unrenewed(self, now: float) -> None:
-        """Tell the running handlers whose lease went unrenewed for _unrenewed_after to stop.
-        Every job held was renewed at the last heartbeat answered, or claimed after it."""
+        """On the watch thread: tell the running handlers whose lease went unrenewed for
+        _unrenewed_after to stop, if the database has gone silent (a connect or a call timed
+        out, or a call has waited a heartbeat interval): another worker may then be taking the
+        job as lapsed. Not while the database answers that it is down (refused, shut down):
+        nothing claims from it meanwhile, and after a restart a claim leaves old leases to their
+        holders for one lease (see x_jobs.claim), so a handler runs on through a restart. Every
+        job held was renewed at the last heartbeat answered, or claimed after it."""
         if now - self._confirmed_at < self._unrenewed_after:
+            return
+        if not self._watch.silent and self._watch.waited(now) < self.heartbeat_interval:
             return
         stopped = [
             run
@@ -1333,8 +1256,8 @@ class Worker:
             )
 
     def _lost_connection(self, err: Exception) -> None:
-        if _timed_out(err):
-            self._silent = True
+        if timed_out(err):
+            self._watch.silent = True
         logger.warning("database connection lost", extra={"error": str(err).strip()})
         if self._conn is not None:
             self._conn.close()
@@ -1359,7 +1282,7 @@ class Worker:
                 try:
                     self._connect()
                 except DB_GONE as err:
-                    self._silent = _timed_out(err)
+                    self._watch.silent = timed_out(err)
                     logger.warning(
                         "database unreachable; retrying",
                         extra={"retry_in_s": round(delay, 2), "error": str(err).strip()},
@@ -1398,9 +1321,8 @@ class Worker:
         listener.start()
         settler = threading.Thread(target=self._settle_loop, name="x_jobs-settle", daemon=True)
         settler.start()
-        watch = threading.Thread(target=self._watch, name="x_jobs-watch", daemon=True)
-        watch.start()
-        self._threads += [listener, settler, watch]
+        self._watch.start()
+        self._threads += [listener, settler]
         if any(not job.is_async for job in self.app.jobs.values()):
             for n in range(self.concurrency):
                 thread = threading.Thread(
@@ -1425,7 +1347,7 @@ class Worker:
             self._loop.close()
 
     def _shutdown_threads(self) -> None:
-        self._watch_stop.set()
+        self._watch.stop()
         self._to_settle.put(None)
         for _ in range(self.concurrency):
             self._inbox.put(None)

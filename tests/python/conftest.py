@@ -25,6 +25,7 @@ from typing import Any, Protocol, TypeAlias
 
 import psycopg
 import pytest
+from netcut import Proxy
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
@@ -189,6 +190,15 @@ def connections(dsn: str) -> Iterator[Connect]:
     finally:
         for conn in opened:
             conn.close()
+
+
+@pytest.fixture
+def proxy() -> Iterator[Proxy]:
+    """A TCP way to the test server that the test can cut without a reset (see netcut)."""
+    directory = os.environ.get("PGHOST", "/var/run/postgresql")
+    port = os.environ.get("PGPORT", "5432")
+    with Proxy(f"{directory}/.s.PGSQL.{port}") as way:
+        yield way
 
 
 @pytest.fixture(scope="session")

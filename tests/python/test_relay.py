@@ -33,6 +33,7 @@ import pydantic
 import pytest
 from apps import relays as relay_app
 from conftest import DEADLINE_SECONDS, Conn, Connect, wait_for
+from netcut import Proxy
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
@@ -142,9 +143,11 @@ class Relays:
         grace: float = 10.0,
         hook_url: str | None = None,
         app: str = "apps.relays:app",
+        via: str | None = None,
     ) -> RelayProcess:
         """Start ``python -m x_jobs relay apps.relays:app`` (or ``app``) on this test's
-        database; with ``hook_url``, its ``hooks`` topic posts there, signed with SECRET."""
+        database; with ``hook_url``, its ``hooks`` topic posts there, signed with SECRET;
+        ``via``: the DSN the relay reaches the database by (its sinks record the usual way)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("X_JOBS_TEST_HOOK_")}
         env.pop("DATABASE_URL", None)
         env["PGDATABASE"] = self.dbname
@@ -169,6 +172,9 @@ class Relays:
             "--grace",
             str(grace),
         ]
+        if via is not None:
+            env["X_JOBS_TEST_RECORD_DSN"] = self.dsn
+            command += ["--dsn", via]
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 command, cwd=TESTS_DIR, env=env, stdout=out, stderr=subprocess.STDOUT
@@ -845,6 +851,28 @@ def test_a_sink_that_never_returns_does_not_keep_a_stopped_relay_alive(
     assert "left to their leases" in log and "relay stopped" in log, log
     # Not acked: its lease lapses, and another relay sends it again.
     assert outbox(conn, [stuck]) == [(stuck, "inflight", 1, None)]
+
+
+def test_a_relay_cut_off_from_the_database_abandons_its_call_and_relays_again(
+    relays: Relays, conn: Conn, proxy: Proxy
+) -> None:
+    """The relay's network goes silent (no reset: its call is never answered, its connects
+    never complete): it waited in that call for good. It abandons the call, gives up on each
+    connect, and once the network is back delivers what was put meanwhile."""
+    relay = relays.start(lease=4.0, via=proxy.dsn(relays.dbname))
+    [first] = put(conn, "record", [{"n": 1}])
+    relays.wait_for(all_delivered(conn, [first]), "the relay to deliver through the proxy")
+
+    proxy.cut()
+    [second] = put(conn, "record", [{"n": 2}])
+    relays.wait_for(lambda: "connection timeout expired" in relay.log(), "a reconnect to time out")
+    assert "a database call went unanswered; its connection is abandoned" in relay.log()
+    assert states(conn, [second]) == {"pending": 1}
+
+    proxy.heal()
+    relays.wait_for(all_delivered(conn, [second]), "the relay to deliver once healed")
+    assert deliveries(conn, "record") == [(first, 1), (second, 1)]
+    relays.stop(relay)
 
 
 def test_a_sigterm_while_the_database_is_away_stops_at_the_end_of_the_grace(

@@ -69,6 +69,10 @@ GATE_DEADLINE_SECONDS = 60.0
 #: The webhook sink's timeout: the tests' relays run with a 2 s lease, which must exceed it.
 HOOK_TIMEOUT_SECONDS = 1.0
 
+#: Where the sinks record when the relay's own way to the database is not theirs (a test that
+#: cuts the relay's network): Relays.start(via=...) sets it.
+RECORD_DSN = os.environ.get("X_JOBS_TEST_RECORD_DSN", "")
+
 _local = threading.local()
 
 
@@ -76,7 +80,9 @@ def _db(query: LiteralString, params: Sequence[Any]) -> list[tuple[Any, ...]]:
     """Run one statement over this thread's own autocommit connection."""
     conn: psycopg.Connection[tuple[Any, ...]] | None = getattr(_local, "conn", None)
     if conn is None or conn.closed:
-        conn = psycopg.connect(app.dsn, autocommit=True, application_name="relay sink")
+        conn = psycopg.connect(
+            RECORD_DSN or app.dsn, autocommit=True, application_name="relay sink"
+        )
         _local.conn = conn
     cur = conn.execute(query, params)
     return cur.fetchall() if cur.description is not None else []

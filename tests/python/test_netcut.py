@@ -14,7 +14,6 @@ back. Its handlers record their runs over the usual way (``apps.basic``), which 
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -38,14 +37,6 @@ LEASE = 4.0
 def fleet(dsn: str, tmp_path: Path) -> Iterator[Fleet]:
     with Fleet(dsn, tmp_path) as fleet:
         yield fleet
-
-
-@pytest.fixture
-def proxy() -> Iterator[Proxy]:
-    directory = os.environ.get("PGHOST", "/var/run/postgresql")
-    port = os.environ.get("PGPORT", "5432")
-    with Proxy(f"{directory}/.s.PGSQL.{port}") as way:
-        yield way
 
 
 def test_a_worker_cut_off_stops_its_handler_before_the_lease_lapses_and_recovers(
