@@ -26,6 +26,8 @@ from apps.workers import Fleet
 from conftest import DEADLINE_SECONDS, Conn
 from netcut import Proxy
 
+from x_jobs._conn import connect, network_settings
+
 logger = logging.getLogger(__name__)
 
 #: The worker's lease: its heartbeat every lease/3, a handler told to stop with a quarter of it
@@ -100,3 +102,29 @@ def test_a_command_gives_up_on_a_database_that_never_answers(proxy: Proxy, fleet
     assert done.returncode == 2, done.stdout + done.stderr
     assert "timeout expired" in done.stderr, done.stderr
     assert "s3cret" not in done.stdout + done.stderr
+
+
+def test_connections_bound_their_waits_unless_the_dsn_says_otherwise(
+    dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every connection of the client opens with a connect timeout, a TCP user timeout and
+    keepalives; what the DSN (or PGCONNECT_TIMEOUT) sets is kept, and a DSN naming a service
+    is left to its service file."""
+    with connect(dsn, "x_jobs_test") as conn:
+        got = conn.info.get_parameters()
+    assert (got["connect_timeout"], got["tcp_user_timeout"], got["keepalives_idle"]) == (
+        "10",
+        "10000",
+        "10",
+    )
+    with connect(f"{dsn} connect_timeout=3 keepalives_idle=60", "x_jobs_test", patience=4) as conn:
+        got = conn.info.get_parameters()
+    assert (got["connect_timeout"], got["tcp_user_timeout"], got["keepalives_idle"]) == (
+        "3",
+        "4000",
+        "60",
+    )
+    monkeypatch.setenv("PGCONNECT_TIMEOUT", "7")
+    with connect(dsn, "x_jobs_test") as conn:
+        assert conn.info.get_parameters()["connect_timeout"] == "7"
+    assert network_settings("service=reporting") == {}
