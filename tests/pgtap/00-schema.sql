@@ -462,16 +462,17 @@ SELECT results_eq(
 
 -- Indexes of x_jobs.job: the claim's three arms and their keyed windows, the live-key
 -- uniqueness, the concurrency count, the waiting keyed rows by key (queue_demand, the claim's
--- visit of keys) and the rows that ended badly (list_jobs).
+-- visit of keys), the keys of each queue (the walk of that visit) and the rows that ended badly
+-- (list_jobs).
 SELECT indexes_are(
     'x_jobs', 'job',
     ARRAY[
         'job_pkey', 'job_ready_idx', 'job_waiting_idx', 'job_running_idx', 'job_ready_keyed_idx',
         'job_waiting_keyed_idx', 'job_idempotency_key_idx', 'job_concurrency_idx', 'job_keyed_idx',
-        'job_ended_idx'
+        'job_queue_key_idx', 'job_ended_idx'
     ],
     'x_jobs.job should have exactly its primary key, the three claim arms, the keyed windows, the live-key, '
-    'the concurrency, the keyed and the ended indexes'
+    'the concurrency, the keyed, the queue-key and the ended indexes'
 );
 
 -- The claim, queue_demand and list_jobs repeat these predicates word for word (a partial index is
@@ -503,6 +504,10 @@ SELECT results_eq(
          '(ARRAY[''ready''::x_jobs.job_state, ''delayed''::x_jobs.job_state, ''suspended''::x_jobs.job_state])))'),
         ('x_jobs.job_pkey',
          'CREATE UNIQUE INDEX job_pkey ON x_jobs.job USING btree (id)'),
+        ('x_jobs.job_queue_key_idx',
+         'CREATE INDEX job_queue_key_idx ON x_jobs.job USING btree (queue, concurrency_key, concurrency_limit DESC) '
+         'WHERE ((concurrency_key IS NOT NULL) AND (state = ANY (ARRAY[''ready''::x_jobs.job_state, '
+         '''delayed''::x_jobs.job_state, ''suspended''::x_jobs.job_state])))'),
         ('x_jobs.job_ready_idx',
          'CREATE INDEX job_ready_idx ON x_jobs.job USING btree (queue, priority, run_at, id) '
          'WHERE ((state = ''ready''::x_jobs.job_state) AND (concurrency_key IS NULL))'),
