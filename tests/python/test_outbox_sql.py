@@ -658,6 +658,55 @@ def test_a_key_lock_held_elsewhere_takes_no_place_when_keys_are_visited(
     assert _relay_ids(relay, "wall-relay", ["wall"], qty=1) == [ids["wall-stuck"]]
 
 
+#: Keys held back (a message in flight, one pending behind it): more than a call visits.
+HELD_KEYS = 3_000
+PUT_HELD: LiteralString = """
+    SELECT x_jobs.outbox_put_many(jsonb_agg(jsonb_build_object(
+        'topic', 'held', 'payload', '{}'::jsonb, 'key', 'held-' || lpad(g::text, 5, '0'))
+        ORDER BY g))
+    FROM generate_series(1, %s) AS g
+"""
+
+
+def _key_index_reads(conn: Conn, reader: Conn) -> int:
+    """Entries read from outbox_key_idx so far, once ``reader`` sent what it counted (a session
+    sends its statistics at a delay)."""
+    reader.execute("SELECT pg_stat_force_next_flush()")
+    row = conn.execute(
+        "SELECT idx_tup_read FROM pg_catalog.pg_stat_user_indexes"
+        " WHERE schemaname = 'x_jobs' AND indexrelname = 'outbox_key_idx'"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_relay_call_visits_a_bounded_number_of_keys_and_reaches_all_in_turn(
+    conn: Conn, connect: Connect
+) -> None:
+    """3,000 keys held back ahead of ten with a message free to go: a call of qty 1 visits at
+    most a window's worth of keys (110), from where the session's last visit ended; until 0.3.9
+    it visited every key of the outbox (0.75-1.05 s a call at 100,000), however many it needed.
+    Successive calls of one session reach the free keys all the same, each once."""
+    # A message of each key, all sent (in flight), then one more of each, held back behind it.
+    conn.execute(PUT_HELD, [HELD_KEYS])
+    for _ in range(HELD_KEYS // 1000):
+        assert len(_relay_ids(conn, "first-relay", ["held"], qty=1000)) == 1000
+    conn.execute(PUT_HELD, [HELD_KEYS])
+    free = [
+        _one_id(conn.execute("SELECT x_jobs.outbox_put('held', '{}', key => %s)", [f"zfree-{n}"]))
+        for n in range(10)
+    ]
+    relay = connect(name="relay")
+    before = _key_index_reads(conn, relay)
+    assert _relay_ids(relay, "second-relay", ["held"], qty=1) == []
+    read = _key_index_reads(conn, relay) - before
+    assert 0 < read < 1_000, f"a call of qty 1 read {read} entries of outbox_key_idx"
+    got: list[int] = []
+    for _ in range(HELD_KEYS // 110 + 20):
+        got += _relay_ids(relay, "second-relay", ["held"], qty=1)
+    assert sorted(got) == sorted(free)
+
+
 BUSY_KEYS = 200
 #: Pending messages behind the message in flight of each busy key: none can go out.
 BEHIND = 40
