@@ -765,8 +765,8 @@ SELECT is_empty(
 -- walks its index in order even before the outbox has statistics (no bitmap scan and sort),
 -- and joins by seeks only, locking its window's heads as it finds them (0.3.7); the settling
 -- functions that take a batch of ids seek each id whatever the batch's size, and lock the rows
--- in id order (index plans only, 0.3.4); list_jobs plans each call for its values (0.3.7); claim
--- joins by seeks only too (its keyed windows, 0.3.8).
+-- in id order (index plans only, 0.3.4; no bitmap scans either, 0.3.9); list_jobs plans each
+-- call for its values (0.3.7); claim joins by seeks only too (its keyed windows, 0.3.8).
 SELECT set_eq(
     $$
     SELECT p.proname::text COLLATE "default", s.setting
@@ -787,10 +787,13 @@ SELECT set_eq(
         ('relay_outbox', 'enable_mergejoin=off'),
         ('complete_many', 'plan_cache_mode=force_generic_plan'),
         ('complete_many', 'enable_seqscan=off'),
+        ('complete_many', 'enable_bitmapscan=off'),
         ('extend_lease', 'plan_cache_mode=force_generic_plan'),
         ('extend_lease', 'enable_seqscan=off'),
+        ('extend_lease', 'enable_bitmapscan=off'),
         ('release', 'plan_cache_mode=force_generic_plan'),
         ('release', 'enable_seqscan=off'),
+        ('release', 'enable_bitmapscan=off'),
         ('list_jobs', 'plan_cache_mode=force_custom_plan')
     $$,
     'Only claim, relay_outbox, the batch settlers and list_jobs should pin settings besides search_path'

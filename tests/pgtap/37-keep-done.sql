@@ -4,7 +4,7 @@
 -- and its idempotency key is free once it is gone.
 -- The clock is moved with SET LOCAL "x_jobs.fake_now" (quoted so that sqlfluff parses it).
 BEGIN;
-SELECT plan(21);
+SELECT plan(23);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
@@ -28,7 +28,9 @@ FROM (
     ('dies', FALSE, 1, NULL),
     ('keyed', FALSE, 25, 't37-key'),
     ('mixgone', FALSE, 25, NULL),
-    ('mixkept', TRUE, 25, NULL)
+    ('mixkept', TRUE, 25, NULL),
+    ('nullgone', FALSE, 25, NULL),
+    ('nullkept', TRUE, 25, NULL)
 ) AS t (tag, keep, attempts, ikey);
 
 INSERT INTO j (tag, id)
@@ -43,14 +45,14 @@ FROM x_jobs.enqueue_many(
 SELECT bag_eq(
     $$SELECT j.tag, x.keep_done FROM j JOIN x_jobs.job AS x ON x.id = j.id$$,
     $$VALUES ('dies', FALSE), ('errs', FALSE), ('gone', FALSE), ('keyed', FALSE), ('kept', TRUE),
-             ('many', FALSE), ('manykept', TRUE), ('mixgone', FALSE), ('mixkept', TRUE), ('other', TRUE),
-             ('stale', FALSE)$$,
+             ('many', FALSE), ('manykept', TRUE), ('mixgone', FALSE), ('mixkept', TRUE), ('nullgone', FALSE),
+             ('nullkept', TRUE), ('other', TRUE), ('stale', FALSE)$$,
     'enqueue and enqueue_many should store keep_done as given, true when left out or NULL'
 );
 
 SELECT is(
     (SELECT count(*) FROM x_jobs.claim(array(SELECT 't37-' || j.tag FROM j), 'w1', qty => 100)), -- noqa: LT14
-    11::bigint,
+    13::bigint,
     'Every job of the test should be claimed by w1'
 );
 
@@ -207,6 +209,25 @@ SELECT results_eq(
       WHERE j.tag IN ('mixgone', 'mixkept') ORDER BY j.tag$$,
     $$VALUES ('mixgone', NULL, NULL, 1), ('mixkept', 'done', '{"n": 3}'::jsonb, 1)$$,
     'The deleted row should be gone, the kept one done with its own output, each counted once'
+);
+
+-- The same without outputs (jobs that answered nothing), which 0.3.9 settles by `id = ANY`
+-- with the ids as they came: the kept row after the deleted one is still done, once.
+SELECT bag_eq(
+    $$SELECT c FROM x_jobs.complete_many(
+          ARRAY[tap_helpers.jid('nullgone'), -1, tap_helpers.jid('nullkept'), tap_helpers.jid('nullkept')], 'w1'
+      ) AS c$$,
+    $$VALUES (tap_helpers.jid('nullgone')), (tap_helpers.jid('nullkept'))$$,
+    'complete_many without outputs should answer each held id once, past an unknown id and a repeated one'
+);
+
+SELECT results_eq(
+    $$SELECT j.tag, x.state::text, x.output,
+             (SELECT sum(c.completed)::integer FROM x_jobs.counter AS c WHERE c.job = 't37_' || j.tag)
+      FROM j LEFT JOIN x_jobs.job AS x ON x.id = j.id
+      WHERE j.tag IN ('nullgone', 'nullkept') ORDER BY j.tag$$,
+    $$VALUES ('nullgone', NULL, NULL::jsonb, 1), ('nullkept', 'done', NULL::jsonb, 1)$$,
+    'Without outputs, the deleted row should be gone and the kept one done, each counted once'
 );
 
 SELECT * FROM finish();
