@@ -4,8 +4,9 @@
 -- what it takes or answers.
 --   * claim's restart grace ran from pg_postmaster_start_time(): a crash recovery longer than
 --     the lease used it up before any holder could connect, and the first claim after it ran
---     the holders' jobs beside them. It runs from when the server took connections again
---     (x_jobs._ready_since, new).
+--     the holders' jobs beside them, and a crash of one backend (the postmaster recovers
+--     without starting anew) gave no grace at all. It runs from when the server took
+--     connections again (x_jobs._ready_since, new).
 --   * relay_outbox cut the heads to qty before it tried their keys' locks: a key whose lock
 --     another session held took a place, and a relay of qty 1 got nothing while it was held.
 --     A busy key's head is passed over as it is found.
@@ -548,7 +549,6 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := x_jobs.now();
-    v_started timestamptz := pg_catalog.pg_postmaster_start_time();
     v_window integer;
     v_window_full boolean;
     v_found bigint[];
@@ -611,13 +611,15 @@ BEGIN
     -- While the server was down no holder could heartbeat: every lease that ran out meanwhile
     -- looks lapsed once it is back, and the first worker to reconnect took the jobs of the
     -- others, which still ran them (seen with a 3 s lease and an 8 s outage). So for one lease
-    -- (this claim's) after the server took connections again, a lease last renewed before the
-    -- server started is not taken as lapsed: its holder has that long to reconnect and renew it
-    -- (a worker reconnects at least once a heartbeat interval). A holder that died meanwhile
-    -- costs its jobs that much more wait. Counted from the end of recovery (_ready_since), not
-    -- the start: until 0.3.9 a crash recovery longer than the lease used the grace up before
-    -- any holder could connect. The lapsed arm asks for it only when it meets such a lease (an
-    -- InitPlan runs on first use), so a claim pays nothing for it otherwise.
+    -- (this claim's) after the server took connections again, a lease last renewed before then
+    -- is not taken as lapsed: its holder has that long to reconnect and renew it (a worker
+    -- reconnects at least once a heartbeat interval). A holder that died meanwhile costs its
+    -- jobs that much more wait. Counted from the end of recovery (_ready_since), not the
+    -- postmaster's start: until 0.3.9 a crash recovery longer than the lease used the grace up
+    -- before any holder could connect, and a crash of one backend (the postmaster resets every
+    -- process and recovers, without starting again) gave no grace at all. The lapsed arm asks
+    -- for it only when it meets a lapsed lease (an InitPlan runs on first use), so a claim
+    -- with none pays nothing for it.
 
     -- A queue named twice would be two scans over one queue, and rows this statement locked are
     -- not skipped by itself: the repeat would spend slots on rows already picked.
@@ -929,7 +931,8 @@ BEGIN
                 WHERE j.queue = o.queue
                     AND j.state = 'running'
                     AND j.visible_at <= v_now
-                    AND (j.updated_at >= v_started OR v_now >= (SELECT x_jobs._ready_since()) + claim.lease)
+                    AND (j.updated_at >= (SELECT x_jobs._ready_since())
+                        OR v_now >= (SELECT x_jobs._ready_since()) + claim.lease)
                 ORDER BY j.visible_at, j.id
                 LIMIT v_want
                 FOR UPDATE SKIP LOCKED
@@ -1318,7 +1321,10 @@ BEGIN
         v_done_started := v_done_started || v_started;
         EXIT WHEN pg_catalog.cardinality(v_settled) = pg_catalog.cardinality(v_ids);
         -- Left: the other kind, and ids this worker no longer holds (which neither way takes).
-        SELECT pg_catalog.array_agg(o.id), pg_catalog.array_agg(o.output)
+        -- Still without outputs if the batch came without (an array of NULLs would take the
+        -- join, which locks in the order of the ids, unsorted then).
+        SELECT pg_catalog.array_agg(o.id),
+               CASE WHEN v_outputs IS NOT NULL THEN pg_catalog.array_agg(o.output) END
         INTO v_ids, v_outputs
         FROM unnest(v_ids, v_outputs) AS o (id, output)
         WHERE NOT EXISTS (SELECT FROM unnest(v_settled) AS s (id) WHERE s.id = o.id);

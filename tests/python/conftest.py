@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import threading
@@ -144,6 +145,23 @@ def restart_server(admin: Conn, *mode: str) -> None:
     """pg_ctl restart (``"-m", "fast"`` or another mode, else pg_ctl's default)."""
     done = pg_ctl("restart", *mode)
     assert done.returncode == 0, done.stdout + done.stderr
+    _reconnect(admin)
+
+
+def crash_backend(admin: Conn, victim: Conn) -> None:
+    """kill -9 the server process of ``victim``: the postmaster ends every session, recovers
+    from the WAL and takes connections again, without starting anew (its start time stays)."""
+    os.kill(victim.info.backend_pid, signal.SIGKILL)
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    while True:
+        try:
+            with psycopg.connect(autocommit=True) as probe:
+                probe.execute("SELECT 1")
+            break
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
     _reconnect(admin)
 
 

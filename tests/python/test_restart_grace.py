@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from conftest import Conn, Connect, needs_pg_ctl, restart_server
+from conftest import Conn, Connect, crash_backend, needs_pg_ctl, restart_server
 
 
 def _claim_at(conn: Conn, at: datetime, lease: timedelta) -> list[str]:
@@ -53,4 +53,36 @@ def test_the_grace_after_a_crash_runs_from_the_end_of_recovery(
     # Half a lease after the server took connections: the first worker may still renew.
     assert _claim_at(after, ready + lease / 2, lease) == []
     # A lease after that, the job is taken as lapsed.
+    assert _claim_at(after, ready + 2 * lease, lease) == ["held"]
+
+
+@needs_pg_ctl
+def test_the_grace_after_a_backend_crash_runs_from_the_end_of_recovery(
+    conn: Conn, connect: Connect, admin: Conn
+) -> None:
+    """One backend killed (as the OOM killer does): the postmaster ends every session and
+    recovers without starting anew, so pg_postmaster_start_time() stays where it was. A lease
+    renewed before the crash counted as renewed since the start, and the first claim after the
+    recovery took the job as lapsed (a review: twice out of two)."""
+    conn.execute("SELECT x_jobs.enqueue('held', queue => 'grace')")
+    claimed = conn.execute(
+        "SELECT count(*) FROM x_jobs.claim(ARRAY['grace'], 'first-worker', '1 millisecond', 1)"
+    ).fetchone()
+    assert claimed == (1,)
+    started_before = admin.execute("SELECT pg_catalog.pg_postmaster_start_time()").fetchone()
+    # The test server does not wait for the WAL at commit: make the claim survive the crash.
+    admin.execute("CHECKPOINT")
+
+    crash_backend(admin, connect())
+
+    after = connect()
+    row = after.execute(
+        "SELECT pg_catalog.pg_postmaster_start_time(), x_jobs._ready_since()"
+    ).fetchone()
+    assert row is not None
+    started, ready = row
+    assert (started,) == started_before, "the postmaster started anew: not the case under test"
+    assert ready > started
+    lease = timedelta(seconds=1)
+    assert _claim_at(after, ready + lease / 2, lease) == []
     assert _claim_at(after, ready + 2 * lease, lease) == ["held"]
