@@ -4,8 +4,16 @@ A server that stops answering without closing the connection (a network that dro
 proxy or a NAT that forgot the connection, a frozen host) leaves a call waiting for good: the
 kernel's timeouts (see ``network_settings``) end it only where the network itself went quiet,
 and a loop blocked in it keeps no clock. The worker and the relay send their calls through
-:meth:`CallWatch.calling`; a call unanswered for ``call_limit`` has its connection shut down, so
-that it fails as on a lost connection and the loop reconnects.
+:meth:`CallWatch.calling`.
+
+A call may also wait because the server is busy, or waits for a lock another session holds: it
+is answered in the end, and it commits. So when a call has waited a while, the watch asks the
+server, on a connection of its own (the probe), whether the call's server process still works on
+it. While it does, the call is left to wait: given up on, a claim waiting for a lock committed
+all the same, its answer lost with its rows. When it does not (it answered, and the answer was
+lost on the way), the call's connection is shut down at once; when the probe gets no answer
+either, once the call has waited ``call_limit``. Shut down, the call fails as on a lost
+connection, and the loop reconnects.
 """
 
 from __future__ import annotations
@@ -17,11 +25,16 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
 
+from x_jobs._conn import connect
+
 logger = logging.getLogger(__name__)
+
+#: A call in progress: its connection, when it was sent, and the server process answering it.
+_Call = tuple[psycopg.Connection[Any], float, int]
 
 
 class CallWatch:
@@ -31,44 +44,62 @@ class CallWatch:
         *,
         call_limit: float,
         tick: float,
+        probe: Callable[[list[int]], dict[int, bool]],
+        probe_after: float,
         on_tick: Callable[[float], None] | None = None,
     ) -> None:
         self.name = name
         self.call_limit = call_limit
         self.tick = tick
+        self._probe = probe
+        #: A call that waited this long has the server probed (at most once this often).
+        self.probe_after = probe_after
         self._on_tick = on_tick
-        #: The call each connection is in (by who sends it) and when it was sent.
-        self._calls: dict[str, tuple[psycopg.Connection[Any], float]] = {}
-        #: The database did not answer the last try to reach it in time: set here when a call is
-        #: abandoned, by the owner when a connect or a call timed out; cleared by the owner when
-        #: a connection opens.
+        #: The call each connection is in, by who sends it.
+        self._calls: dict[str, _Call] = {}
+        #: The loop cannot reach the database: set by the owner when a connection is lost or a
+        #: connect fails, and here when a call is abandoned unanswered; cleared by the owner
+        #: when a connection opens.
         self.silent = False
+        #: When the last probe that the server answered was sent (monotonic); when one last
+        #: found each server process at work on a call, and when one last found it not at work
+        #: (its call was answered, or never came). A process it did not find at all (behind a
+        #: pooler, the process id is the pooler's) is neither.
+        self._answered_at = 0.0
+        self._working_at: dict[int, float] = {}
+        self._idle_at: dict[int, float] = {}
+        self._probing = False
+        self._probed_at = 0.0
         #: When the process was last found running again after a stop (SIGSTOP, a suspended
         #: VM): a call sent before that may have its answer waiting, so time counts from then.
-        self._awake_since = 0.0
+        self.awake_since = 0.0
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     @contextlib.contextmanager
     def calling(self, who: str, conn: psycopg.Connection[Any]) -> Iterator[None]:
         """Watch the call(s) made on ``conn`` inside the block."""
-        self._calls[who] = (conn, time.monotonic())
+        self._calls[who] = (conn, time.monotonic(), conn.info.backend_pid)
         try:
             yield
         finally:
             self._calls.pop(who, None)
 
-    def waited(self, now: float) -> float:
-        """How long the oldest call in progress has waited (0: none is)."""
-        since = self._awake_since
-        return max((now - max(sent, since) for _, sent in list(self._calls.values())), default=0.0)
+    def unanswered(self, now: float, waited: float) -> bool:
+        """Has a call in progress waited ``waited`` seconds with no probe answered since it was
+        sent (the server may not be there)?"""
+        return any(
+            self._waited(now, sent) >= waited and self._answered_at < sent
+            for _, sent, _ in list(self._calls.values())
+        )
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._run, name=self.name, daemon=True).start()
 
     def stop(self) -> None:
         self._stop.set()
+
+    def _waited(self, now: float, sent: float) -> float:
+        return now - max(sent, self.awake_since)
 
     def _run(self) -> None:
         last = time.monotonic()
@@ -82,27 +113,83 @@ class CallWatch:
     def _look(self, last: float) -> float:
         now = time.monotonic()
         if now - last > 2 * self.tick + 1.0:
-            self._awake_since = now  # the process was stopped meanwhile
+            self.awake_since = now  # the process was stopped meanwhile
+        if (
+            not self._probing
+            and now - self._probed_at >= self.probe_after
+            and any(
+                self._waited(now, sent) >= self.probe_after
+                and max(self._working_at.get(pid, 0.0), self._idle_at.get(pid, 0.0)) < sent
+                for _, sent, pid in list(self._calls.values())
+            )
+        ):
+            self._probing = True
+            self._probed_at = now
+            threading.Thread(target=self._ask, name=f"{self.name}-probe", daemon=True).start()
         if self._on_tick is not None:
             self._on_tick(now)
         for who, call in list(self._calls.items()):
-            conn, sent = call
-            waited = now - max(sent, self._awake_since)
-            if waited >= self.call_limit and self._calls.get(who) is call:
-                self._calls.pop(who, None)  # shut down once
-                self.silent = True
-                _shut_down(conn)
-                logger.warning(
-                    "a database call went unanswered; its connection is abandoned",
-                    extra={"connection": who, "waited_s": round(now - sent, 1)},
-                )
+            self._judge(now, who, call)
         return now
 
+    def _judge(self, now: float, who: str, call: _Call) -> None:
+        """Shut down the connection of a call whose answer was lost, or that went unanswered for
+        call_limit with no probe finding the server at work on it."""
+        conn, sent, pid = call
+        if self._working_at.get(pid, 0.0) >= sent:
+            return  # the server works on it: it will be answered
+        lost = self._idle_at.get(pid, 0.0) >= sent
+        if not lost and self._waited(now, sent) < self.call_limit:
+            return
+        if self._calls.get(who) is not call:
+            return  # answered meanwhile
+        self._calls.pop(who, None)  # shut down once
+        if self._answered_at < sent:
+            self.silent = True
+        _shut_down(conn)
+        logger.warning(
+            "a database call's answer was lost (its server process had finished it); its "
+            "connection is abandoned"
+            if lost
+            else "a database call went unanswered, and so did a new connection; its connection "
+            "is abandoned",
+            extra={"connection": who, "waited_s": round(now - sent, 1)},
+        )
 
-def timed_out(err: BaseException) -> bool:
-    """Did reaching the database fail for want of an answer (connect_timeout, the kernel's
-    tcp_user_timeout or keepalives), rather than by one (refused, closed, shut down)?"""
-    return isinstance(err, psycopg.errors.ConnectionTimeout) or "timed out" in str(err)
+    def _ask(self) -> None:
+        """The probe, on a thread of its own (it may wait as long as a connect may)."""
+        sent = time.monotonic()
+        pids = [pid for _, _, pid in list(self._calls.values())]
+        try:
+            working = self._probe(pids)
+        except Exception as err:
+            logger.warning(
+                "the database did not answer a new connection", extra={"error": str(err).strip()}
+            )
+        else:
+            self._answered_at = sent
+            for pid, busy in working.items():
+                (self._working_at if busy else self._idle_at)[pid] = sent
+        finally:
+            self._probing = False
+
+
+#: Whether each of the given server processes runs a statement (a login sees its own).
+WORKING: LiteralString = (
+    "SELECT pid, state NOT IN ('idle', 'idle in transaction', 'idle in transaction (aborted)')"
+    " FROM pg_catalog.pg_stat_activity WHERE pid = ANY(%s)"
+)
+
+
+def probe(dsn: str, patience: float) -> Callable[[list[int]], dict[int, bool]]:
+    """A probe for :class:`CallWatch`: a new connection to ``dsn`` asks whether the server
+    processes of the calls in progress still work on them (those it finds)."""
+
+    def ask(pids: list[int]) -> dict[int, bool]:
+        with connect(dsn, "x_jobs probe", patience=patience) as conn:
+            return {row[0]: bool(row[1]) for row in conn.execute(WORKING, [pids]).fetchall()}
+
+    return ask
 
 
 def _shut_down(conn: psycopg.Connection[Any]) -> None:

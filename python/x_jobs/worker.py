@@ -55,7 +55,7 @@ from pydantic import ValidationError
 
 from x_jobs._conn import connect
 from x_jobs._listen import DB_GONE, listen
-from x_jobs._watch import CallWatch, timed_out
+from x_jobs._watch import CallWatch, probe
 from x_jobs.app import App, Job, Seconds, interval, seconds
 from x_jobs.errors import (
     InputInvalid,
@@ -92,6 +92,11 @@ EXTEND: LiteralString = (
 )
 RELEASE: LiteralString = "SELECT r FROM x_jobs.release(ids => %s::bigint[], worker => %s) AS r"
 ROW_STATES: LiteralString = "SELECT id, state::text FROM x_jobs.job WHERE id = ANY(%s::bigint[])"
+#: The rows this worker holds in the database, less those it knows of (see _sweep_unknown).
+UNKNOWN_HELD: LiteralString = (
+    "SELECT id FROM x_jobs.job"
+    " WHERE state = 'running' AND claimed_by = %s AND NOT id = ANY(%s::bigint[])"
+)
 HELD_AT: LiteralString = (
     "SELECT id, state::text, attempt, claimed_by FROM x_jobs.job WHERE id = ANY(%s::bigint[])"
 )
@@ -403,8 +408,13 @@ class Worker:
             "x_jobs-watch",
             call_limit=max(self.lease / 2, 5.0),
             tick=min(0.5, self.heartbeat_interval / 2),
+            probe=probe(app.dsn, self._patience),
+            probe_after=self.heartbeat_interval / 2,
             on_tick=self._stop_unrenewed,
         )
+        #: Until then, a claim whose answer was lost may have committed: the jobs it took are
+        #: this worker's in the database and unknown here (see _sweep_unknown).
+        self._claims_in_doubt_until = 0.0
 
     # --- public -------------------------------------------------------------------------------
 
@@ -514,6 +524,10 @@ class Worker:
                 if not self._heartbeat() or self._conn is None:
                     continue  # the top of the loop reconnects, then extends the leases
                 next_heartbeat = now + self.heartbeat_interval
+                if now < self._claims_in_doubt_until:
+                    self._sweep_unknown()
+                    if self._conn is None:
+                        continue
             if now >= next_announce:
                 self._announce()
                 if self._conn is None:
@@ -575,6 +589,7 @@ class Worker:
             rows = self._query(CLAIM, [self.queues, self.worker_id, interval(self.lease), room])
         except DB_GONE as err:
             self._lost_connection(err)
+            self._claims_in_doubt_until = time.monotonic() + self.lease
             return None
         claimed = 0
         per_job: dict[str, int] = {}
@@ -1000,6 +1015,25 @@ class Worker:
             return None
         return {row[0] for row in rows}
 
+    def _sweep_unknown(self) -> None:
+        """Hand back the jobs the database says this worker holds and that it does not know of:
+        a claim whose answer was lost may have committed, its rows this worker's for a lease.
+        They would wait that lease out, and one on its final attempt would then be buried
+        without having run. Asked at each heartbeat for a lease after such a loss."""
+        known = [*self._held, *(run.ctx.id for run in self._unreleased)]
+        try:
+            ids = [row[0] for row in self._query(UNKNOWN_HELD, [self.worker_id, _ids(known)])]
+            if not ids:
+                return
+            released = self._query(RELEASE, [_ids(ids), self.worker_id])
+        except DB_GONE as err:
+            self._lost_connection(err)
+            return
+        logger.warning(
+            "handed back jobs taken by a claim whose answer was lost",
+            extra={"job_ids": ids, "released": len(released)},
+        )
+
     def _drop_gone(self, runs: list[_Run]) -> None:
         """The held runs that extend_lease did not answer: none starts from now on, a running
         handler is told to stop, and the worker forgets them (nothing to settle)."""
@@ -1227,15 +1261,18 @@ class Worker:
 
     def _stop_unrenewed(self, now: float) -> None:
         """On the watch thread: tell the running handlers whose lease went unrenewed for
-        _unrenewed_after to stop, if the database has gone silent (a connect or a call timed
-        out, or a call has waited a heartbeat interval): another worker may then be taking the
-        job as lapsed. Not while the database answers that it is down (refused, shut down):
-        nothing claims from it meanwhile, and after a restart a claim leaves old leases to their
-        holders for one lease (see x_jobs.claim), so a handler runs on through a restart. Every
-        job held was renewed at the last heartbeat answered, or claimed after it."""
+        _unrenewed_after to stop, while the worker cannot reach the database (its connection
+        lost and not back, or a call waiting a heartbeat interval that a new connection could
+        not get an answer beside): another worker may then be taking the job as lapsed. The
+        worker cannot tell a server down for everyone from a network that cut it off alone, so
+        a long outage stops handlers too. Not a call that waits while the server answers (a lock
+        held elsewhere, a busy server): no claim takes the job meanwhile. Every job held was
+        renewed at the last heartbeat answered, or claimed after it."""
         if now - self._confirmed_at < self._unrenewed_after:
             return
-        if not self._watch.silent and self._watch.waited(now) < self.heartbeat_interval:
+        if now - self._watch.awake_since < self.heartbeat_interval:
+            return  # the process was stopped: its dispatcher gets a heartbeat to catch up
+        if not self._watch.silent and not self._watch.unanswered(now, self.heartbeat_interval):
             return
         stopped = [
             run
@@ -1256,8 +1293,7 @@ class Worker:
             )
 
     def _lost_connection(self, err: Exception) -> None:
-        if timed_out(err):
-            self._watch.silent = True
+        self._watch.silent = True
         logger.warning("database connection lost", extra={"error": str(err).strip()})
         if self._conn is not None:
             self._conn.close()
@@ -1282,7 +1318,7 @@ class Worker:
                 try:
                     self._connect()
                 except DB_GONE as err:
-                    self._watch.silent = timed_out(err)
+                    self._watch.silent = True
                     logger.warning(
                         "database unreachable; retrying",
                         extra={"retry_in_s": round(delay, 2), "error": str(err).strip()},
