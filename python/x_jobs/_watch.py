@@ -7,13 +7,15 @@ and a loop blocked in it keeps no clock. The worker and the relay send their cal
 :meth:`CallWatch.calling`.
 
 A call may also wait because the server is busy, or waits for a lock another session holds: it
-is answered in the end, and it commits. So when a call has waited a while, the watch asks the
-server, on a connection of its own (the probe), whether the call's server process still works on
-it. While it does, the call is left to wait: given up on, a claim waiting for a lock committed
-all the same, its answer lost with its rows. When it does not (it answered, and the answer was
-lost on the way), the call's connection is shut down at once; when the probe gets no answer
-either, once the call has waited ``call_limit``. Shut down, the call fails as on a lost
-connection, and the loop reconnects.
+is answered in the end, and it commits. So while a call waits, the watch asks the server every
+``probe_after``, on a connection of its own (the probe), whether the call's server process still
+has it in hand (running a statement, or in the middle of the call's transaction). While it does,
+the call is left to wait: given up on, a claim waiting for a lock committed all the same, its
+answer lost with its rows. When two probes in a row find that process done (it answered, and
+the answer was lost on the way), the call's connection is shut down at once; when no probe has
+seen it at work for ``call_limit`` (the probes unanswered, or the process not found: behind a
+pooler the process id is the pooler's), once that long has passed. Shut down, the call fails as
+on a lost connection, and the loop reconnects.
 """
 
 from __future__ import annotations
@@ -62,12 +64,12 @@ class CallWatch:
         #: when a connection opens.
         self.silent = False
         #: When the last probe that the server answered was sent (monotonic); when one last
-        #: found each server process at work on a call, and when one last found it not at work
-        #: (its call was answered, or never came). A process it did not find at all (behind a
-        #: pooler, the process id is the pooler's) is neither.
+        #: found each server process at work on a call; and how many probes in a row (and
+        #: since when) found it done with one. A process a probe did not find (behind a pooler
+        #: the process id is the pooler's) is neither at work nor done.
         self._answered_at = 0.0
         self._working_at: dict[int, float] = {}
-        self._idle_at: dict[int, float] = {}
+        self._done: dict[int, tuple[float, int]] = {}
         self._probing = False
         self._probed_at = 0.0
         #: When the process was last found running again after a stop (SIGSTOP, a suspended
@@ -85,10 +87,10 @@ class CallWatch:
             self._calls.pop(who, None)
 
     def unanswered(self, now: float, waited: float) -> bool:
-        """Has a call in progress waited ``waited`` seconds with no probe answered since it was
-        sent (the server may not be there)?"""
+        """Has a call in progress waited ``waited`` seconds with no probe answered for that long
+        (the server may not be there)?"""
         return any(
-            self._waited(now, sent) >= waited and self._answered_at < sent
+            self._waited(now, sent) >= waited and now - max(self._answered_at, sent) >= waited
             for _, sent, _ in list(self._calls.values())
         )
 
@@ -119,8 +121,7 @@ class CallWatch:
             and now - self._probed_at >= self.probe_after
             and any(
                 self._waited(now, sent) >= self.probe_after
-                and max(self._working_at.get(pid, 0.0), self._idle_at.get(pid, 0.0)) < sent
-                for _, sent, pid in list(self._calls.values())
+                for _, sent, _ in list(self._calls.values())
             )
         ):
             self._probing = True
@@ -136,15 +137,16 @@ class CallWatch:
         """Shut down the connection of a call whose answer was lost, or that went unanswered for
         call_limit with no probe finding the server at work on it."""
         conn, sent, pid = call
-        if self._working_at.get(pid, 0.0) >= sent:
-            return  # the server works on it: it will be answered
-        lost = self._idle_at.get(pid, 0.0) >= sent
-        if not lost and self._waited(now, sent) < self.call_limit:
+        done_since, done_count = self._done.get(pid, (0.0, 0))
+        # Twice: once could be the moment between the answer's leaving and its arrival.
+        lost = done_since >= sent and done_count >= 2
+        seen = max(sent, self._working_at.get(pid, 0.0))
+        if not lost and self._waited(now, seen) < self.call_limit:
             return
         if self._calls.get(who) is not call:
             return  # answered meanwhile
         self._calls.pop(who, None)  # shut down once
-        if self._answered_at < sent:
+        if now - max(self._answered_at, sent) >= self.call_limit:
             self.silent = True
         _shut_down(conn)
         logger.warning(
@@ -159,9 +161,9 @@ class CallWatch:
     def _ask(self) -> None:
         """The probe, on a thread of its own (it may wait as long as a connect may)."""
         sent = time.monotonic()
-        pids = [pid for _, _, pid in list(self._calls.values())]
+        calls = {pid: call_sent for _, call_sent, pid in list(self._calls.values())}
         try:
-            working = self._probe(pids)
+            working = self._probe(list(calls))
         except Exception as err:
             logger.warning(
                 "the database did not answer a new connection", extra={"error": str(err).strip()}
@@ -169,15 +171,22 @@ class CallWatch:
         else:
             self._answered_at = sent
             for pid, busy in working.items():
-                (self._working_at if busy else self._idle_at)[pid] = sent
+                if busy:
+                    self._working_at[pid] = sent
+                    self._done.pop(pid, None)
+                    continue
+                since, count = self._done.get(pid, (0.0, 0))
+                if since < calls.get(pid, sent):  # a verdict on an earlier call of the connection
+                    since, count = sent, 0
+                self._done[pid] = (since, count + 1)
         finally:
             self._probing = False
 
 
-#: Whether each of the given server processes runs a statement (a login sees its own).
+#: Whether each of the given server processes has a call in hand: running a statement, or in
+#: the middle of a transaction (between the statements of a settlement). A login sees its own.
 WORKING: LiteralString = (
-    "SELECT pid, state NOT IN ('idle', 'idle in transaction', 'idle in transaction (aborted)')"
-    " FROM pg_catalog.pg_stat_activity WHERE pid = ANY(%s)"
+    "SELECT pid, state <> 'idle' FROM pg_catalog.pg_stat_activity WHERE pid = ANY(%s)"
 )
 
 

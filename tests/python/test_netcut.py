@@ -36,6 +36,9 @@ logger = logging.getLogger(__name__)
 LEASE = 4.0
 #: How long the lock test holds its lock: past both of those.
 LOCK_HELD_SECONDS = 7.0
+#: How long a lock is held once a call waits for it, for a probe to find the call at work
+#: (probes run every half heartbeat interval, 0.67 s at this lease).
+PROBED_AT_WORK_SECONDS = 2.0
 
 
 @pytest.fixture
@@ -195,6 +198,78 @@ def test_a_claim_whose_answer_is_lost_hands_its_jobs_back(
     fleet.wait_for(lambda: fleet.all_in(ids, "done"), "the jobs to run once the answer is lost")
     assert sorted(run.job_id for run in fleet.runs()) == sorted(ids)
     assert "handed back jobs taken by a claim whose answer was lost" in worker.log()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.log()
+
+
+def _wait_for_the_heartbeat_to_wait(fleet: Fleet, locker: Conn) -> None:
+    """Hold a SHARE lock on x_jobs.job until the worker's heartbeat waits for it, and a while
+    more: long enough for a probe to find it at work on the call."""
+    locker.execute("LOCK TABLE x_jobs.job IN SHARE MODE")
+    fleet.wait_for(
+        lambda: bool(
+            fleet.scalar(
+                "SELECT EXISTS (SELECT FROM pg_catalog.pg_stat_activity"
+                " WHERE application_name = 'x_jobs worker' AND wait_event_type = 'Lock')"
+            )
+        ),
+        "the worker's heartbeat to wait for the lock",
+    )
+    time.sleep(PROBED_AT_WORK_SECONDS)
+
+
+def test_a_call_found_at_work_that_then_goes_silent_stops_the_handler_in_time(
+    fleet: Fleet, conn: Conn, connect: Connect, proxy: Proxy
+) -> None:
+    """The heartbeat waits for a lock and a probe finds its server process at work; then the
+    network goes silent and the lock goes. One such answer covered the call for good: no
+    other probe, no stop, and the handler ran on beside the worker that took the job as lapsed
+    (a review, 2 of 2)."""
+    job_id = basic.app.enqueue(basic.gated, {"gate": "then-silent"}, conn=conn).id
+    cut_off = fleet.start(concurrency=2, lease=LEASE, via=proxy.dsn(fleet.dbname))
+    fleet.wait_for(lambda: len(fleet.runs()) == 1, "the worker to start the job")
+    locker = connect(autocommit=False, name="locker")
+    _wait_for_the_heartbeat_to_wait(fleet, locker)
+    proxy.cut()
+    locker.rollback()
+
+    fleet.wait_for(
+        lambda: fleet.runs()[0].outcome is not None, "the cut-off handler to be told to stop"
+    )
+    first = fleet.runs()[0]
+    assert first.outcome == "cancelled:lease", cut_off.log()
+    lapses = fleet.scalar("SELECT visible_at FROM x_jobs.job WHERE id = %s", [job_id])
+    assert first.finished is not None and first.finished < lapses, (first, lapses)
+
+
+def test_a_call_found_at_work_whose_answer_is_then_lost_is_given_up(
+    fleet: Fleet, conn: Conn, connect: Connect, proxy: Proxy
+) -> None:
+    """The same, but only the heartbeat's answer is lost and the server answers new
+    connections at once: the dispatcher waited for good, its server process idle."""
+    fleet_job = basic.app.enqueue(basic.gated, {"gate": "then-lost"}, conn=conn).id
+    worker = fleet.start(concurrency=2, lease=LEASE, via=proxy.dsn(fleet.dbname))
+    fleet.wait_for(lambda: len(fleet.runs()) == 1, "the worker to start the job")
+    locker = connect(autocommit=False, name="locker")
+    _wait_for_the_heartbeat_to_wait(fleet, locker)
+    proxy.drop_answers()
+    locker.rollback()
+    fleet.wait_for(
+        lambda: (
+            not bool(
+                fleet.scalar(
+                    "SELECT EXISTS (SELECT FROM pg_catalog.pg_stat_activity"
+                    " WHERE application_name = 'x_jobs worker' AND state <> 'idle')"
+                )
+            )
+        ),
+        "the heartbeat to be done on the server",
+    )
+    proxy.heal()
+
+    fleet.wait_for(lambda: "answer was lost" in worker.log(), "the call to be given up on")
+    fleet.open_gate("then-lost")
+    fleet.wait_for(lambda: fleet.all_in([fleet_job], "done"), "the job to be done")
     worker.signal(signal.SIGTERM)
     assert worker.wait() == 0, worker.log()
 
