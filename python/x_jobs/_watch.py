@@ -95,6 +95,7 @@ class CallWatch:
         )
 
     def start(self) -> None:
+        self._stop.clear()  # a Worker may run() again after it stopped
         threading.Thread(target=self._run, name=self.name, daemon=True).start()
 
     def stop(self) -> None:
@@ -126,7 +127,11 @@ class CallWatch:
         ):
             self._probing = True
             self._probed_at = now
-            threading.Thread(target=self._ask, name=f"{self.name}-probe", daemon=True).start()
+            try:
+                threading.Thread(target=self._ask, name=f"{self.name}-probe", daemon=True).start()
+            except RuntimeError:
+                self._probing = False  # no thread to be had now: the next look tries again
+                raise
         if self._on_tick is not None:
             self._on_tick(now)
         for who, call in list(self._calls.items()):
