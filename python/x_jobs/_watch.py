@@ -188,6 +188,34 @@ class CallWatch:
             self._probing = False
 
 
+def patience(lease: float) -> float:
+    """How long a loop that holds leases of ``lease`` seconds waits on a silent network (see
+    network_settings): a quarter of the lease, 2 to 10 s, so that a reconnect answers, one way
+    or the other, in good time."""
+    return min(10.0, max(2.0, lease / 4))
+
+
+def for_leases(
+    name: str,
+    dsn: str,
+    *,
+    lease: float,
+    heartbeat_interval: float,
+    on_tick: Callable[[float], None] | None = None,
+) -> CallWatch:
+    """The watch of a loop that holds leases (the worker's, the relay's): a call is probed
+    every half heartbeat interval, and given up on unanswered at half the lease (5 s at
+    least)."""
+    return CallWatch(
+        name,
+        call_limit=max(lease / 2, 5.0),
+        tick=min(0.5, heartbeat_interval / 2),
+        probe=probe(dsn, patience(lease)),
+        probe_after=heartbeat_interval / 2,
+        on_tick=on_tick,
+    )
+
+
 #: Whether each of the given server processes has a call in hand: running a statement, or in
 #: the middle of a transaction (between the statements of a settlement). A login sees its own.
 WORKING: LiteralString = (

@@ -50,7 +50,7 @@ import psycopg
 
 from x_jobs._conn import connect
 from x_jobs._listen import DB_GONE, listen
-from x_jobs._watch import CallWatch, probe
+from x_jobs._watch import for_leases, patience
 from x_jobs.app import App, Seconds, interval, seconds
 from x_jobs.errors import PermissionDenied, XJobsError, storable, translate
 from x_jobs.outbox import BatchSink, DeliveryError, OutboxMessage
@@ -204,15 +204,13 @@ class Relay:
         self.relay_id = relay_id or default_relay_id()
         self.check_version = check_version
         self.topics = app.outbox.topics
-        # As the worker's (see Worker): connections give up on a silent network within a quarter
-        # of the lease, and a call unanswered for half of it is abandoned.
-        self._patience = min(10.0, max(2.0, self.lease / 4))
-        self._watch = CallWatch(
+        # As the worker's: patience on a silent network, and a watch of its calls.
+        self._patience = patience(self.lease)
+        self._watch = for_leases(
             "x_jobs-relay-watch",
-            call_limit=max(self.lease / 2, 5.0),
-            tick=0.5,
-            probe=probe(app.dsn, self._patience),
-            probe_after=self.heartbeat_interval / 2,
+            app.dsn,
+            lease=self.lease,
+            heartbeat_interval=self.heartbeat_interval,
         )
         self._conn: psycopg.Connection[Any] | None = None
         self._results: queue.SimpleQueue[_Result] = queue.SimpleQueue()

@@ -55,7 +55,7 @@ from pydantic import ValidationError
 
 from x_jobs._conn import connect
 from x_jobs._listen import DB_GONE, listen
-from x_jobs._watch import CallWatch, probe
+from x_jobs._watch import for_leases, patience
 from x_jobs.app import App, Job, Seconds, interval, seconds
 from x_jobs.errors import (
     InputInvalid,
@@ -346,9 +346,7 @@ class Worker:
         self.build = build
         self.check_version = check_version
         self.metrics = WorkerMetrics(metrics_port)
-        # Connections give up on a silent network within a quarter of the lease (see
-        # network_settings), so that a reconnect answers, one way or the other, in good time.
-        self._patience = min(10.0, max(2.0, self.lease / 4))
+        self._patience = patience(self.lease)
         self._step_store = StepStore(app.dsn, concurrency, patience=self._patience)
 
         #: Every job claimed and not yet settled (or dropped), running or waiting to run.
@@ -402,14 +400,13 @@ class Worker:
         self._unrenewed_after = self.lease - min(
             max(self.heartbeat_interval, self.lease / 4), self.lease / 2
         )
-        #: Watches the calls of the dispatcher and the settler (one unanswered for half the
-        #: lease is abandoned), and runs _stop_unrenewed while the dispatcher may be blocked.
-        self._watch = CallWatch(
+        #: Watches the calls of the dispatcher and the settler (see CallWatch), and runs
+        #: _stop_unrenewed while the dispatcher may be blocked.
+        self._watch = for_leases(
             "x_jobs-watch",
-            call_limit=max(self.lease / 2, 5.0),
-            tick=min(0.5, self.heartbeat_interval / 2),
-            probe=probe(app.dsn, self._patience),
-            probe_after=self.heartbeat_interval / 2,
+            app.dsn,
+            lease=self.lease,
+            heartbeat_interval=self.heartbeat_interval,
             on_tick=self._stop_unrenewed,
         )
         #: Until then, a claim whose answer was lost may have committed: the jobs it took are
