@@ -56,9 +56,10 @@ logger = logging.getLogger(__name__)
 #: ``App.result`` reads through from 0.3.6 on (a producer may no longer read x_jobs.job); 0.3.7
 #: changed relay_outbox and the operator's reads inside, and indexes, not what they take; 0.3.8
 #: changed how claim finds rows of concurrency keys, and indexes; 0.3.9 changed claim and
-#: relay_outbox inside.
+#: relay_outbox inside; 0.4.0 adds functions, which this client calls only on 0.4.0 and later.
 SUPPORTED_VERSIONS = frozenset(
     {"0.3.0", "0.3.1", "0.3.2", "0.3.3", "0.3.4", "0.3.5", "0.3.6", "0.3.7", "0.3.8", "0.3.9"}
+    | {"0.4.0"}
 )
 
 I = TypeVar("I")  # noqa: E741 - the input type, as in Job[I]
