@@ -188,8 +188,8 @@ BEGIN
     FOREACH v_statement IN ARRAY v_required LOOP
         BEGIN
             EXECUTE v_statement;
-        EXCEPTION WHEN insufficient_privilege THEN
-            v_refused := TRUE;
+        EXCEPTION WHEN insufficient_privilege OR undefined_object THEN
+            v_refused := TRUE;  -- not allowed, or a role that could not be made
         END;
     END LOOP;
 
@@ -197,8 +197,10 @@ BEGIN
     -- not grant yet?
     IF NOT v_installer_super THEN
         FOREACH v_role IN ARRAY ARRAY['x_jobs_producer', 'x_jobs_worker', 'x_jobs_admin']::name [] LOOP
-            IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname = v_role)
-                OR NOT pg_catalog.pg_has_role(v_installer, v_role, 'MEMBER WITH ADMIN OPTION') THEN
+            -- Apart: pg_has_role fails on a missing role, and OR may evaluate either side first.
+            IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname = v_role) THEN
+                v_granted := v_granted || v_role;
+            ELSIF NOT pg_catalog.pg_has_role(v_installer, v_role, 'MEMBER WITH ADMIN OPTION') THEN
                 v_granted := v_granted || v_role;
             END IF;
         END LOOP;
@@ -4849,7 +4851,9 @@ AS $$
         WHERE e.extname = 'x_jobs'
     ),
     definer AS (
-        SELECT pg_catalog.array_agg(o.owner ORDER BY o.owner) AS owners
+        SELECT
+            pg_catalog.array_agg(o.owner ORDER BY o.owner) AS owners,
+            pg_catalog.string_agg(pg_catalog.quote_ident(o.owner), ', ' ORDER BY o.owner) AS named
         FROM (
             SELECT DISTINCT pg_catalog.pg_get_userbyid(p.proowner)::text AS owner
             FROM pg_catalog.pg_proc AS p
@@ -4857,7 +4861,9 @@ AS $$
         ) AS o
     ),
     blind AS (
-        SELECT pg_catalog.array_agg(o.owner ORDER BY o.owner) AS owners
+        SELECT
+            pg_catalog.array_agg(o.owner ORDER BY o.owner) AS owners,
+            pg_catalog.string_agg(pg_catalog.quote_ident(o.owner), ', ' ORDER BY o.owner) AS named
         FROM definer AS d
         CROSS JOIN LATERAL pg_catalog.unnest(d.owners) AS o (owner)
         WHERE NOT pg_catalog.pg_has_role(o.owner::name, 'pg_read_all_stats', 'USAGE')
@@ -4927,8 +4933,7 @@ AS $$
     SELECT
         'function_owner',
         pg_catalog.cardinality(d.owners) = 1,
-        pg_catalog.format('the functions that run as their owner run as %s',
-            pg_catalog.array_to_string(d.owners, ', ')),
+        pg_catalog.format('the functions that run as their owner run as %s', d.named),
         CASE WHEN pg_catalog.cardinality(d.owners) <> 1 THEN
             'Run the update again as a superuser (ALTER EXTENSION x_jobs UPDATE, or x-jobs install), which '
             'hands every x_jobs object to x_jobs_owner.'
@@ -4941,16 +4946,13 @@ AS $$
         CASE
             WHEN b.owners IS NULL THEN
                 pg_catalog.format('claim runs as %s, which may read the WAL writer''s start: the restart grace '
-                    'counts from when the server last began to take connections', pg_catalog.array_to_string(d.owners, ', '))
+                    'counts from when the server last began to take connections', d.named)
             ELSE pg_catalog.format('claim runs as %s, which may not read other sessions'' start times '
                 '(pg_read_all_stats): the restart grace counts from the postmaster''s start instead, and after a '
-                'crash recovery a claim may take jobs whose workers had no time to renew their leases',
-                pg_catalog.array_to_string(b.owners, ', '))
+                'crash recovery a claim may take jobs whose workers had no time to renew their leases', b.named)
         END,
         CASE WHEN b.owners IS NOT NULL THEN
-            pg_catalog.format('An administrator runs: GRANT pg_read_all_stats TO %s;',
-                (SELECT pg_catalog.string_agg(pg_catalog.quote_ident(o.owner), ', ')
-                 FROM pg_catalog.unnest(b.owners) AS o (owner)))
+            pg_catalog.format('An administrator runs: GRANT pg_read_all_stats TO %s;', b.named)
         END
     FROM definer AS d, blind AS b
 $$;
