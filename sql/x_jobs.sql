@@ -110,9 +110,9 @@ AS $$
     ORDER BY 1, 2
 $$;
 
--- Creates and links the roles that are missing, and grants the installer the three it grants
--- on, as whoever runs the script. Run by each install and update script before anything else
--- of theirs. Under CREATE EXTENSION that is a superuser, which may do it all. Under
+-- Creates and links the roles that are missing, and grants the installer the three roles WITH
+-- ADMIN OPTION, as whoever runs the script. Each install and update script runs it before it
+-- makes anything else. Under CREATE EXTENSION that is a superuser, which may do it all. Under
 -- `x-jobs install` by a database owner without CREATEROLE, what it may not do is refused with
 -- every statement an administrator runs first, its owner's name filled in (X_ROLES_MISSING):
 -- the refusal rolls the whole install back, so the list is all of them, not the ones that
@@ -4894,67 +4894,75 @@ AS $$
         SELECT pg_catalog.string_agg(pg_catalog.format('%I %s', p.role_name, p.problem), ', ') AS problems
         FROM x_jobs._role_problems() AS p
     )
-    SELECT
-        'version',
-        e.extversion IS NULL OR e.extversion = x_jobs.version(),
-        CASE
-            WHEN NOT EXISTS (SELECT FROM ext) THEN
-                pg_catalog.format('x_jobs %s, installed by x-jobs install (no extension)', x_jobs.version())
-            WHEN e.extversion = x_jobs.version() THEN
-                pg_catalog.format('x_jobs %s, the extension owned by %I', x_jobs.version(), e.owner)
-            ELSE pg_catalog.format('the extension says x_jobs %s, its functions say %s', e.extversion, x_jobs.version())
-        END,
-        CASE WHEN e.extversion <> x_jobs.version() THEN 'Run ALTER EXTENSION x_jobs UPDATE.' END
-    FROM (SELECT) AS one
-    LEFT JOIN ext AS e ON TRUE
-    UNION ALL
-    SELECT
-        'roles',
-        m.statements IS NULL AND u.problems IS NULL,
-        CASE
-            WHEN m.statements IS NULL AND u.problems IS NULL THEN
-                'x_jobs_producer, x_jobs_worker and x_jobs_admin exist, each a member of the one before'
-            ELSE pg_catalog.concat_ws('; ',
-                CASE WHEN m.statements IS NOT NULL THEN 'the x_jobs roles are missing or unlinked' END,
-                u.problems)
-        END,
-        NULLIF(pg_catalog.concat_ws(' ',
-            CASE WHEN m.statements IS NOT NULL THEN
-                pg_catalog.format('An administrator runs: %s;', pg_catalog.array_to_string(m.statements, '; '))
+    -- In this order, whatever plan the UNION gets.
+    SELECT c.check_name, c.ok, c.detail, c.hint
+    FROM (
+        SELECT
+            1,
+            'version',
+            e.extversion IS NULL OR e.extversion = x_jobs.version(),
+            CASE
+                WHEN NOT EXISTS (SELECT FROM ext) THEN
+                    pg_catalog.format('x_jobs %s, installed by x-jobs install (no extension)', x_jobs.version())
+                WHEN e.extversion = x_jobs.version() THEN
+                    pg_catalog.format('x_jobs %s, the extension owned by %I', x_jobs.version(), e.owner)
+                ELSE pg_catalog.format('the extension says x_jobs %s, its functions say %s', e.extversion, x_jobs.version())
             END,
-            CASE WHEN u.problems IS NOT NULL THEN
-                'An administrator makes each x_jobs role NOLOGIN with no other attribute and a member of none but '
-                'the x_jobs role below it (x_jobs_owner: of pg_read_all_stats), grants x_jobs_owner to nobody, '
-                'and grants other rights to the logins instead.'
+            CASE WHEN e.extversion <> x_jobs.version() THEN 'Run ALTER EXTENSION x_jobs UPDATE.' END
+        FROM (SELECT) AS one
+        LEFT JOIN ext AS e ON TRUE
+        UNION ALL
+        SELECT
+            2,
+            'roles',
+            m.statements IS NULL AND u.problems IS NULL,
+            CASE
+                WHEN m.statements IS NULL AND u.problems IS NULL THEN
+                    'x_jobs_producer, x_jobs_worker and x_jobs_admin exist, each a member of the one before'
+                ELSE pg_catalog.concat_ws('; ',
+                    CASE WHEN m.statements IS NOT NULL THEN 'the x_jobs roles are missing or unlinked' END,
+                    u.problems)
+            END,
+            NULLIF(pg_catalog.concat_ws(' ',
+                CASE WHEN m.statements IS NOT NULL THEN
+                    pg_catalog.format('An administrator runs: %s;', pg_catalog.array_to_string(m.statements, '; '))
+                END,
+                CASE WHEN u.problems IS NOT NULL THEN
+                    'An administrator makes each x_jobs role NOLOGIN with no other attribute and a member of none but '
+                    'the x_jobs role below it (x_jobs_owner: of pg_read_all_stats), grants x_jobs_owner to nobody, '
+                    'and grants other rights to the logins instead.'
+                END
+            ), '')
+        FROM missing AS m, unsafe AS u
+        UNION ALL
+        SELECT
+            3,
+            'function_owner',
+            pg_catalog.cardinality(d.owners) = 1,
+            pg_catalog.format('the functions that run as their owner run as %s', d.named),
+            CASE WHEN pg_catalog.cardinality(d.owners) <> 1 THEN
+                'A superuser runs: SELECT x_jobs._adopt(); (it hands every x_jobs object to x_jobs_owner)'
             END
-        ), '')
-    FROM missing AS m, unsafe AS u
-    UNION ALL
-    SELECT
-        'function_owner',
-        pg_catalog.cardinality(d.owners) = 1,
-        pg_catalog.format('the functions that run as their owner run as %s', d.named),
-        CASE WHEN pg_catalog.cardinality(d.owners) <> 1 THEN
-            'Run the update again as a superuser (ALTER EXTENSION x_jobs UPDATE, or x-jobs install), which '
-            'hands every x_jobs object to x_jobs_owner.'
-        END
-    FROM definer AS d
-    UNION ALL
-    SELECT
-        'restart_grace',
-        b.owners IS NULL,
-        CASE
-            WHEN b.owners IS NULL THEN
-                pg_catalog.format('claim runs as %s, which may read the WAL writer''s start: the restart grace '
-                    'counts from when the server last began to take connections', d.named)
-            ELSE pg_catalog.format('claim runs as %s, which may not read other sessions'' start times '
-                '(pg_read_all_stats): the restart grace counts from the postmaster''s start instead, and after a '
-                'crash recovery a claim may take jobs whose workers had no time to renew their leases', b.named)
-        END,
-        CASE WHEN b.owners IS NOT NULL THEN
-            pg_catalog.format('An administrator runs: GRANT pg_read_all_stats TO %s;', b.named)
-        END
-    FROM definer AS d, blind AS b
+        FROM definer AS d
+        UNION ALL
+        SELECT
+            4,
+            'restart_grace',
+            b.owners IS NULL,
+            CASE
+                WHEN b.owners IS NULL THEN
+                    pg_catalog.format('claim runs as %s, which may read the WAL writer''s start: the restart grace '
+                        'counts from when the server last began to take connections', d.named)
+                ELSE pg_catalog.format('claim runs as %s, which may not read other sessions'' start times '
+                    '(pg_read_all_stats): the restart grace counts from the postmaster''s start instead, and after a '
+                    'crash recovery a claim may take jobs whose workers had no time to renew their leases', b.named)
+            END,
+            CASE WHEN b.owners IS NOT NULL THEN
+                pg_catalog.format('An administrator runs: GRANT pg_read_all_stats TO %s;', b.named)
+            END
+        FROM definer AS d, blind AS b
+    ) AS c (n, check_name, ok, detail, hint)
+    ORDER BY c.n
 $$;
 
 ------------------------------------------------------------------------------------------------
