@@ -209,6 +209,21 @@ class SettingInvalid(XJobsError):
     code, sqlstate = "X_SETTING_INVALID", "XJ040"
 
 
+class RoleUnsafe(XJobsError):
+    """An install or update found an x_jobs role with more than x_jobs's rights (a login, an
+    attribute, a membership outside the chain; x_jobs_owner: a member), which it would grant to
+    the installer or let own the objects. Nothing was changed."""
+
+    code, sqlstate = "X_ROLE_UNSAFE", "XJ041"
+
+
+class RolesMissing(XJobsError):
+    """``x-jobs install`` by a role that may not create or link the missing x_jobs roles; the
+    hint lists the statements an administrator runs first. Nothing was changed."""
+
+    code, sqlstate = "X_ROLES_MISSING", "XJ042"
+
+
 class EnqueueRace(XJobsError):
     """The call lost a race it cannot settle by itself; calling it again succeeds."""
 

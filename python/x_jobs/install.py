@@ -12,10 +12,17 @@ the same schema:
 * the newest installed: nothing.
 
 Each script is made runnable outside CREATE EXTENSION: its ``\\echo ... \\quit`` guard line and its
-``pg_extension_config_dump(...)`` calls (valid only inside CREATE EXTENSION) are dropped. All of
-it runs in one transaction, under an advisory lock so that two installers do not interleave. The
-version is recorded by the scripts themselves (each replaces ``x_jobs.version()``), which is how a
-later install knows where to start; it is checked after every script.
+``pg_extension_config_dump(...)`` calls (valid only inside CREATE EXTENSION) are dropped, and
+``@extowner@`` names the calling role as CREATE EXTENSION would. All of it runs in one
+transaction, under an advisory lock so that two installers do not interleave. The version is
+recorded by the scripts themselves (each replaces ``x_jobs.version()``), which is how a later
+install knows where to start; it is checked after every script.
+
+The scripts run as the caller, not as a superuser. A database owner without CREATEROLE whose
+server lacks the x_jobs roles is refused before anything changes, with the statements an
+administrator runs first (``X_ROLES_MISSING``); its objects are then its own rather than
+x_jobs_owner's, and it wants ``pg_read_all_stats`` for the restart grace. What
+``x_jobs.health()`` finds wrong afterwards comes back with the result (:attr:`Installed.failing`).
 """
 
 from __future__ import annotations
@@ -31,7 +38,8 @@ from typing import Any, LiteralString
 import psycopg
 from psycopg import errors as pg_errors
 
-from x_jobs.errors import ClientError
+from x_jobs import health
+from x_jobs.errors import ClientError, RolesMissing, RoleUnsafe, translate
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +62,8 @@ MISSING_REQUIRED: LiteralString = """
 """
 SCHEMA_EXISTS: LiteralString = "SELECT pg_catalog.to_regnamespace('x_jobs') IS NOT NULL"
 VERSION: LiteralString = "SELECT x_jobs.version()"
+# What CREATE EXTENSION substitutes for @extowner@: the calling role, quoted if it must be.
+CALLER: LiteralString = "SELECT pg_catalog.quote_ident(current_user)"
 # What CREATE EXTENSION sets around a script: quiet notices, and a search_path that cannot
 # capture a name (the scripts qualify every object; an unqualified CREATE fails loudly here).
 # Local to the transaction; put back afterwards for a caller whose transaction goes on.
@@ -76,9 +86,11 @@ _CONFIG_DUMP = re.compile(
     r"(?:\r?\n|\Z)",
     re.MULTILINE | re.IGNORECASE,
 )
-# What psql or CREATE EXTENSION would resolve and a plain run cannot: meta-commands and the
-# @extschema@ / @extowner@ substitutions.
-_UNRUNNABLE = re.compile(r"^\\\S+|@ext(?:schema|owner)(?::[^@]*)?@", re.MULTILINE)
+# What psql or CREATE EXTENSION would resolve and a plain run cannot: meta-commands, the
+# @extschema@ substitutions (the scripts name their schema), and @extowner@ when no caller was
+# given to put in its place.
+_UNRUNNABLE = re.compile(r"^\\\S+|@extschema(?::[^@]*)?@|@extowner@", re.MULTILINE)
+_EXTOWNER = "@extowner@"
 _CONTROL_LINE = re.compile(r"^\s*(\w+)\s*=\s*'([^']*)'\s*$", re.MULTILINE)
 _UPGRADE = re.compile(r"^x_jobs--(.+)--(.+)\.sql$")
 
@@ -129,11 +141,14 @@ class Control:
 
 @dataclass(frozen=True)
 class Installed:
-    """What an install did: the version before (None: nothing), after, and the scripts run."""
+    """What an install did: the version before (None: nothing), after, and the scripts run;
+    and the checks of ``x_jobs.health()`` that do not hold (what an administrator should
+    still grant, say)."""
 
     before: str | None
     after: str
     scripts: tuple[str, ...]
+    failing: tuple[health.Check, ...] = ()
 
     @property
     def changed(self) -> bool:
@@ -188,12 +203,16 @@ def _blank(match: re.Match[str]) -> str:
     return "\n" * match[0].count("\n")
 
 
-def plain_sql(script: str, name: str) -> str:
+def plain_sql(script: str, name: str, caller: str | None = None) -> str:
     """``script`` made runnable outside CREATE EXTENSION: without the ``\\echo ... \\quit`` guard
-    and the ``pg_extension_config_dump`` calls. Refuses anything else only psql or CREATE
-    EXTENSION could resolve, rather than run it half understood. What is dropped leaves its
-    lines blank, so that a line number the server reports is the file's."""
+    and the ``pg_extension_config_dump`` calls, and with ``@extowner@`` replaced by ``caller``
+    (the calling role's name quoted as an identifier, as CREATE EXTENSION substitutes it).
+    Refuses anything else only psql or CREATE EXTENSION could resolve, rather than run it half
+    understood. What is dropped leaves its lines blank, so that a line number the server reports
+    is the file's."""
     text = _CONFIG_DUMP.sub(_blank, _GUARD.sub(_blank, script))
+    if caller is not None:
+        text = text.replace(_EXTOWNER, caller)
     leftover = _UNRUNNABLE.search(text)
     if leftover:
         line = text.count("\n", 0, leftover.start()) + 1
@@ -254,7 +273,9 @@ def install(conn: psycopg.Connection[Any], scripts: Traversable | None = None) -
 
         before = installed_version(conn)
         if before == newest:
-            return Installed(before=before, after=newest, scripts=())
+            return Installed(
+                before=before, after=newest, scripts=(), failing=tuple(health.failing(conn))
+            )
         if before is None:
             exists = conn.execute(SCHEMA_EXISTS).fetchone()
             if exists is not None and exists[0]:
@@ -277,15 +298,21 @@ def install(conn: psycopg.Connection[Any], scripts: Traversable | None = None) -
 
         caller_settings = conn.execute(SETTINGS).fetchone()
         assert caller_settings is not None  # current_setting answers one row
+        caller = conn.execute(CALLER).fetchone()
+        assert caller is not None
         conn.execute(SET_SETTINGS, SCRIPT_SETTINGS)
         for name, version in plan:
-            text = plain_sql((scripts / name).read_text(encoding="utf-8"), name)
+            text = plain_sql((scripts / name).read_text(encoding="utf-8"), name, str(caller[0]))
             logger.info("running %s", name, extra={"script": name, "version": version})
             try:
                 # bytes: the script is read from a file, not a literal; psycopg sends it with
                 # the simple query protocol, so the server runs its statements in order.
                 conn.execute(text.encode("utf-8"))
             except psycopg.Error as err:
+                typed = translate(err)
+                if isinstance(typed, (RolesMissing, RoleUnsafe)):
+                    # The script's own refusal, with what an administrator runs or changes.
+                    raise typed from err
                 raise InstallFailed(
                     f"X_INSTALL_FAILED: {name}{_where(text, err)} failed: "
                     f"{err.diag.message_primary or err}",
@@ -302,4 +329,7 @@ def install(conn: psycopg.Connection[Any], scripts: Traversable | None = None) -
                     "nothing was changed.",
                 )
         conn.execute(SET_SETTINGS, caller_settings)
-    return Installed(before=before, after=newest, scripts=tuple(name for name, _ in plan))
+        failing = tuple(health.failing(conn))
+    return Installed(
+        before=before, after=newest, scripts=tuple(name for name, _ in plan), failing=failing
+    )

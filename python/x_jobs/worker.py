@@ -53,6 +53,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 from pydantic import ValidationError
 
+from x_jobs import health
 from x_jobs._conn import connect
 from x_jobs._listen import DB_GONE, listen
 from x_jobs._watch import for_leases, patience
@@ -1243,7 +1244,8 @@ class Worker:
         conn = connect(self.app.dsn, "x_jobs worker", patience=self._patience)
         if first and self.check_version:
             try:
-                self.app.check_version(conn)
+                version = self.app.check_version(conn)
+                health.log_failing(conn, version, logger)  # once, at start (0.4.0 on)
             except BaseException:
                 conn.close()
                 raise

@@ -2,7 +2,7 @@
 -- volatile it is, whose rights it runs with, which settings it pins, and who may use what.
 -- A change to any of these is a change to the API: it shows up here first, on purpose.
 BEGIN;
-SELECT plan(627);
+SELECT plan(665);
 
 -- The functions of the API, one row each, with what 00-schema pins about them. `args` is how
 -- pgTAP's catalog view spells the argument types (regtype output: 'timestamp with time zone',
@@ -33,6 +33,11 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
 ('_enqueue', '{x_jobs.enqueue_request[]}', 'setof x_jobs.enqueue_many_result', 'VOLATILE', NULL),
 ('_run_ids', '{integer}', 'uuid[]', 'VOLATILE', NULL),
 ('_ready_since', '{}', 'timestamp with time zone', 'STABLE', NULL),
+-- The roles and the ownership (0.4.0): the scripts' own helpers, and the health reader.
+('_role_problems', '{}', 'setof record', 'STABLE', NULL),
+('_setup_roles', '{}', 'void', 'VOLATILE', NULL),
+('_adopt', '{}', 'void', 'VOLATILE', NULL),
+('health', '{}', 'setof record', 'STABLE', NULL),
 (
     'enqueue',
     '{text,jsonb,text,timestamp with time zone,text,integer,integer,text,text,text,text,integer,boolean,'
@@ -174,6 +179,12 @@ INSERT INTO api_grant (fn, lowest_role, to_pg_monitor) VALUES
 ('_enqueue', NULL, FALSE),
 ('_run_ids', NULL, FALSE),
 ('_ready_since', NULL, FALSE),
+-- The scripts run the role helpers and _adopt; health reads catalogs as its caller, and calls
+-- _role_problems (0.4.0).
+('_setup_roles', NULL, FALSE),
+('_adopt', NULL, FALSE),
+('_role_problems', 'x_jobs_worker', TRUE),
+('health', 'x_jobs_worker', TRUE),
 ('_notify', NULL, FALSE),
 ('_require_retention', 'x_jobs_admin', FALSE),
 ('enqueue', 'x_jobs_producer', FALSE),
@@ -691,6 +702,11 @@ SELECT is(
     'x_jobs.error_codes() should answer (sqlstate, code, meaning)'
 );
 SELECT is(
+    pg_catalog.pg_get_function_result('x_jobs.health()'::regprocedure),
+    'TABLE(check_name text, ok boolean, detail text, hint text)',
+    'x_jobs.health() should answer (check_name, ok, detail, hint)'
+);
+SELECT is(
     pg_catalog.pg_get_function_result('x_jobs.queue_demand()'::regprocedure),
     'TABLE(queue text, demand bigint)',
     'x_jobs.queue_demand() should answer (queue, demand)'
@@ -812,6 +828,7 @@ INSERT INTO api_param (fn, arguments) VALUES
 ('now', ''),
 ('error_codes', ''),
 ('version', ''),
+('health', ''),
 (
     'enqueue',
     'name text, input jsonb DEFAULT ''{}''::jsonb, queue text DEFAULT ''default''::text, '
@@ -1043,6 +1060,64 @@ SELECT set_eq(
     $$,
     $$ VALUES ('x_jobs_producer', 'USAGE'), ('pg_monitor', 'USAGE') $$,
     'USAGE on the schema should be granted directly to x_jobs_producer and pg_monitor only'
+);
+
+-- Who owns what (0.4.0): every object of the schema is x_jobs_owner's, so that the functions that
+-- run as their owner run with its rights, not those of the superuser that ran the script; and
+-- that role may read other sessions' start times (the restart grace) and nothing beyond x_jobs.
+SELECT is_empty(
+    $$
+    SELECT 'schema', n.nspname::text, pg_catalog.pg_get_userbyid(n.nspowner)::text
+    FROM pg_catalog.pg_namespace AS n
+    WHERE n.nspname = 'x_jobs' AND n.nspowner <> 'x_jobs_owner'::regrole
+    UNION ALL
+    SELECT 'relation', c.relname::text, pg_catalog.pg_get_userbyid(c.relowner)::text
+    FROM pg_catalog.pg_class AS c
+    WHERE c.relnamespace = 'x_jobs'::regnamespace AND c.relowner <> 'x_jobs_owner'::regrole
+    UNION ALL
+    SELECT 'type', t.typname::text, pg_catalog.pg_get_userbyid(t.typowner)::text
+    FROM pg_catalog.pg_type AS t
+    WHERE t.typnamespace = 'x_jobs'::regnamespace AND t.typowner <> 'x_jobs_owner'::regrole
+    UNION ALL
+    SELECT 'function', p.oid::regprocedure::text, pg_catalog.pg_get_userbyid(p.proowner)::text
+    FROM pg_catalog.pg_proc AS p
+    WHERE p.pronamespace = 'x_jobs'::regnamespace AND p.proowner <> 'x_jobs_owner'::regrole
+    $$,
+    'Every object of the x_jobs schema should be owned by x_jobs_owner'
+);
+
+SELECT row_eq(
+    $$
+    SELECT r.rolcanlogin, r.rolsuper, r.rolcreaterole, r.rolcreatedb, r.rolreplication, r.rolbypassrls
+    FROM pg_catalog.pg_roles AS r
+    WHERE r.rolname = 'x_jobs_owner'
+    $$,
+    row(FALSE, FALSE, FALSE, FALSE, FALSE, FALSE),
+    'x_jobs_owner should be a role nobody logs in as, with no attribute'
+);
+
+SELECT set_eq(
+    $$
+    SELECT g.rolname::text COLLATE "default" AS granted, u.rolname::text COLLATE "default" AS member
+    FROM pg_catalog.pg_auth_members AS m
+    INNER JOIN pg_catalog.pg_roles AS g ON m.roleid = g.oid
+    INNER JOIN pg_catalog.pg_roles AS u ON m.member = u.oid
+    WHERE 'x_jobs_owner' IN (g.rolname, u.rolname)
+    $$,
+    $$ VALUES ('pg_read_all_stats', 'x_jobs_owner') $$,
+    'x_jobs_owner should be a member of pg_read_all_stats only, and have no member'
+);
+
+SELECT set_eq(
+    $$
+    SELECT g.rolname::text COLLATE "default" AS granted, u.rolname::text COLLATE "default" AS member
+    FROM pg_catalog.pg_auth_members AS m
+    INNER JOIN pg_catalog.pg_roles AS g ON m.roleid = g.oid
+    INNER JOIN pg_catalog.pg_roles AS u ON m.member = u.oid
+    WHERE u.rolname IN ('x_jobs_producer', 'x_jobs_worker', 'x_jobs_admin')
+    $$,
+    $$ VALUES ('x_jobs_producer', 'x_jobs_worker'), ('x_jobs_worker', 'x_jobs_admin') $$,
+    'The three x_jobs roles should be linked producer < worker < admin and be members of nothing else'
 );
 
 -- Effective table rights, inherited ones included.

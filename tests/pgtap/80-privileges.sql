@@ -7,7 +7,7 @@
 -- runs under SET ROLE and ends with RESET ROLE. The clock is moved with SET LOCAL "x_jobs.fake_now",
 -- which only a superuser's session may do (the last block).
 BEGIN;
-SELECT plan(103);
+SELECT plan(110);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
@@ -795,6 +795,66 @@ SELECT is_empty(
       SELECT k.name FROM x_jobs.job AS k WHERE k.name = 't80_nobody'$$,
     'The refused put and webhook should have written no message, ledger row or job'
 );
+
+------------------------------------------------------------------------------------------------
+-- The health of the installation (0.4.0): workers (so admins) and monitors read it, producers
+-- and logins without a grant do not; nobody runs the scripts' role helpers
+------------------------------------------------------------------------------------------------
+
+SET ROLE t80_worker;
+SELECT is(
+    (
+        SELECT pg_catalog.count(*)::integer FROM x_jobs.health() AS h
+        WHERE h.ok
+    ),
+    4,
+    'A worker should be able to read health(), every check holding'
+);
+SELECT throws_ok(
+    $$SELECT x_jobs._setup_roles()$$,
+    '42501',
+    'permission denied for function _setup_roles',
+    'A worker should not be able to run the scripts'' role helper'
+);
+SELECT throws_ok(
+    $$SELECT x_jobs._adopt()$$,
+    '42501',
+    'permission denied for function _adopt',
+    'A worker should not be able to run the scripts'' ownership helper'
+);
+RESET ROLE;
+
+SET ROLE t80_admin;
+SELECT lives_ok(
+    $$SELECT * FROM x_jobs.health()$$,
+    'An admin should be able to read health()'
+);
+RESET ROLE;
+
+SET ROLE t80_monitor;
+SELECT lives_ok(
+    $$SELECT * FROM x_jobs.health()$$,
+    'pg_monitor should be able to read health()'
+);
+RESET ROLE;
+
+SET ROLE t80_producer;
+SELECT throws_ok(
+    $$SELECT * FROM x_jobs.health()$$,
+    '42501',
+    'permission denied for function health',
+    'A producer should not be able to read health()'
+);
+RESET ROLE;
+
+SET ROLE t80_nobody;
+SELECT throws_ok(
+    $$SELECT * FROM x_jobs.health()$$,
+    '42501',
+    NULL,
+    'A login without an x_jobs role should not be able to read health()'
+);
+RESET ROLE;
 
 ------------------------------------------------------------------------------------------------
 -- Worker: a job that is deleted when it completes

@@ -218,6 +218,7 @@ def test_a_second_install_changes_nothing_and_says_it_is_current(
         "after": NEWEST,
         "scripts": [],
         "changed": False,
+        "failing": [],
     }
     assert catalog(plain_dsn) == before
     assert conn.execute("SELECT name FROM x_jobs.job").fetchall() == [("kept",)]
@@ -225,7 +226,13 @@ def test_a_second_install_changes_nothing_and_says_it_is_current(
 
 def test_the_installed_schema_serves_jobs(plain_dsn: str, plain: Connect) -> None:
     doc = as_json(x_jobs("install", "--json", "--dsn", plain_dsn))
-    assert doc == {"before": None, "after": NEWEST, "scripts": ["x_jobs.sql"], "changed": True}
+    assert doc == {
+        "before": None,
+        "after": NEWEST,
+        "scripts": ["x_jobs.sql"],
+        "changed": True,
+        "failing": [],
+    }
     conn = plain()
 
     row = conn.execute("SELECT id, deduped FROM x_jobs.enqueue(name => 'send_email')").fetchone()
@@ -438,6 +445,15 @@ def test_scripts_lose_only_what_create_extension_alone_can_run() -> None:
     for unrunnable in ("\\i other.sql", "CREATE TABLE @extschema@.t ();", "\\set x 1"):
         with pytest.raises(install.InstallRefused, match="only psql or CREATE EXTENSION"):
             install.plain_sql(f"SELECT 1;\n{unrunnable}\n", "x_jobs--0.1.0--0.2.0.sql")
+
+    # @extowner@ is the calling role, as CREATE EXTENSION substitutes it (a quoted identifier);
+    # without a caller to put there, it is refused like the others.
+    owned = "GRANT x_jobs_admin TO @extowner@;\n"
+    assert install.plain_sql(owned, "x_jobs.sql", '"Web Owner"') == (
+        'GRANT x_jobs_admin TO "Web Owner";\n'
+    )
+    with pytest.raises(install.InstallRefused, match="@extowner@"):
+        install.plain_sql(owned, "x_jobs.sql")
 
 
 def test_the_package_ships_the_repositorys_scripts() -> None:
