@@ -784,7 +784,8 @@ SELECT is_empty(
 -- and joins by seeks only, locking its window's heads as it finds them (0.3.7); the settling
 -- functions that take a batch of ids seek each id whatever the batch's size, and lock the rows
 -- in id order (index plans only, 0.3.4; no bitmap scans either, 0.3.9); list_jobs plans each
--- call for its values (0.3.7); claim joins by seeks only too (its keyed windows, 0.3.8).
+-- call for its values (0.3.7); claim joins by seeks only too (its keyed windows, 0.3.8); the bulk
+-- operations plan each statement for its values and walk their indexes in id order (0.4.0).
 SELECT set_eq(
     $$
     SELECT p.proname::text COLLATE "default", s.setting
