@@ -18,6 +18,10 @@ from the issues as a ratio measured in the same run, because the machines are sh
                  sink: the relay's own cost)
   events         publishes/s (each waking one of 10,000 waiting runs) from 1 and 4
                  connections, and the latency from a publish's commit to the resumed run
+  bulk           cancelling 100,000 queued jobs beside 1,000,000 done rows: one cancel_jobs
+                 call, `x-jobs jobs cancel --queue ... --yes` (batches of 10,000, each its
+                 own transaction), retry_jobs of them all, against one cancel(id) per row
+                 on a sample, each its own transaction (extrapolated)
 
 Run it by hand against any server with `python bench/bench.py` (PGHOST etc. name the server;
 it creates and drops its own database). `--quick` shrinks every size for a smoke run.
@@ -67,6 +71,9 @@ class Sizes:
     resume_samples: int
     put_transactions: int
     relay_messages: int
+    bulk_jobs: int
+    #: Jobs cancelled one cancel(id) call each, the figure extrapolated to bulk_jobs.
+    bulk_sample: int
 
 
 FULL = Sizes(
@@ -84,6 +91,8 @@ FULL = Sizes(
     resume_samples=200,
     put_transactions=4_000,
     relay_messages=20_000,
+    bulk_jobs=100_000,
+    bulk_sample=2_000,
 )
 QUICK = Sizes(
     enqueue_batches=6,
@@ -100,6 +109,8 @@ QUICK = Sizes(
     resume_samples=30,
     put_transactions=400,
     relay_messages=2_000,
+    bulk_jobs=5_000,
+    bulk_sample=200,
 )
 
 
@@ -782,6 +793,83 @@ def bench_outbox(dsn: str, sizes: Sizes) -> list[tuple[str, float]]:
     return figures
 
 
+# --- bulk operations ---------------------------------------------------------------------------
+
+
+def bench_bulk(dsn: str, sizes: Sizes) -> list[tuple[str, float]]:
+    """Seconds to cancel `sizes.bulk_jobs` queued jobs of one queue, beside `sizes.done_rows`
+    done ones: by one cancel_jobs call, by the CLI (its dry run, then calls of 10,000, each its
+    own transaction, in a process of its own), and by one cancel(id) per row in its own
+    transaction as before 0.4.0, timed on a sample and extrapolated; and to re-queue them all
+    with retry_jobs. Each starts from a vacuumed table with the backlog queued."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("TRUNCATE x_jobs.job, x_jobs.counter, x_jobs.step, x_jobs.job_error")
+    fill_done_rows(dsn, sizes.done_rows)
+    enqueue_backlog(dsn, sizes.bulk_jobs, "bulk")
+    figures: list[tuple[str, float]] = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+
+        def timed(query: str, expected: int) -> float:
+            conn.execute("VACUUM x_jobs.job")
+            started = time.perf_counter()
+            row = conn.execute(query).fetchone()
+            elapsed = time.perf_counter() - started
+            if row is None or row[0] != expected:
+                raise RuntimeError(f"{query} answered {row}, not {expected}")
+            return elapsed
+
+        figures.append(
+            (
+                "cancel_jobs(queue), one call",
+                timed("SELECT x_jobs.cancel_jobs(queue => 'bulk')", sizes.bulk_jobs),
+            )
+        )
+        figures.append(
+            (
+                "retry_jobs(queue, state cancelled), one call",
+                timed(
+                    "SELECT x_jobs.retry_jobs(queue => 'bulk', state => 'cancelled')",
+                    sizes.bulk_jobs,
+                ),
+            )
+        )
+
+        conn.execute("VACUUM x_jobs.job")
+        env = dict(os.environ, PGDATABASE=BENCH_DB)
+        command = [sys.executable, "-m", "x_jobs", "jobs", "cancel", "--queue", "bulk", "--yes"]
+        started = time.perf_counter()
+        subprocess.run(command, env=env, check=True, capture_output=True, stdin=subprocess.DEVNULL)
+        figures.append(
+            ("x-jobs jobs cancel --queue --yes (a process)", time.perf_counter() - started)
+        )
+        left = conn.execute(
+            "SELECT count(*) FROM x_jobs.job WHERE queue = 'bulk' AND state = 'ready'"
+        )
+        if left.fetchone() != (0,):
+            raise RuntimeError("x-jobs jobs cancel left ready jobs")
+
+        timed("SELECT x_jobs.retry_jobs(queue => 'bulk', state => 'cancelled')", sizes.bulk_jobs)
+        conn.execute("VACUUM x_jobs.job")
+        ids = [
+            int(row[0])
+            for row in conn.execute(
+                "SELECT id FROM x_jobs.job WHERE queue = 'bulk' ORDER BY id LIMIT %s",
+                [sizes.bulk_sample],
+            )
+        ]
+        started = time.perf_counter()
+        for job_id in ids:
+            conn.execute("SELECT x_jobs.cancel(%s)", [job_id])
+        per_row = (time.perf_counter() - started) / len(ids)
+        figures.append(
+            (
+                f"cancel(id) per row, each its own transaction ({len(ids):,} timed)",
+                per_row * sizes.bulk_jobs,
+            )
+        )
+    return figures
+
+
 # --- report ------------------------------------------------------------------------------------
 
 
@@ -806,13 +894,15 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     parser.add_argument(
         "--only",
-        choices=["enqueue", "latency", "throughput", "drain", "events", "outbox"],
+        choices=["enqueue", "latency", "throughput", "drain", "events", "outbox", "bulk"],
         action="append",
         help="run only these parts (repeatable)",
     )
     args = parser.parse_args()
     sizes = QUICK if args.quick else FULL
-    parts = set(args.only or ["enqueue", "latency", "throughput", "drain", "events", "outbox"])
+    parts = set(
+        args.only or ["enqueue", "latency", "throughput", "drain", "events", "outbox", "bulk"]
+    )
 
     with bench_database() as dsn:
         with psycopg.connect(dsn) as conn:
@@ -996,6 +1086,28 @@ def main() -> int:
         if "outbox" in parts:
             for label, rate in bench_outbox(dsn, sizes):
                 lines.append((label, f"{rate:,.0f} messages/s", "", ""))
+
+        if "bulk" in parts:
+            figures = bench_bulk(dsn, sizes)
+            for label, seconds in figures:
+                lines.append(
+                    (
+                        f"{label}, {sizes.bulk_jobs:,} jobs",
+                        f"{seconds:.2f} s ({sizes.bulk_jobs / seconds:,.0f} jobs/s)",
+                        "",
+                        "",
+                    )
+                )
+            one_call, per_row = figures[0][1], figures[-1][1]
+            lines.append(
+                (
+                    f"cancel_jobs, {sizes.bulk_jobs:,} jobs in one call",
+                    f"{one_call:.2f} s",
+                    "< 10 s (seconds)",
+                    verdict(one_call < 10),
+                )
+            )
+            lines.append(("cancel(id) per row / cancel_jobs", f"{per_row / one_call:.0f}x", "", ""))
 
     width = max(len(line[0]) for line in lines)
     value_width = max(len(line[1]) for line in lines)

@@ -666,6 +666,16 @@ LIST_JOBS: LiteralString = (
     ORDER BY id DESC
 """
 )
+# With a job name (0.4.0): LIST_JOBS reads every version this client speaks to.
+LIST_JOBS_NAMED: LiteralString = (
+    "SELECT "
+    + JOB_COLUMNS
+    + """
+    FROM x_jobs.list_jobs(state => %(state)s, queue => %(queue)s, before_id => %(before)s::bigint,
+                          max_rows => %(limit)s::integer, name => %(name)s)
+    ORDER BY id DESC
+"""
+)
 # The API has no reader of one job; the admin role reads the table (list_jobs does the same).
 SHOW_JOB: LiteralString = "SELECT " + JOB_COLUMNS + " FROM x_jobs.job WHERE id = %(id)s"
 # Oldest first: after a retry, attempts count from 1 again, so the time orders them.
@@ -678,6 +688,26 @@ JOB_ERRORS: LiteralString = """
 JOB_STATE: LiteralString = "SELECT state::text FROM x_jobs.job WHERE id = %(id)s"
 RETRY: LiteralString = "SELECT x_jobs.retry(id => %(id)s)"
 CANCEL: LiteralString = "SELECT x_jobs.cancel(id => %(id)s)"
+# The bulk forms (0.4.0): every job that matches the filters, NULL matching any.
+CANCEL_JOBS: LiteralString = """
+    SELECT x_jobs.cancel_jobs(
+        queue => %(queue)s, name => %(name)s, state => %(state)s, tenant_id => %(tenant_id)s,
+        created_before => %(created_before)s::timestamptz,
+        created_after => %(created_after)s::timestamptz,
+        max_rows => %(max_rows)s::integer, dry_run => %(dry_run)s::boolean
+    )
+"""
+RETRY_JOBS: LiteralString = """
+    SELECT x_jobs.retry_jobs(
+        queue => %(queue)s, name => %(name)s, state => %(state)s, tenant_id => %(tenant_id)s,
+        created_before => %(created_before)s::timestamptz,
+        created_after => %(created_after)s::timestamptz,
+        max_rows => %(max_rows)s::integer, dry_run => %(dry_run)s::boolean
+    )
+"""
+VERSION: LiteralString = "SELECT x_jobs.version()"
+# A time without an offset as the session's own TimeZone reads it (inside OWN_TIMEZONE).
+IN_OWN_TIMEZONE: LiteralString = "SELECT %s::timestamp::timestamptz"
 # Every time the CLI reads arrives in UTC, whatever TimeZone the server, the database, the role
 # or PGTZ give the session: psycopg cannot read a local time past the year 9999 (the last hours
 # of 9999 in UTC, 14 hours ahead), which the loader would show as infinity.
@@ -1333,6 +1363,9 @@ def jobs_list(
         str | None, typer.Option(help="Only jobs in this state (dead, ready, ...).")
     ] = None,
     queue: Annotated[str | None, typer.Option(help="Only jobs of this queue.")] = None,
+    name: Annotated[
+        str | None, typer.Option(help="Only jobs of this name (x_jobs 0.4.0 and later).")
+    ] = None,
     before: Annotated[
         int | None,
         typer.Option(
@@ -1351,15 +1384,19 @@ def jobs_list(
     After a full page it prints the command for the next one: --before the page's last id.
     """
     out = Output(as_json)
-    params = {"state": state, "queue": queue, "before": before, "limit": limit}
+    params = {"state": state, "queue": queue, "before": before, "limit": limit, "name": name}
     with database(dsn, out) as conn:
-        jobs = conn.cursor(row_factory=class_row(JobRow)).execute(LIST_JOBS, params).fetchall()
+        if name is not None:
+            _require_0_4(conn, "listing by --name", "or list without --name")
+        query = LIST_JOBS if name is None else LIST_JOBS_NAMED
+        jobs = conn.cursor(row_factory=class_row(JobRow)).execute(query, params).fetchall()
     next_before = jobs[-1].id if len(jobs) == limit else None
     human: list[RenderableType | str] = [_jobs_table(jobs) if jobs else "no jobs"]
     if next_before is not None:
         args = ["x-jobs", "jobs", "list"]
         args += ["--state", state] if state is not None else []
         args += ["--queue", queue] if queue is not None else []
+        args += ["--name", name] if name is not None else []
         args += ["--limit", str(limit)] if limit != 50 else []
         args += ["--before", str(next_before)]
         human += _next_page(args, dsn)
@@ -1582,35 +1619,310 @@ def jobs_show(job_id: JobId, dsn: Dsn = None, as_json: AsJson = False) -> None:
     )
 
 
-@jobs_cli.command("retry")
-def jobs_retry(job_id: JobId, dsn: Dsn = None, as_json: AsJson = False) -> None:
-    """Re-queue a dead, failed or cancelled job (x_jobs.retry): due now, attempts from 0."""
-    out = Output(as_json)
-    with database(dsn, out) as conn, conn.transaction():
-        conn.execute(RETRY, {"id": job_id})
-        row = conn.execute(JOB_STATE, {"id": job_id}).fetchone()
-    state = None if row is None else str(row[0])
-    out.emit(
-        {"id": job_id, "retried": True, "state": state},
-        f"job {job_id} re-queued: {state}, its attempts start over",
+#: The first SQL API with cancel_jobs, retry_jobs and list_jobs(name => ...).
+BULK_VERSION = (0, 4, 0)
+#: Jobs per call of x_jobs.cancel_jobs or retry_jobs (their max_rows), each call a transaction
+#: of its own: the rows a call changes stay locked until it commits, and a worker's heartbeat
+#: of one of them waits that long.
+BULK_BATCH = 10_000
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in version.split("."))
+    except ValueError:
+        return ()
+
+
+def _require_0_4(conn: psycopg.Connection[Any], what: str, instead: str) -> None:
+    """Refuse ``what`` (X_VERSION_UNSUPPORTED, exit 2) on a database older than 0.4.0, whose
+    functions do not take it; ``instead`` is what the hint offers besides the upgrade."""
+    row = conn.execute(VERSION).fetchone()
+    version = str(row[0]) if row else "?"
+    if _version_tuple(version) < BULK_VERSION:
+        raise VersionUnsupported(
+            f"X_VERSION_UNSUPPORTED: {what} needs x_jobs 0.4.0 or later, the database has"
+            f" {version}",
+            hint="Upgrade the database (ALTER EXTENSION x_jobs UPDATE, or x-jobs install where it"
+            f" was installed that way), {instead}.",
+        )
+
+
+JobIds = Annotated[
+    list[int] | None,
+    typer.Argument(
+        metavar="ID",
+        min=BIGINT_MIN,
+        max=BIGINT_MAX,
+        help="The jobs' ids; or leave them out and name the jobs by filters.",
+        show_default=False,
+    ),
+]
+ByQueue = Annotated[
+    str | None, typer.Option("--queue", help="Every job of this queue.", show_default=False)
+]
+ByName = Annotated[
+    str | None, typer.Option("--name", help="Every job of this name.", show_default=False)
+]
+ByTenant = Annotated[
+    str | None, typer.Option("--tenant", help="Every job of this tenant.", show_default=False)
+]
+CreatedBefore = Annotated[
+    datetime | None,
+    typer.Option(
+        "--created-before",
+        metavar="ISO8601",
+        parser=_iso_datetime,
+        help="Every job created before this time; without an offset, in the session's TimeZone.",
+        show_default=False,
+    ),
+]
+CreatedAfter = Annotated[
+    datetime | None,
+    typer.Option(
+        "--created-after",
+        metavar="ISO8601",
+        parser=_iso_datetime,
+        help="Every job created after this time; without an offset, in the session's TimeZone.",
+        show_default=False,
+    ),
+]
+Yes = Annotated[
+    bool,
+    typer.Option(
+        "--yes",
+        "-y",
+        help="Change the matching jobs without asking (needed when stdin is no terminal).",
+    ),
+]
+
+
+@dataclass(frozen=True)
+class _Bulk:
+    """What `jobs cancel` or `jobs retry` does by filter: the verb, its forms (the past tense is
+    the --json key), the SQL function, and why a job the dry run counted may be left."""
+
+    verb: str
+    doing: str
+    done: str
+    call: LiteralString
+    left: str
+
+
+CANCELLING = _Bulk("cancel", "cancelling", "cancelled", CANCEL_JOBS, "they finished meanwhile")
+RETRYING = _Bulk(
+    "retry",
+    "retrying",
+    "retried",
+    RETRY_JOBS,
+    "a live job holds their idempotency key, or they changed meanwhile",
+)
+
+
+def _jobs(count: int) -> str:
+    return f"{count:,} job{'' if count == 1 else 's'}"
+
+
+def _own_times(conn: psycopg.Connection[Any], filters: dict[str, Any]) -> None:
+    """The --created-* times without an offset, read in the session's own TimeZone (as
+    --run-at is), not in the UTC that database() pinned: from then on, instants."""
+    naive = [k for k in ("created_before", "created_after") if _is_naive(filters[k])]
+    if not naive:
+        return
+    with conn.transaction():
+        conn.execute(OWN_TIMEZONE)
+        for key in naive:
+            row = conn.execute(IN_OWN_TIMEZONE, [filters[key]]).fetchone()
+            assert row is not None
+            filters[key] = row[0]
+
+
+def _is_naive(value: object) -> bool:
+    return isinstance(value, datetime) and value.tzinfo is None
+
+
+def _bulk_count(
+    conn: psycopg.Connection[Any],
+    bulk: _Bulk,
+    filters: Mapping[str, Any],
+    *,
+    max_rows: int | None,
+    dry_run: bool,
+) -> int:
+    row = conn.execute(bulk.call, {**filters, "max_rows": max_rows, "dry_run": dry_run}).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def _by_filters(
+    bulk: _Bulk, filters: dict[str, Any], yes: bool, out: Output, dsn: str | None
+) -> None:
+    """Count the matching jobs (a dry run), ask on a terminal unless --yes, then change them in
+    calls of BULK_BATCH, each its own transaction, and at most as many as were counted: jobs
+    that match only later (enqueued meanwhile) were not confirmed."""
+    shown = " ".join(
+        f"{key.removesuffix('_id')}={value.isoformat() if isinstance(value, datetime) else value}"
+        for key, value in filters.items()
+        if value is not None
     )
+    with database(dsn, out) as conn:
+        _require_0_4(conn, f"to {bulk.verb} jobs by filter", f"or {bulk.verb} them by ID")
+        _own_times(conn, filters)
+        matching = _bulk_count(conn, bulk, filters, max_rows=None, dry_run=True)
+        if matching == 0:
+            out.emit({bulk.done: 0}, f"no job to {bulk.verb} matches {shown}; nothing changed")
+            return
+        what = f"{_jobs(matching)} matching {shown}"
+        if not yes:
+            if not sys.stdin.isatty():
+                out.fail(
+                    EXIT_USAGE,
+                    f"X_USAGE: {bulk.doing} {what} needs a confirmation, and stdin is not a"
+                    " terminal",
+                    f"Pass --yes to {bulk.verb} them without asking.",
+                    code="X_USAGE",
+                )
+            if not typer.confirm(_safe(f"{bulk.verb.capitalize()} {what}?"), err=True):
+                out.emit({bulk.done: 0}, "nothing changed")
+                return
+        changed = 0
+        while changed < matching:
+            batch = min(BULK_BATCH, matching - changed)
+            got = _bulk_count(conn, bulk, filters, max_rows=batch, dry_run=False)
+            changed += got
+            if got < batch:
+                break
+    said = f"{_jobs(changed)} {bulk.done}"
+    if changed < matching:
+        said += f" of the {matching:,} that matched: for the others, {bulk.left}"
+    out.emit({bulk.done: changed}, said)
+
+
+def _filters(
+    queue: str | None,
+    name: str | None,
+    state: str | None,
+    tenant: str | None,
+    created_before: datetime | None,
+    created_after: datetime | None,
+) -> dict[str, Any]:
+    return {
+        "queue": queue,
+        "name": name,
+        "state": state,
+        "tenant_id": tenant,
+        "created_before": created_before,
+        "created_after": created_after,
+    }
+
+
+def _ids_or_filters(verb: str, ids: list[int], filters: Mapping[str, Any]) -> bool:
+    """Whether the command goes by filters; a usage error unless it has IDs or filters alone."""
+    named = any(value is not None for value in filters.values())
+    if ids and named:
+        raise typer.BadParameter(
+            f"give the IDs of the jobs to {verb}, or filters, not both", param_hint="'ID'"
+        )
+    if not ids and not named:
+        raise typer.BadParameter(
+            f"name the jobs to {verb}: give their IDs, or filters (--queue, --name, --state,"
+            " --tenant, --created-before, --created-after)",
+            param_hint="'ID' / '--queue' ...",
+        )
+    return named
+
+
+def _each(docs: list[dict[str, Any]], lines: list[str], out: Output) -> None:
+    """One ID's document as it always was; several IDs' as {"jobs": [...]}, a line each."""
+    out.emit(docs[0] if len(docs) == 1 else {"jobs": docs}, *lines)
+
+
+@jobs_cli.command("retry")
+def jobs_retry(
+    job_ids: JobIds = None,
+    queue: ByQueue = None,
+    name: ByName = None,
+    state: Annotated[
+        str | None,
+        typer.Option(
+            help="Every job in this state: dead or failed (leave it out for both), or cancelled.",
+            show_default=False,
+        ),
+    ] = None,
+    tenant: ByTenant = None,
+    created_before: CreatedBefore = None,
+    created_after: CreatedAfter = None,
+    yes: Yes = False,
+    dsn: Dsn = None,
+    as_json: AsJson = False,
+) -> None:
+    """Re-queue dead, failed or cancelled jobs (x_jobs.retry): due now, attempts from 0.
+
+    By ID, all of them in one transaction (a refusal of one changes none); or every job that
+    matches the filters (x_jobs.retry_jobs: dead and failed ones, cancelled ones only with
+    --state cancelled), counted first and confirmed on a terminal (--yes: without asking).
+    """
+    out = Output(as_json)
+    ids = list(dict.fromkeys(job_ids or []))
+    filters = _filters(queue, name, state, tenant, created_before, created_after)
+    if _ids_or_filters("retry", ids, filters):
+        _by_filters(RETRYING, filters, yes, out, dsn)
+        return
+    docs, lines = [], []
+    with database(dsn, out) as conn, conn.transaction():
+        for job_id in ids:
+            conn.execute(RETRY, {"id": job_id})
+            row = conn.execute(JOB_STATE, {"id": job_id}).fetchone()
+            state_now = None if row is None else str(row[0])
+            docs.append({"id": job_id, "retried": True, "state": state_now})
+            lines.append(f"job {job_id} re-queued: {state_now}, its attempts start over")
+    _each(docs, lines, out)
 
 
 @jobs_cli.command("cancel")
-def jobs_cancel(job_id: JobId, dsn: Dsn = None, as_json: AsJson = False) -> None:
-    """Cancel a live job (x_jobs.cancel); a job that had finished already is left as it is."""
+def jobs_cancel(
+    job_ids: JobIds = None,
+    queue: ByQueue = None,
+    name: ByName = None,
+    state: Annotated[
+        str | None,
+        typer.Option(
+            help="Every job in this state: ready, delayed, suspended or running (leave it out"
+            " for all four).",
+            show_default=False,
+        ),
+    ] = None,
+    tenant: ByTenant = None,
+    created_before: CreatedBefore = None,
+    created_after: CreatedAfter = None,
+    yes: Yes = False,
+    dsn: Dsn = None,
+    as_json: AsJson = False,
+) -> None:
+    """Cancel live jobs (x_jobs.cancel); a job that had finished already is left as it is.
+
+    By ID, all of them in one transaction; or every live job that matches the filters
+    (x_jobs.cancel_jobs), counted first and confirmed on a terminal (--yes: without asking).
+    """
     out = Output(as_json)
+    ids = list(dict.fromkeys(job_ids or []))
+    filters = _filters(queue, name, state, tenant, created_before, created_after)
+    if _ids_or_filters("cancel", ids, filters):
+        _by_filters(CANCELLING, filters, yes, out, dsn)
+        return
+    docs, lines = [], []
     with database(dsn, out) as conn, conn.transaction():
-        answer = conn.execute(CANCEL, {"id": job_id}).fetchone()
-        row = conn.execute(JOB_STATE, {"id": job_id}).fetchone()
-    cancelled = bool(answer and answer[0])
-    state = None if row is None else str(row[0])
-    out.emit(
-        {"id": job_id, "cancelled": cancelled, "state": state},
-        f"job {job_id} cancelled"
-        if cancelled
-        else f"job {job_id} had already finished ({state}); nothing changed",
-    )
+        for job_id in ids:
+            answer = conn.execute(CANCEL, {"id": job_id}).fetchone()
+            row = conn.execute(JOB_STATE, {"id": job_id}).fetchone()
+            cancelled = bool(answer and answer[0])
+            state_now = None if row is None else str(row[0])
+            docs.append({"id": job_id, "cancelled": cancelled, "state": state_now})
+            lines.append(
+                f"job {job_id} cancelled"
+                if cancelled
+                else f"job {job_id} had already finished ({state_now}); nothing changed"
+            )
+    _each(docs, lines, out)
 
 
 events_cli = typer.Typer(help="Publish events to waiting workflow runs.", no_args_is_help=True)

@@ -222,6 +222,17 @@ class RolesMissing(XJobsError):
     hint lists the statements an administrator runs first. Nothing was changed."""
 
     code, sqlstate = "X_ROLES_MISSING", "XJ042"
+class StateNotAllowed(InvalidArgument):
+    """cancel_jobs was asked for a state that is not live, retry_jobs for one that is not dead,
+    failed or cancelled: a state the call can change nothing of."""
+
+    code, sqlstate = "X_STATE_NOT_ALLOWED", "XJ044"
+
+
+class RangeEmpty(InvalidArgument):
+    """cancel_jobs or retry_jobs got a created_after at or after its created_before."""
+
+    code, sqlstate = "X_RANGE_EMPTY", "XJ045"
 
 
 class EnqueueRace(XJobsError):

@@ -2,7 +2,7 @@
 -- volatile it is, whose rights it runs with, which settings it pins, and who may use what.
 -- A change to any of these is a change to the API: it shows up here first, on purpose.
 BEGIN;
-SELECT plan(665);
+SELECT plan(691);
 
 -- The functions of the API, one row each, with what 00-schema pins about them. `args` is how
 -- pgTAP's catalog view spells the argument types (regtype output: 'timestamp with time zone',
@@ -78,7 +78,22 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
 ),
 ('cancel', '{bigint}', 'boolean', 'VOLATILE', NULL),
 ('retry', '{bigint}', 'boolean', 'VOLATILE', NULL),
-('list_jobs', '{text,text,bigint,integer}', 'setof x_jobs.job', 'STABLE', NULL),
+('list_jobs', '{text,text,bigint,integer,text}', 'setof x_jobs.job', 'STABLE', NULL),
+-- Bulk operations (0.4.0).
+(
+    '_bulk_states',
+    '{text,text,x_jobs.job_state[],x_jobs.job_state[],text,timestamp with time zone,'
+    'timestamp with time zone,integer}',
+    'x_jobs.job_state[]', 'STABLE', NULL
+),
+(
+    'cancel_jobs', '{text,text,text,text,timestamp with time zone,timestamp with time zone,integer,boolean}',
+    'bigint', 'VOLATILE', NULL
+),
+(
+    'retry_jobs', '{text,text,text,text,timestamp with time zone,timestamp with time zone,integer,boolean}',
+    'bigint', 'VOLATILE', NULL
+),
 ('queue_stats', '{}', 'setof record', 'STABLE', NULL),
 ('pause_queue', '{text}', 'boolean', 'VOLATILE', NULL),
 ('resume_queue', '{text}', 'boolean', 'VOLATILE', NULL),
@@ -205,6 +220,9 @@ INSERT INTO api_grant (fn, lowest_role, to_pg_monitor) VALUES
 ('cancel', 'x_jobs_admin', FALSE),
 ('retry', 'x_jobs_admin', FALSE),
 ('list_jobs', 'x_jobs_admin', FALSE),
+('_bulk_states', 'x_jobs_admin', FALSE),
+('cancel_jobs', 'x_jobs_admin', FALSE),
+('retry_jobs', 'x_jobs_admin', FALSE),
 ('queue_stats', 'x_jobs_admin', FALSE),
 ('pause_queue', 'x_jobs_admin', FALSE),
 ('resume_queue', 'x_jobs_admin', FALSE),
@@ -782,7 +800,8 @@ SELECT is_empty(
 -- and joins by seeks only, locking its window's heads as it finds them (0.3.7); the settling
 -- functions that take a batch of ids seek each id whatever the batch's size, and lock the rows
 -- in id order (index plans only, 0.3.4; no bitmap scans either, 0.3.9); list_jobs plans each
--- call for its values (0.3.7); claim joins by seeks only too (its keyed windows, 0.3.8).
+-- call for its values (0.3.7); claim joins by seeks only too (its keyed windows, 0.3.8); the bulk
+-- operations plan each statement for its values and walk their indexes in id order (0.4.0).
 SELECT set_eq(
     $$
     SELECT p.proname::text COLLATE "default", s.setting
@@ -810,9 +829,16 @@ SELECT set_eq(
         ('release', 'plan_cache_mode=force_generic_plan'),
         ('release', 'enable_seqscan=off'),
         ('release', 'enable_bitmapscan=off'),
-        ('list_jobs', 'plan_cache_mode=force_custom_plan')
+        ('list_jobs', 'plan_cache_mode=force_custom_plan'),
+        ('cancel_jobs', 'plan_cache_mode=force_custom_plan'),
+        ('cancel_jobs', 'enable_seqscan=off'),
+        ('cancel_jobs', 'enable_bitmapscan=off'),
+        ('retry_jobs', 'plan_cache_mode=force_custom_plan'),
+        ('retry_jobs', 'enable_seqscan=off'),
+        ('retry_jobs', 'enable_bitmapscan=off')
     $$,
-    'Only claim, relay_outbox, the batch settlers and list_jobs should pin settings besides search_path'
+    'Only claim, relay_outbox, the batch settlers, list_jobs and the bulk operations should pin settings besides '
+    'search_path'
 );
 
 -- Parameter names and defaults: callers use named notation, so both are API -----------------
@@ -860,7 +886,23 @@ INSERT INTO api_param (fn, arguments) VALUES
 (
     'list_jobs',
     'state text DEFAULT NULL::text, queue text DEFAULT NULL::text, before_id bigint DEFAULT NULL::bigint, '
-    'max_rows integer DEFAULT 50'
+    'max_rows integer DEFAULT 50, name text DEFAULT NULL::text'
+),
+(
+    'cancel_jobs',
+    'queue text DEFAULT NULL::text, name text DEFAULT NULL::text, state text DEFAULT NULL::text, '
+    'tenant_id text DEFAULT NULL::text, '
+    'created_before timestamp with time zone DEFAULT NULL::timestamp with time zone, '
+    'created_after timestamp with time zone DEFAULT NULL::timestamp with time zone, '
+    'max_rows integer DEFAULT NULL::integer, dry_run boolean DEFAULT false'
+),
+(
+    'retry_jobs',
+    'queue text DEFAULT NULL::text, name text DEFAULT NULL::text, state text DEFAULT NULL::text, '
+    'tenant_id text DEFAULT NULL::text, '
+    'created_before timestamp with time zone DEFAULT NULL::timestamp with time zone, '
+    'created_after timestamp with time zone DEFAULT NULL::timestamp with time zone, '
+    'max_rows integer DEFAULT NULL::integer, dry_run boolean DEFAULT false'
 ),
 ('pause_queue', 'queue text'),
 ('resume_queue', 'queue text'),

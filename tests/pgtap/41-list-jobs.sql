@@ -1,9 +1,10 @@
--- x_jobs.list_jobs: the operator's listing, newest first, per state and queue, paged by before_id.
+-- x_jobs.list_jobs: the operator's listing, newest first, per state, queue and job name, paged by
+-- before_id.
 -- Each kind of state reads its own index (dead, failed and cancelled rows job_ended_idx, done and
 -- all rows the primary key), so every state is listed here, with rows of the other states and
 -- queues between its own.
 BEGIN;
-SELECT plan(12);
+SELECT plan(15);
 
 -- Five rows of each state, enqueued round-robin over the states, so that each state's rows lie
 -- between those of the others: rounds 1-3 in t41-a, rounds 4-5 in t41-b. Rows are set to their
@@ -121,6 +122,33 @@ SELECT set_eq(
     CROSS JOIN LATERAL (SELECT s.state, q.queue) AS a
     $$,
     'Paging one row at a time with before_id should answer each row of a state and queue once, newest first'
+);
+
+-- Each state's rows are of one job name, t41_<state>: a name alone, and with a state and queue.
+SELECT set_eq(
+    $$
+    SELECT s.state, ARRAY(SELECT l.id FROM x_jobs.list_jobs(name => 't41_' || s.state) AS l)
+    FROM unnest(pg_catalog.enum_range(NULL::x_jobs.job_state)::text[]) AS s (state)
+    $$,
+    $$
+    SELECT s.state, ARRAY(SELECT w.id FROM want AS w WHERE w.state = s.state ORDER BY w.id DESC)
+    FROM unnest(pg_catalog.enum_range(NULL::x_jobs.job_state)::text[]) AS s (state)
+    $$,
+    'list_jobs of a job name should answer that name''s rows of every state and queue, newest first'
+);
+
+SELECT results_eq(
+    $$
+    SELECT l.id
+    FROM x_jobs.list_jobs(state => 'dead', queue => 't41-a', name => 't41_dead', before_id => NULL, max_rows => 2) AS l
+    $$,
+    $$ VALUES (tap_helpers.jid('dead-3')), (tap_helpers.jid('dead-2')) $$,
+    'list_jobs of a name, a state and a queue should answer the rows with all three, a page at a time'
+);
+
+SELECT is_empty(
+    $$ SELECT * FROM x_jobs.list_jobs(state => 'dead', name => 't41_ready') $$,
+    'list_jobs should answer nothing for a name none of the state''s rows has'
 );
 
 SELECT results_eq(

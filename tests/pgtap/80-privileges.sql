@@ -7,7 +7,7 @@
 -- runs under SET ROLE and ends with RESET ROLE. The clock is moved with SET LOCAL "x_jobs.fake_now",
 -- which only a superuser's session may do (the last block).
 BEGIN;
-SELECT plan(110);
+SELECT plan(118);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
@@ -54,6 +54,20 @@ SELECT throws_ok(
     '42501',
     'permission denied for function cancel',
     'A producer should not be able to cancel'
+);
+
+SELECT throws_ok(
+    $$SELECT x_jobs.cancel_jobs(queue => 't80-q')$$,
+    '42501',
+    'permission denied for function cancel_jobs',
+    'A producer should not be able to cancel jobs by filter'
+);
+
+SELECT throws_ok(
+    $$SELECT x_jobs.retry_jobs(queue => 't80-q')$$,
+    '42501',
+    'permission denied for function retry_jobs',
+    'A producer should not be able to retry jobs by filter'
 );
 
 -- 0.3.6: enqueue runs as its owner and a producer has no right on x_jobs.job, so it reads no
@@ -156,6 +170,20 @@ SELECT throws_ok(
 );
 
 SELECT throws_ok(
+    $$SELECT x_jobs.cancel_jobs(queue => 't80-q', dry_run => TRUE)$$,
+    '42501',
+    'permission denied for function cancel_jobs',
+    'A worker should not be able to cancel jobs by filter, not even count them'
+);
+
+SELECT throws_ok(
+    $$SELECT x_jobs.retry_jobs(queue => 't80-q', dry_run => TRUE)$$,
+    '42501',
+    'permission denied for function retry_jobs',
+    'A worker should not be able to retry jobs by filter, not even count them'
+);
+
+SELECT throws_ok(
     $$SELECT x_jobs.purge('0 seconds')$$,
     '42501',
     'permission denied for function purge',
@@ -240,6 +268,31 @@ SELECT
     )
 FROM x_jobs.job AS k
 WHERE k.name = 't80_p3';
+
+-- By filter: p3 is ready again, cancelled once more and retried back.
+SELECT is(
+    x_jobs.cancel_jobs(queue => 't80-q', name => 't80_p3', dry_run => TRUE),
+    1::bigint,
+    'An admin should be able to count the jobs a cancel by filter would cancel'
+);
+
+SELECT is(
+    x_jobs.cancel_jobs(queue => 't80-q', name => 't80_p3'),
+    1::bigint,
+    'An admin should be able to cancel jobs by filter'
+);
+
+SELECT is(
+    x_jobs.retry_jobs(queue => 't80-q', state => 'cancelled'),
+    1::bigint,
+    'An admin should be able to retry jobs by filter (the steps and counters it touches included)'
+);
+
+SELECT results_eq(
+    $$SELECT name, state::text FROM x_jobs.list_jobs(queue => 't80-q', name => 't80_p3')$$,
+    $$VALUES ('t80_p3', 'ready')$$,
+    'An admin should be able to list the jobs of one name'
+);
 
 SELECT is(x_jobs.pause_queue('t80-q'), TRUE, 'An admin should be able to pause a queue');
 

@@ -8,20 +8,23 @@ import json
 import logging
 import os
 import re
+import select
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
-from conftest import Conn, fresh_database
+from conftest import DEADLINE_SECONDS, Conn, fresh_database
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from typer.testing import CliRunner, Result
 
+from x_jobs import cli as cli_module
 from x_jobs import errors
 from x_jobs.cli import cli
 from x_jobs.maintenance import MAX_AGE, PURGES, parse_age
@@ -636,6 +639,267 @@ def test_jobs_retry_and_cancel_change_the_row(dsn: str, conn: Conn) -> None:
     back = as_json(x_jobs("jobs", "retry", str(job_id), "--json", "--dsn", dsn))
     assert back == {"id": job_id, "retried": True, "state": "ready"}
     assert row() == ("ready", 0, None)
+
+
+def _bulk_fixture(dsn: str, conn: Conn) -> dict[str, list[int]]:
+    """Jobs of two queues and names: mail's ready (two of send_email, one of digest), media's
+    one ready; and a dead send_email of mail."""
+    made = {
+        "mail": [enqueue(dsn, "send_email", "--queue", "mail") for _ in range(2)],
+        "digest": [enqueue(dsn, "digest", "--queue", "mail")],
+        "media": [enqueue(dsn, "thumbnail", "--queue", "media")],
+        "dead": [enqueue(dsn, "send_email", "--queue", "mail", "--max-attempts", "1")],
+    }
+    conn.execute(
+        "SELECT x_jobs.claim(queues => ARRAY['mail'], worker => 'w1', qty => 10)"
+    )  # every ready job of mail; those that are not dead are handed back below
+    conn.execute("SELECT x_jobs.fail(id => %s, worker => 'w1', error => 'boom')", [made["dead"][0]])
+    conn.execute(
+        "SELECT x_jobs.release(ids => %s::bigint[], worker => 'w1')",
+        [made["mail"] + made["digest"]],
+    )
+    return made
+
+
+def _job_states(conn: Conn, ids: list[int]) -> list[str]:
+    rows = conn.execute(
+        "SELECT state::text FROM x_jobs.job WHERE id = ANY (%s) ORDER BY id", [ids]
+    ).fetchall()
+    return [str(row[0]) for row in rows]
+
+
+def test_jobs_cancel_and_retry_by_filter(dsn: str, conn: Conn) -> None:
+    made = _bulk_fixture(dsn, conn)
+    assert _job_states(conn, made["dead"]) == ["dead"]
+
+    cancelled = succeeded(
+        x_jobs("jobs", "cancel", "--queue", "mail", "--name", "send_email", "--yes", "--dsn", dsn)
+    )
+    assert cancelled.stdout.strip() == "2 jobs cancelled"
+    assert _job_states(conn, made["mail"]) == ["cancelled", "cancelled"]
+    assert _job_states(conn, made["digest"] + made["media"] + made["dead"]) == [
+        "ready",
+        "ready",
+        "dead",
+    ]
+
+    doc = as_json(x_jobs("jobs", "cancel", "--queue", "mail", "--yes", "--json", "--dsn", dsn))
+    assert doc == {"cancelled": 1}
+    nothing = succeeded(x_jobs("jobs", "cancel", "--queue", "mail", "--yes", "--dsn", dsn))
+    assert nothing.stdout.strip() == "no job to cancel matches queue=mail; nothing changed"
+    assert as_json(x_jobs("jobs", "cancel", "--queue", "mail", "--json", "--dsn", dsn)) == {
+        "cancelled": 0
+    }  # nothing to confirm: no --yes needed
+
+    # A bare retry of the queue takes its dead job, not those cancelled on purpose.
+    retried = succeeded(x_jobs("jobs", "retry", "--queue", "mail", "--yes", "--dsn", dsn))
+    assert retried.stdout.strip() == "1 job retried"
+    assert _job_states(conn, made["dead"]) == ["ready"]
+    assert _job_states(conn, made["mail"]) == ["cancelled", "cancelled"]
+    doc = as_json(
+        x_jobs(
+            "jobs",
+            "retry",
+            "--queue",
+            "mail",
+            "--state",
+            "cancelled",
+            "--yes",
+            "--json",
+            "--dsn",
+            dsn,
+        )
+    )
+    assert doc == {"retried": 3}
+    assert _job_states(conn, made["mail"] + made["digest"]) == ["ready"] * 3
+
+    # The database's refusals of a filter: exit 1, its code and hint.
+    refused = failed(x_jobs("jobs", "cancel", "--state", "done", "--yes", "--dsn", dsn), 1)
+    line, hint = one_line_and_hint(refused)
+    assert line == "x-jobs: X_STATE_NOT_ALLOWED: cannot cancel jobs that are done"
+    assert hint.startswith("hint: Cancel jobs that are ready, delayed, suspended or running")
+    refused = failed(
+        x_jobs(
+            "jobs",
+            "retry",
+            "--created-after",
+            "2030-01-02T00:00:00+00:00",
+            "--created-before",
+            "2030-01-01T00:00:00+00:00",
+            "--yes",
+            "--json",
+            "--dsn",
+            dsn,
+        ),
+        1,
+    )
+    assert json.loads(refused.stdout)["error"]["code"] == "X_RANGE_EMPTY"
+
+
+def test_jobs_cancel_by_filter_without_a_terminal_needs_yes(dsn: str, conn: Conn) -> None:
+    made = _bulk_fixture(dsn, conn)
+    refused = failed(x_jobs("jobs", "cancel", "--queue", "mail", "--dsn", dsn), 2)
+    line, hint = one_line_and_hint(refused)
+    assert line == (
+        "x-jobs: X_USAGE: cancelling 3 jobs matching queue=mail needs a confirmation, and stdin"
+        " is not a terminal"
+    )
+    assert hint == "hint: Pass --yes to cancel them without asking."
+    doc = json.loads(
+        failed(x_jobs("jobs", "retry", "--state", "dead", "--json", "--dsn", dsn), 2).stdout
+    )
+    assert doc["error"]["code"] == "X_USAGE"
+    assert doc["error"]["message"].startswith("X_USAGE: retrying 1 job matching state=dead ")
+    assert _job_states(conn, made["mail"] + made["digest"] + made["dead"]) == [
+        "ready",
+        "ready",
+        "ready",
+        "dead",
+    ]
+
+
+def test_jobs_cancel_by_filter_works_in_batches(
+    dsn: str, conn: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = [enqueue(dsn, "many", "--queue", "bulk") for _ in range(7)]
+    monkeypatch.setattr(cli_module, "BULK_BATCH", 2)
+    done = succeeded(x_jobs("jobs", "cancel", "--queue", "bulk", "--yes", "--dsn", dsn))
+    assert done.stdout.strip() == "7 jobs cancelled"
+    assert _job_states(conn, ids) == ["cancelled"] * 7
+
+
+def test_jobs_cancel_ids_and_filters_are_not_mixed(dsn: str) -> None:
+    job_id = enqueue(dsn, "one")
+    for args in (
+        ["jobs", "cancel", str(job_id), "--queue", "default"],
+        ["jobs", "retry", str(job_id), "--state", "dead"],
+        ["jobs", "cancel"],
+        ["jobs", "retry"],
+    ):
+        result = failed(x_jobs(*args, "--json", "--dsn", dsn), 2)
+        assert json.loads(result.stdout)["error"]["code"] == "X_USAGE", args
+
+
+def test_jobs_cancel_and_retry_several_ids(dsn: str, conn: Conn) -> None:
+    first, second = enqueue(dsn, "a"), enqueue(dsn, "b")
+    both = succeeded(x_jobs("jobs", "cancel", str(first), str(second), "--dsn", dsn))
+    assert both.stdout.splitlines() == [f"job {first} cancelled", f"job {second} cancelled"]
+    doc = as_json(x_jobs("jobs", "retry", str(first), str(second), "--json", "--dsn", dsn))
+    assert doc == {
+        "jobs": [
+            {"id": first, "retried": True, "state": "ready"},
+            {"id": second, "retried": True, "state": "ready"},
+        ]
+    }
+    # One refusal changes none of them: the ids go in one transaction.
+    refused = failed(x_jobs("jobs", "cancel", str(first), "424242", "--dsn", dsn), 1)
+    assert one_line_and_hint(refused)[0] == "x-jobs: X_JOB_NOT_FOUND: no job has id 424242"
+    assert _job_states(conn, [first, second]) == ["ready", "ready"]
+
+
+def test_jobs_cancel_by_created_time_reads_a_time_without_offset_in_the_sessions_zone(
+    dsn: str, conn: Conn
+) -> None:
+    early, late = enqueue(dsn, "early"), enqueue(dsn, "late")
+    conn.execute(
+        "UPDATE x_jobs.job SET created_at = CASE id WHEN %s THEN %s::timestamptz"
+        " ELSE %s::timestamptz END WHERE id IN (%s, %s)",
+        [early, "2030-01-01 00:30:00+00", "2030-01-01 01:30:00+00", early, late],
+    )
+    # 02:00 at UTC+1 is 01:00 UTC: only the early job was created before it.
+    env = {"PGTZ": "Etc/GMT-1"}
+    args = ["jobs", "cancel", "--created-before", "2030-01-01T02:00:00", "--yes", "--dsn", dsn]
+    assert succeeded(x_jobs(*args, env=env)).stdout.strip() == "1 job cancelled"
+    assert _job_states(conn, [early, late]) == ["cancelled", "ready"]
+
+
+def _read_until(fd: int, marker: bytes) -> bytes:
+    """What the terminal ``fd`` prints up to ``marker`` (fails after the test deadline)."""
+    seen = b""
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    while marker not in seen:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no {marker!r} on the terminal, only {seen!r}"
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            seen += os.read(fd, 4096)
+    return seen
+
+
+@pytest.mark.parametrize("answer", ["y", "n"])
+def test_jobs_cancel_by_filter_asks_on_a_terminal(dsn: str, conn: Conn, answer: str) -> None:
+    """On a terminal, the count and a question; only the jobs counted are cancelled, even if
+    more match by the time the answer comes."""
+    counted = [enqueue(dsn, "send_email", "--queue", "mail") for _ in range(3)]
+    env = {**os.environ, "DATABASE_URL": dsn}
+    terminal, child_end = os.openpty()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "x_jobs", "jobs", "cancel", "--queue", "mail"],
+            env=env,
+            stdin=child_end,
+            stderr=child_end,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        os.close(child_end)
+        shown = _read_until(terminal, b"[y/N]")
+        assert b"Cancel 3 jobs matching queue=mail? [y/N]" in shown
+        meanwhile = enqueue(dsn, "send_email", "--queue", "mail")
+        os.write(terminal, f"{answer}\n".encode())
+        out, _ = proc.communicate(timeout=DEADLINE_SECONDS)
+    finally:
+        os.close(terminal)
+    assert proc.returncode == 0
+    if answer == "y":
+        assert out.strip() == "3 jobs cancelled"
+        assert _job_states(conn, [*counted, meanwhile]) == ["cancelled"] * 3 + ["ready"]
+    else:
+        assert out.strip() == "nothing changed"
+        assert _job_states(conn, [*counted, meanwhile]) == ["ready"] * 4
+
+
+def test_jobs_list_by_name(dsn: str) -> None:
+    wanted = [enqueue(dsn, "send_email", "--queue", q) for q in ("mail", "mail", "other")]
+    enqueue(dsn, "digest", "--queue", "mail")
+    listing = succeeded(x_jobs("jobs", "list", "--name", "send_email", "--dsn", dsn))
+    assert listed_ids(listing.stdout) == wanted[::-1]
+    doc = as_json(
+        x_jobs("jobs", "list", "--name", "send_email", "--queue", "mail", "--json", "--dsn", dsn)
+    )
+    assert [job["id"] for job in doc["jobs"]] == wanted[1::-1]
+    page = succeeded(x_jobs("jobs", "list", "--name", "send_email", "--limit", "1", "--dsn", dsn))
+    assert f"next page: x-jobs jobs list --name send_email --limit 1 --before {wanted[2]}" in (
+        page.stdout
+    )
+
+
+@pytest.fixture
+def old_dsn(admin: Conn) -> Iterator[str]:
+    """A database of this test's own with x_jobs 0.3.9, the last version without bulk
+    operations."""
+    with fresh_database(admin, "template1", prefix="x_jobs_old") as conninfo:
+        with psycopg.connect(conninfo, autocommit=True) as old:
+            old.execute("CREATE EXTENSION x_jobs VERSION '0.3.9'")
+        yield conninfo
+
+
+def test_bulk_forms_on_a_0_3_database_are_refused_and_ids_still_work(old_dsn: str) -> None:
+    job_id = enqueue(old_dsn, "old")
+    for args in (
+        ["jobs", "list", "--name", "old"],
+        ["jobs", "cancel", "--queue", "default", "--yes"],
+        ["jobs", "retry", "--state", "dead", "--yes"],
+    ):
+        result = failed(x_jobs(*args, "--dsn", old_dsn), 2)
+        line, hint = one_line_and_hint(result)
+        assert line.startswith("x-jobs: X_VERSION_UNSUPPORTED: "), args
+        assert "needs x_jobs 0.4.0 or later, the database has 0.3.9" in line
+        assert "ALTER EXTENSION x_jobs UPDATE" in hint
+    listing = succeeded(x_jobs("jobs", "list", "--dsn", old_dsn))
+    assert listed_ids(listing.stdout) == [job_id]
+    cancelled = succeeded(x_jobs("jobs", "cancel", str(job_id), "--dsn", old_dsn))
+    assert cancelled.stdout.strip() == f"job {job_id} cancelled"
 
 
 def test_queues_shows_counts_and_pause_resume_toggle_paused(dsn: str, conn: Conn) -> None:

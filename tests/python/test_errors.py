@@ -71,6 +71,14 @@ def test_a_refusal_becomes_its_typed_error(conn: Conn) -> None:
         ("SELECT x_jobs.enqueue('a', run_at => 'infinity')", errors.TimeInvalid),
         ("SELECT x_jobs.enqueue('a', idempotency_key => repeat('k', 401))", errors.JobsInvalid),
         ("SELECT * FROM x_jobs.claim(ARRAY['default'], repeat('w', 401))", errors.WorkerInvalid),
+        ("SELECT x_jobs.cancel_jobs(state => 'done')", errors.StateNotAllowed),
+        ("SELECT x_jobs.retry_jobs(state => 'ready')", errors.StateNotAllowed),
+        ("SELECT x_jobs.retry_jobs(state => 'gone')", errors.StateUnknown),
+        ("SELECT x_jobs.cancel_jobs(max_rows => 0)", errors.QtyInvalid),
+        (
+            "SELECT x_jobs.retry_jobs(created_after => now(), created_before => now())",
+            errors.RangeEmpty,
+        ),
     ],
 )
 def test_every_kind_of_refusal_translates(
