@@ -209,6 +209,12 @@ class SettingInvalid(XJobsError):
     code, sqlstate = "X_SETTING_INVALID", "XJ040"
 
 
+class MaxAgeInvalid(InvalidArgument):
+    """A ``queue_gauges`` max_age that is missing, negative, or longer than a day."""
+
+    code, sqlstate = "X_MAX_AGE_INVALID", "XJ051"
+
+
 class EnqueueRace(XJobsError):
     """The call lost a race it cannot settle by itself; calling it again succeeds."""
 
