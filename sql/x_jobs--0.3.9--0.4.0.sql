@@ -98,13 +98,15 @@ CREATE TABLE x_jobs.queue_snapshot (
 -- never session-level, so the function works behind PgBouncer in transaction mode (a session
 -- lock would stay with whichever client the server connection serves next). A snapshot taken in
 -- the future of the caller's clock by more than max_age (a test clock moved back) is stale too.
+-- `queues` are answered even when the snapshot lists them not (no live row, no pause), at 0, with
+-- when the snapshot was taken: a worker asks for its own, and shows them at 0 rather than not.
 -- A read-only transaction (a hot standby) can store nothing: a stale snapshot is counted again
 -- for that caller alone. A caller in REPEATABLE READ may count once more than needed, nothing
 -- worse.
 --
 -- SECURITY DEFINER: workers and monitoring roles (pg_monitor) get the counts and store the
 -- snapshot without any right on the tables, nor a sight of job inputs. search_path is pinned.
-CREATE FUNCTION x_jobs.queue_gauges(max_age interval DEFAULT '15 seconds')
+CREATE FUNCTION x_jobs.queue_gauges(max_age interval DEFAULT '15 seconds', queues text[] DEFAULT NULL)
 RETURNS TABLE (
     queue text,
     ready bigint,
@@ -152,14 +154,19 @@ BEGIN
         END IF;
     END IF;
     RETURN QUERY
-    SELECT r.queue, r.ready, r.delayed, r.suspended, r.running, r.paused, r.demand, v_taken
+    SELECT coalesce(r.queue, w.queue), coalesce(r.ready, 0), coalesce(r.delayed, 0), coalesce(r.suspended, 0),
+           coalesce(r.running, 0), coalesce(r.paused, FALSE), coalesce(r.demand, 0), v_taken
     FROM pg_catalog.jsonb_to_recordset(coalesce(v_stats, '[]')) AS r (
         queue text, ready bigint, delayed bigint, suspended bigint, running bigint, paused boolean, demand bigint
     )
-    ORDER BY r.queue COLLATE "C";
+    FULL JOIN (
+        SELECT DISTINCT u.queue FROM pg_catalog.unnest(queue_gauges.queues) AS u (queue)
+        WHERE u.queue IS NOT NULL
+    ) AS w ON w.queue = r.queue
+    ORDER BY coalesce(r.queue, w.queue) COLLATE "C";
 END
 $$;
 
-GRANT EXECUTE ON FUNCTION x_jobs.queue_gauges(interval) TO x_jobs_worker, pg_monitor;
-REVOKE ALL ON FUNCTION x_jobs.queue_gauges(interval) FROM public;
+GRANT EXECUTE ON FUNCTION x_jobs.queue_gauges(interval, text[]) TO x_jobs_worker, pg_monitor;
+REVOKE ALL ON FUNCTION x_jobs.queue_gauges(interval, text[]) FROM public;
 REVOKE ALL ON TABLE x_jobs.queue_snapshot FROM public;

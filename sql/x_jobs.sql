@@ -4468,13 +4468,15 @@ $$;
 -- never session-level, so the function works behind PgBouncer in transaction mode (a session
 -- lock would stay with whichever client the server connection serves next). A snapshot taken in
 -- the future of the caller's clock by more than max_age (a test clock moved back) is stale too.
+-- `queues` are answered even when the snapshot lists them not (no live row, no pause), at 0, with
+-- when the snapshot was taken: a worker asks for its own, and shows them at 0 rather than not.
 -- A read-only transaction (a hot standby) can store nothing: a stale snapshot is counted again
 -- for that caller alone. A caller in REPEATABLE READ may count once more than needed, nothing
 -- worse.
 --
 -- SECURITY DEFINER: workers and monitoring roles (pg_monitor) get the counts and store the
 -- snapshot without any right on the tables, nor a sight of job inputs. search_path is pinned.
-CREATE FUNCTION x_jobs.queue_gauges(max_age interval DEFAULT '15 seconds')
+CREATE FUNCTION x_jobs.queue_gauges(max_age interval DEFAULT '15 seconds', queues text[] DEFAULT NULL)
 RETURNS TABLE (
     queue text,
     ready bigint,
@@ -4522,11 +4524,16 @@ BEGIN
         END IF;
     END IF;
     RETURN QUERY
-    SELECT r.queue, r.ready, r.delayed, r.suspended, r.running, r.paused, r.demand, v_taken
+    SELECT coalesce(r.queue, w.queue), coalesce(r.ready, 0), coalesce(r.delayed, 0), coalesce(r.suspended, 0),
+           coalesce(r.running, 0), coalesce(r.paused, FALSE), coalesce(r.demand, 0), v_taken
     FROM pg_catalog.jsonb_to_recordset(coalesce(v_stats, '[]')) AS r (
         queue text, ready bigint, delayed bigint, suspended bigint, running bigint, paused boolean, demand bigint
     )
-    ORDER BY r.queue COLLATE "C";
+    FULL JOIN (
+        SELECT DISTINCT u.queue FROM pg_catalog.unnest(queue_gauges.queues) AS u (queue)
+        WHERE u.queue IS NOT NULL
+    ) AS w ON w.queue = r.queue
+    ORDER BY coalesce(r.queue, w.queue) COLLATE "C";
 END
 $$;
 
@@ -4724,7 +4731,7 @@ GRANT EXECUTE ON FUNCTION x_jobs.complete_many(bigint[], text, jsonb[]) TO x_job
 GRANT EXECUTE ON FUNCTION x_jobs.fail(bigint, text, text, text, interval, boolean) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.announce_worker(text, text[], text, boolean, interval) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.queue_demand() TO x_jobs_worker;
-GRANT EXECUTE ON FUNCTION x_jobs.queue_gauges(interval) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.queue_gauges(interval, text[]) TO x_jobs_worker;
 
 -- Admins: operate the queues and run retention. These functions run as the caller: an admin
 -- holds the rights on the rows they change (before 0.3.6 some came through x_jobs_worker).
@@ -4743,7 +4750,7 @@ GRANT SELECT, INSERT, DELETE ON x_jobs.queue_pause TO x_jobs_admin;
 GRANT SELECT ON x_jobs.worker TO x_jobs_admin;
 
 -- Monitoring: counts only (queue_demand and queue_gauges are SECURITY DEFINER, see above).
-GRANT EXECUTE ON FUNCTION x_jobs.queue_demand(), x_jobs.queue_gauges(interval), x_jobs.now(), x_jobs.version()
+GRANT EXECUTE ON FUNCTION x_jobs.queue_demand(), x_jobs.queue_gauges(interval, text[]), x_jobs.now(), x_jobs.version()
 TO pg_monitor;
 -- Whoever may read the clock may reach its refusal (a monitor's session cannot move it).
 GRANT EXECUTE ON FUNCTION x_jobs._fake_now() TO pg_monitor;

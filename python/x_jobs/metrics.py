@@ -207,7 +207,7 @@ READ_TIMEOUT: LiteralString = "SELECT pg_catalog.set_config('statement_timeout',
 GAUGES: LiteralString = """
     SELECT queue, ready, delayed, suspended, running, paused, demand,
            extract(epoch FROM taken_at)::float8
-    FROM x_jobs.queue_gauges(max_age => %s)
+    FROM x_jobs.queue_gauges(max_age => %s, queues => %s)
 """
 #: The live states, in the order x_jobs.queue_gauges answers them.
 STATES = ("ready", "delayed", "suspended", "running")
@@ -231,9 +231,10 @@ class QueueGauges(Collector):
     ``interval``, on a connection of its own and within a statement timeout of its own, so a
     slow count never holds up a claim; a scrape answers what the last read found. The database
     counts at most once per interval whatever the number of workers: the others are answered
-    its stored snapshot. The queues this worker serves are shown at 0 when the snapshot lists
-    them not (they hold no live row). A read that fails is logged and tried again an interval
-    later; values not read again for three intervals are dropped rather than shown stale.
+    its stored snapshot. The queues this worker serves are asked for by name, so that they show
+    at 0 when they hold no live row (and the snapshot's time comes with them). A read that
+    fails is logged and tried again an interval later; values not read again for three
+    intervals are dropped rather than shown stale.
     """
 
     def __init__(self, dsn: str, queues: Sequence[str], interval: float) -> None:
@@ -305,7 +306,7 @@ class QueueGauges(Collector):
     def _read(self, conn: psycopg.Connection[Any]) -> None:
         with conn.transaction():
             conn.execute(READ_TIMEOUT, [f"{int(self.timeout * 1000)}ms"])
-            rows = conn.execute(GAUGES, [timedelta(seconds=self.interval)]).fetchall()
+            rows = conn.execute(GAUGES, [timedelta(seconds=self.interval), self.queues]).fetchall()
         taken = rows[0][7] if rows else None
         with self._lock:
             self._rows = rows
@@ -343,9 +344,7 @@ class QueueGauges(Collector):
             "When the database took the queue gauges' snapshot (Unix time)",
         )
         if rows is not None:
-            listed = {row[0] for row in rows}
-            zeros = [(q, 0, 0, 0, 0, False, 0) for q in self.queues if q not in listed]
-            for queue, *counts, is_paused, wanted in sorted([*(r[:7] for r in rows), *zeros]):
+            for queue, *counts, is_paused, wanted, _taken in rows:
                 for state, count in zip(STATES, counts, strict=True):
                     jobs.add_metric([queue, state], float(count))
                 paused.add_metric([queue], 1.0 if is_paused else 0.0)

@@ -86,7 +86,7 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
     'so monitoring roles get counts without reading jobs'
 ),
 (
-    'queue_gauges', '{interval}', 'setof record', 'VOLATILE',
+    'queue_gauges', '{interval,text[]}', 'setof record', 'VOLATILE',
     'so workers and monitoring roles get counts, and store the snapshot, without any right on the tables'
 ),
 ('rollup_counters', '{interval,interval,interval}', 'bigint', 'VOLATILE', NULL),
@@ -704,7 +704,7 @@ SELECT is(
     'x_jobs.queue_demand() should answer (queue, demand)'
 );
 SELECT is(
-    pg_catalog.pg_get_function_result('x_jobs.queue_gauges(interval)'::regprocedure),
+    pg_catalog.pg_get_function_result('x_jobs.queue_gauges(interval, text[])'::regprocedure),
     'TABLE(queue text, ready bigint, delayed bigint, suspended bigint, running bigint, paused boolean, '
     'demand bigint, taken_at timestamp with time zone)',
     'x_jobs.queue_gauges() should answer (queue, ready, delayed, suspended, running, paused, demand, taken_at)'
@@ -868,7 +868,7 @@ INSERT INTO api_param (fn, arguments) VALUES
 ),
 ('queue_demand', ''),
 ('queue_stats', ''),
-('queue_gauges', 'max_age interval DEFAULT ''00:00:15''::interval'),
+('queue_gauges', 'max_age interval DEFAULT ''00:00:15''::interval, queues text[] DEFAULT NULL::text[]'),
 (
     'rollup_counters',
     'minutes_for interval DEFAULT ''02:00:00''::interval, hours_for interval DEFAULT ''2 days''::interval, '

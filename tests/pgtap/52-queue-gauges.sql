@@ -4,7 +4,7 @@
 -- never count at once (the second is answered the stored snapshot without waiting) takes two
 -- sessions: tests/python/test_metrics.py.
 BEGIN;
-SELECT plan(14);
+SELECT plan(15);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:00:00+00';
 
@@ -80,7 +80,8 @@ SELECT is(
     'A max_age of 0 should count at every call'
 );
 
--- A clock moved back by more than max_age: the stored snapshot comes from its future.
+-- A clock moved back by more than max_age: the stored snapshot comes from its future. (At 11:00
+-- no ready row is due yet: the demand is the running row alone.)
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 11:00:00+00';
 SELECT is(
     (
@@ -110,6 +111,19 @@ SELECT throws_ok(
     'XJ051',
     'X_MAX_AGE_INVALID: max_age 25:00:00 is outside 0 to 1 day',
     'queue_gauges should refuse a max_age longer than a day'
+);
+
+SELECT results_eq(
+    $$ SELECT g.queue, g.ready, g.delayed, g.suspended, g.running, g.paused, g.demand, g.taken_at
+       FROM x_jobs.queue_gauges(max_age => '15 seconds', queues => ARRAY['t52-none', 't52-b', NULL, 't52-none']) AS g
+       WHERE g.queue LIKE 't52-%' $$,
+    $$ VALUES ('t52-a', 6::bigint, 1::bigint, 0::bigint, 1::bigint, FALSE, 1::bigint,
+               '2030-01-01 11:00:00+00'::timestamptz),
+              ('t52-b', 1::bigint, 0::bigint, 0::bigint, 0::bigint, TRUE, 0::bigint,
+               '2030-01-01 11:00:00+00'::timestamptz),
+              ('t52-none', 0::bigint, 0::bigint, 0::bigint, 0::bigint, FALSE, 0::bigint,
+               '2030-01-01 11:00:00+00'::timestamptz) $$,
+    'queue_gauges should answer the queues asked for at 0, once each, when the snapshot lists them not'
 );
 
 -- Last: a read-only transaction (a hot standby) counts for itself and stores nothing.
