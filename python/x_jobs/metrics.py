@@ -249,6 +249,8 @@ class QueueGauges(Collector):
         self._rows: list[tuple[Any, ...]] = []
         self._taken_at: float | None = None
         self._read_at: float | None = None
+        #: How many reads the database answered: for logs and tests.
+        self.reads = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -312,6 +314,7 @@ class QueueGauges(Collector):
             self._rows = rows
             self._taken_at = taken
             self._read_at = time.monotonic()
+            self.reads += 1
 
     def describe(self) -> list[Metric]:
         return list(self._families())
