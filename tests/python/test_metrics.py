@@ -7,6 +7,7 @@ the database holds, how often the database counts for many workers, where the me
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import shutil
@@ -14,6 +15,7 @@ import socket
 import subprocess
 import tempfile
 import threading
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
@@ -24,7 +26,16 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import Conn, Connect, exposition, free_port, scrape, scrape_families, wait_for
+from conftest import (
+    DEADLINE_SECONDS,
+    Conn,
+    Connect,
+    exposition,
+    free_port,
+    scrape,
+    scrape_families,
+    wait_for,
+)
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 from test_cli import _ends_with_one_line_and_hint, _start
@@ -202,6 +213,65 @@ def test_a_worker_on_a_database_before_0_4_0_has_no_queue_gauges(dsn: str, conn:
             )
             assert gauges_thread.reads == 0
             assert gauges(port) == {}
+    finally:
+        app.close()
+
+
+def test_a_blocked_gauge_read_holds_up_no_claim_and_gives_up_at_its_timeout(
+    dsn: str, connect: Connect, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The snapshot locked away (ACCESS EXCLUSIVE, by the test): the gauges' read waits on the
+    lock, the worker claims and completes jobs meanwhile, the read is cancelled by its own
+    statement timeout (the interval, 1 s here) and tried again, and reads resume once the lock
+    is gone. A lost gauges session is reconnected the same way."""
+    caplog.set_level(logging.WARNING, logger="x_jobs.metrics")
+    app = x_jobs.App(dsn)
+
+    @app.job(name="quick", queue="bq")
+    def quick(input: dict[str, int]) -> int:
+        return input["n"]
+
+    watcher, locker = connect(), connect(autocommit=False)
+    worker = x_jobs.Worker(app, poll_interval=0.05, metrics_port=free_port(), gauge_interval=1)
+    assert worker.metrics.gauges is not None
+    gauge_reads = worker.metrics.gauges
+
+    def gauges_waiting_on_a_lock() -> bool:
+        row = watcher.execute(
+            "SELECT count(*) FROM pg_catalog.pg_stat_activity"
+            " WHERE application_name = 'x_jobs gauges' AND wait_event_type = 'Lock'"
+        ).fetchone()
+        return row == (1,)
+
+    def done() -> int:
+        row = watcher.execute("SELECT count(*) FROM x_jobs.job WHERE state = 'done'").fetchone()
+        return int(row[0]) if row else -1
+
+    try:
+        with running(worker):
+            wait_for(lambda: gauge_reads.reads >= 1, "a first read")
+            locker.execute("LOCK TABLE x_jobs.queue_snapshot IN ACCESS EXCLUSIVE MODE")
+            wait_for(gauges_waiting_on_a_lock, "the gauges' read to wait on the lock")
+            reads = gauge_reads.reads
+            quick.enqueue_many([{"n": n} for n in range(5)])
+            wait_for(lambda: done() == 5, "the jobs to be done while the read waits")
+            wait_for(
+                lambda: any(
+                    "canceling statement due to statement timeout" in getattr(r, "error", "")
+                    for r in caplog.records
+                ),
+                "the read to give up at its statement timeout",
+            )
+            assert gauge_reads.reads == reads
+            locker.rollback()
+            wait_for(lambda: gauge_reads.reads > reads, "the reads to resume")
+            # A gauges session that is lost: the next read reconnects.
+            reads = gauge_reads.reads
+            watcher.execute(
+                "SELECT pg_catalog.pg_terminate_backend(pid) FROM pg_catalog.pg_stat_activity"
+                " WHERE application_name = 'x_jobs gauges'"
+            )
+            wait_for(lambda: gauge_reads.reads >= reads + 2, "the reads to go on")
     finally:
         app.close()
 
@@ -698,7 +768,11 @@ def test_the_readme_queries_answer_through_prometheus(dsn: str, conn: Conn) -> N
                 seen("max by (queue, state) (x_jobs_queue_jobs)", depth, "queue", "state"),
                 "prometheus to see the queue gauges as the database counts",
             )
-            answers = {promql: prometheus.query(promql) for promql in readme_queries()}
+            checks = readme_checks(depth)
+            queries = readme_queries()
+            assert set(queries) == set(checks), "the README's queries and this test's checks differ"
+            for promql in queries:
+                _answers_as_checked(prometheus, promql, checks[promql])
             # The raw series: Prometheus' own job label, ours beside it, no exported_job.
             raw = prometheus.query("x_jobs_settled_total")
             doubled = _one_per(
@@ -719,11 +793,25 @@ def test_the_readme_queries_answer_through_prometheus(dsn: str, conn: Conn) -> N
     # Every worker shows the same gauges: a sum counts them once per worker.
     assert doubled == {key: 2 * value for key, value in depth.items()}
 
-    checks: dict[str, Callable[[dict[frozenset[tuple[str, str]], float]], None]] = {
+
+Answer = dict[frozenset[tuple[str, str]], float]
+
+
+def readme_checks(depth: dict[str, float]) -> dict[str, Callable[[Answer], None]]:
+    """What each README query must answer after the two rounds of
+    test_the_readme_queries_answer_through_prometheus; ``depth``: the live jobs by queue/state
+    as the database counts them."""
+
+    def only(answer: Answer, key: str, *labels: str) -> dict[str, float]:
+        return {k: v for k, v in _one_per(answer, *labels).items() if k == key}
+
+    return {
         'sum by (job_name) (rate(x_jobs_settled_total{state="done"}[5m]))': lambda a: _positive(
             _one_per(a, "job_name"), {"ping"}
         ),
-        settled: lambda a: _equal(_one_per(a, "job_name", "state"), {"ping/done": 20.0}),
+        "sum by (job_name, state) (x_jobs_settled_total)": lambda a: _equal(
+            _one_per(a, "job_name", "state"), {"ping/done": 20.0}
+        ),
         "histogram_quantile(0.95, sum by (job_name, le) (rate(x_jobs_run_seconds_bucket[5m])))": (
             lambda a: _finite(_one_per(a, "job_name"), {"ping"})
         ),
@@ -738,26 +826,39 @@ def test_the_readme_queries_answer_through_prometheus(dsn: str, conn: Conn) -> N
             _one_per(a, "queue"), {"pq-paused": 1.0}
         ),
         "time() - max(x_jobs_queue_snapshot_timestamp_seconds)": _age,
+        # Only ok rose in the second round: the other outcomes' rates may be 0.
         "sum by (topic, outcome) (rate(x_jobs_relay_settled_total[5m]))": lambda a: _positive(
-            {k: v for k, v in _one_per(a, "topic", "outcome").items() if k == "ok/delivered"},
-            {"ok/delivered"},
+            only(a, "ok/delivered", "topic", "outcome"), {"ok/delivered"}
         ),
-        relayed: lambda a: _equal(
+        "sum by (topic, outcome) (x_jobs_relay_settled_total)": lambda a: _equal(
             _one_per(a, "topic", "outcome"),
             {"ok/delivered": 6.0, "bad/dead": 1.0, "flaky/retried": 1.0, "flaky/delivered": 1.0},
         ),
         "histogram_quantile(0.99, sum by (topic, le)"
         " (rate(x_jobs_relay_delivery_seconds_bucket[5m])))": lambda a: _finite(
-            {k: v for k, v in _one_per(a, "topic").items() if k == "ok"}, {"ok"}
+            only(a, "ok", "topic"), {"ok"}
         ),
         "sum(x_jobs_relay_in_flight)": lambda a: _equal(a, {_labels(): 0.0}),
     }
-    assert set(answers) == set(checks), "the README's queries and this test's checks differ"
-    for promql, answer in answers.items():
+
+
+def _answers_as_checked(
+    prometheus: Prometheus,
+    promql: str,
+    check: Callable[[Answer], None],
+) -> None:
+    """Evaluate ``promql`` until its answer passes ``check`` (a scrape may still be on its
+    way); fail with the last answer."""
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    while True:
+        answer = prometheus.query(promql)
         try:
-            checks[promql](answer)
+            check(answer)
+            return
         except AssertionError as err:
-            raise AssertionError(f"{promql}: {answer}") from err
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{promql}: {answer}") from err
+        time.sleep(0.2)
 
 
 def readme_queries() -> list[str]:
