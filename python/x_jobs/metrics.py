@@ -105,7 +105,7 @@ class WorkerMetrics:
         self._settled = Counter(
             "x_jobs_settled",
             "Jobs settled, by the state the row is in afterwards (done, delayed/ready for a retry, "
-            "dead, failed), or lost, released or suspended",
+            "dead, failed), or cancelled, lost, released or suspended",
             ["job_name", "state"],
             registry=self.registry,
         )
