@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import timedelta
 from itertools import accumulate
 from typing import Any, LiteralString
@@ -37,6 +37,9 @@ DEFAULT_HOST = "0.0.0.0"
 
 #: How often a worker reads the queue gauges, seconds; the snapshot may be that old.
 GAUGE_INTERVAL = 15.0
+
+#: The settled states whose series a declared job shows at 0 from the start (see declare).
+DECLARED_STATES = ("done", "dead", "failed")
 
 
 class MetricsPortUnavailable(ClientError):
@@ -128,6 +131,17 @@ class WorkerMetrics:
         """Start reading the queue gauges (the worker connected: the database is there)."""
         if self.gauges is not None:
             self.gauges.start()
+
+    def declare(self, jobs: Iterable[str]) -> None:
+        """Show the series of these job names at 0 before anything happens to them (claimed,
+        done, dead, failed, the run times): a series that first appears at 1 has no increase
+        for rate() and increase() to see, so the first job done, or the first dead one an alert
+        waits for, would go unseen."""
+        for job in jobs:
+            self._child(self._claimed, job)
+            for state in DECLARED_STATES:
+                self._child(self._settled, job, state)
+            self._seconds.observe(job, ())
 
     def claimed(self, job: str, n: int = 1) -> None:
         self._child(self._claimed, job).inc(n)
@@ -365,7 +379,8 @@ DELIVERED, RETRIED, DEAD, LOST = "delivered", "retried", "dead", "lost"
 
 class RelayMetrics:
     """x_jobs_relay_claimed_total{topic}, x_jobs_relay_settled_total{topic,outcome},
-    x_jobs_relay_delivery_seconds{topic} and x_jobs_relay_in_flight."""
+    x_jobs_relay_delivery_seconds{topic} and x_jobs_relay_in_flight. The ``topics`` named (those
+    with a sink of their own) show at 0 from the start, as a worker's declared jobs do."""
 
     def __init__(
         self,
@@ -373,6 +388,7 @@ class RelayMetrics:
         host: str = DEFAULT_HOST,
         *,
         in_flight: Callable[[], float] | None = None,
+        topics: Iterable[str] = (),
     ) -> None:
         self.registry = CollectorRegistry()
         self._claimed = Counter(
@@ -401,6 +417,11 @@ class RelayMetrics:
         if in_flight is not None:
             gauge.set_function(in_flight)
         self._child = _Children()
+        for topic in topics:
+            self._child(self._claimed, topic)
+            self._child(self._seconds, topic)
+            for outcome in (DELIVERED, RETRIED, DEAD):
+                self._child(self._settled, topic, outcome)
         self._server: Any = None
         if port is not None:
             self._server = serve(self.registry, port, host)

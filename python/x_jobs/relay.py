@@ -242,7 +242,10 @@ class Relay:
         self.failed = 0
         #: Served at metrics_host:metrics_port when a port is given (see x_jobs.metrics).
         self.metrics = RelayMetrics(
-            metrics_port, metrics_host, in_flight=lambda: float(self._in_flight)
+            metrics_port,
+            metrics_host,
+            in_flight=lambda: float(self._in_flight),
+            topics=[topic for topic in app.outbox.sinks if topic != "*"],
         )
 
     # --- public -------------------------------------------------------------------------------

@@ -360,6 +360,7 @@ class Worker:
             queues=self.queues,
             gauge_interval=seconds(gauge_interval),
         )
+        self.metrics.declare(name for name, job in app.jobs.items() if job.queue in self.queues)
         self._patience = patience(self.lease)
         self._step_store = StepStore(app.dsn, concurrency, patience=self._patience)
 
