@@ -20,6 +20,10 @@
 --     name, state, tenant, created range), in bounded batches; list_jobs takes a job name (a new
 --     parameter, so it is dropped and created again). New refusals XJ044 X_STATE_NOT_ALLOWED
 --     and XJ045 X_RANGE_EMPTY.
+--   * Metrics: x_jobs.queue_gauges(max_age), the live rows per queue and state for the workers'
+--     gauges, counted at most once per max_age however many workers ask, from a one-row
+--     snapshot table x_jobs.queue_snapshot; granted to x_jobs_worker and pg_monitor. Its
+--     refusal XJ051 X_MAX_AGE_INVALID joins error_codes().
 
 -- The roles. Roles belong to the whole server, so a second database finds them made and linked
 -- and its install only checks them.
@@ -331,6 +335,7 @@ AS $$
         ('XJ042', 'X_ROLES_MISSING', 'x-jobs install by a role that may not create or link the missing x_jobs roles; the hint lists what an administrator runs first.'),
         ('XJ044', 'X_STATE_NOT_ALLOWED', 'cancel_jobs was asked for a state that is not live, or retry_jobs for one that is not dead, failed or cancelled.'),
         ('XJ045', 'X_RANGE_EMPTY', 'cancel_jobs or retry_jobs got a created_after at or after its created_before.'),
+        ('XJ051', 'X_MAX_AGE_INVALID', 'A queue_gauges max_age is missing, negative, or longer than a day.'),
         ('40001', 'X_ENQUEUE_RACE', 'An idempotency key kept changing hands during enqueue; retry the call.')
 $$;
 
@@ -990,6 +995,105 @@ GRANT EXECUTE ON FUNCTION x_jobs.cancel_jobs(
 GRANT EXECUTE ON FUNCTION x_jobs.retry_jobs(
     text, text, text, text, timestamptz, timestamptz, integer, boolean
 ) TO x_jobs_admin;
+
+-- The last count queue_gauges took, in one row: when, and what queue_stats answered then (a JSON
+-- array of its rows). A cache, not data: pg_dump leaves its row out, and a restored database
+-- counts afresh at its first read.
+CREATE TABLE x_jobs.queue_snapshot (
+    only_row boolean NOT NULL DEFAULT TRUE,
+    taken_at timestamptz NOT NULL,
+    stats jsonb NOT NULL,
+    CONSTRAINT queue_snapshot_pkey PRIMARY KEY (only_row),
+    CONSTRAINT queue_snapshot_one_row CHECK (only_row)
+);
+
+-- Per queue, what queue_stats answers (live rows by state, paused, demand) from a snapshot at most
+-- `max_age` old, and when that snapshot was taken: what the workers' metrics gauges read. Every
+-- worker reads it once per its own interval, so fifty workers would count fifty times as often as
+-- one; this counts at most once per max_age, however many ask.
+--
+-- A caller that finds the stored snapshot fresh is answered from it, a JSON document of a row:
+-- no job row is read. One that finds it stale takes a transaction-scoped advisory lock WITHOUT
+-- WAITING; holding it, it reads the snapshot again (one who held the lock just before may have
+-- stored a fresh one: in READ COMMITTED each statement sees what committed before it), counts
+-- when it is still stale, and stores the count. A caller that finds the lock taken (another is
+-- counting now) is answered the stored snapshot as it is, older than max_age by at most one
+-- count: nobody waits on a count, and two never count at once. The lock is transaction-scoped,
+-- never session-level, so the function works behind PgBouncer in transaction mode (a session
+-- lock would stay with whichever client the server connection serves next). A snapshot taken in
+-- the future of the caller's clock by more than max_age (a test clock moved back) is stale too.
+-- `queues` are answered even when the snapshot lists them not (no live row, no pause), at 0, with
+-- when the snapshot was taken: a worker asks for its own, and shows them at 0 rather than not.
+-- A read-only transaction (a hot standby) can store nothing: a stale snapshot is counted again
+-- for that caller alone. A caller in REPEATABLE READ may count once more than needed, nothing
+-- worse.
+--
+-- SECURITY DEFINER: workers and monitoring roles (pg_monitor) get the counts and store the
+-- snapshot without any right on the tables, nor a sight of job inputs. search_path is pinned.
+CREATE FUNCTION x_jobs.queue_gauges(max_age interval DEFAULT '15 seconds', queues text[] DEFAULT NULL)
+RETURNS TABLE (
+    queue text,
+    ready bigint,
+    delayed bigint,
+    suspended bigint,
+    running bigint,
+    paused boolean,
+    demand bigint,
+    taken_at timestamptz
+)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := x_jobs.now();
+    v_taken timestamptz;
+    v_stats jsonb;
+BEGIN
+    IF queue_gauges.max_age IS NULL OR queue_gauges.max_age < interval '0'
+        OR queue_gauges.max_age > interval '1 day' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ051',
+            MESSAGE = pg_catalog.format('X_MAX_AGE_INVALID: max_age %s is outside 0 to 1 day',
+                coalesce(queue_gauges.max_age::text, 'NULL')),
+            HINT = 'Pass how old the snapshot may be, from ''0'' (count now) to ''1 day'', such as ''15 seconds''.';
+    END IF;
+    SELECT s.taken_at, s.stats INTO v_taken, v_stats FROM x_jobs.queue_snapshot AS s;
+    IF v_taken IS NULL OR v_taken <= v_now - queue_gauges.max_age OR v_taken >= v_now + queue_gauges.max_age THEN
+        IF pg_catalog.current_setting('transaction_read_only')::boolean THEN
+            v_taken := v_now;
+            v_stats := (SELECT pg_catalog.jsonb_agg(pg_catalog.to_jsonb(q)) FROM x_jobs.queue_stats() AS q);
+        ELSIF pg_catalog.pg_try_advisory_xact_lock(2024061751, 0) THEN
+            SELECT s.taken_at, s.stats INTO v_taken, v_stats FROM x_jobs.queue_snapshot AS s;
+            IF v_taken IS NULL OR v_taken <= v_now - queue_gauges.max_age
+                OR v_taken >= v_now + queue_gauges.max_age THEN
+                v_taken := v_now;
+                v_stats := (SELECT pg_catalog.jsonb_agg(pg_catalog.to_jsonb(q)) FROM x_jobs.queue_stats() AS q);
+                INSERT INTO x_jobs.queue_snapshot AS s (only_row, taken_at, stats)
+                VALUES (TRUE, v_taken, coalesce(v_stats, '[]'))
+                ON CONFLICT (only_row) DO UPDATE SET taken_at = excluded.taken_at, stats = excluded.stats;
+            END IF;
+        END IF;
+    END IF;
+    RETURN QUERY
+    SELECT coalesce(r.queue, w.queue), coalesce(r.ready, 0), coalesce(r.delayed, 0), coalesce(r.suspended, 0),
+           coalesce(r.running, 0), coalesce(r.paused, FALSE), coalesce(r.demand, 0), v_taken
+    FROM pg_catalog.jsonb_to_recordset(coalesce(v_stats, '[]')) AS r (
+        queue text, ready bigint, delayed bigint, suspended bigint, running bigint, paused boolean, demand bigint
+    )
+    FULL JOIN (
+        SELECT DISTINCT u.queue FROM pg_catalog.unnest(queue_gauges.queues) AS u (queue)
+        WHERE u.queue IS NOT NULL
+    ) AS w ON w.queue = r.queue
+    ORDER BY coalesce(r.queue, w.queue) COLLATE "C";
+END
+$$;
+
+GRANT EXECUTE ON FUNCTION x_jobs.queue_gauges(interval, text[]) TO x_jobs_worker, pg_monitor;
+REVOKE ALL ON FUNCTION x_jobs.queue_gauges(interval, text[]) FROM public;
+REVOKE ALL ON TABLE x_jobs.queue_snapshot FROM public;
 
 ------------------------------------------------------------------------------------------------
 -- Ownership: keep this last. Every object this script or an earlier version made goes to

@@ -276,8 +276,8 @@ def _whole(least: int, most: int) -> Callable[[str | int], int]:
 
 
 def _metrics_port(value: str | int) -> int:
-    """--metrics-port: 1 to 65535. Not 0 (any free port): the worker logs the port it was given,
-    not the one it bound, so nobody could learn where the metrics are."""
+    """--metrics-port: 1 to 65535. Not 0 (any free port): the worker and the relay log the port
+    they were given, not the one they bound, so nobody could learn where the metrics are."""
     try:
         port = int(value)
     except ValueError:
@@ -310,6 +310,32 @@ Poll = Annotated[
 Grace = Annotated[
     float, typer.Option(parser=_seconds(0), help="Drain grace on SIGTERM, seconds (0 or more).")
 ]
+MetricsPort = Annotated[
+    int | None,
+    typer.Option(parser=_metrics_port, help="Serve Prometheus metrics on this port (1 to 65535)."),
+]
+
+
+#: x_jobs.metrics.DEFAULT_HOST, not imported from there: the other commands need no
+#: prometheus_client (a tenth of the start-up time of a command).
+METRICS_HOST = "0.0.0.0"
+
+
+def _metrics_host(value: str) -> str:
+    if not value.strip():
+        raise typer.BadParameter("an empty host: give an address such as 0.0.0.0 or 127.0.0.1")
+    return value.strip()
+
+
+MetricsHost = Annotated[
+    str,
+    typer.Option(
+        parser=_metrics_host,
+        envvar="X_JOBS_METRICS_HOST",
+        help="The address --metrics-port listens on: 0.0.0.0 (every IPv4 interface, for a"
+        " Prometheus on another host), 127.0.0.1 (this machine only), :: (IPv6 too), or a name.",
+    ),
+]
 
 
 @cli.command()
@@ -332,12 +358,8 @@ def worker(
     poll: Poll = 1.0,
     grace: Grace = 30.0,
     build: Annotated[str | None, typer.Option(help="Build id announced by the worker.")] = None,
-    metrics_port: Annotated[
-        int | None,
-        typer.Option(
-            parser=_metrics_port, help="Serve Prometheus metrics on this port (1 to 65535)."
-        ),
-    ] = None,
+    metrics_port: MetricsPort = None,
+    metrics_host: MetricsHost = METRICS_HOST,
     dsn: Annotated[str | None, typer.Option(help="Database; default DATABASE_URL or PG*.")] = None,
     log_level: LogLevel = "info",
     log_format: LogFormat = "text",
@@ -362,6 +384,7 @@ def worker(
             grace=grace,
             build=build,
             metrics_port=metrics_port,
+            metrics_host=metrics_host,
         )
         # The process ends with the worker, and the handlers still running with it: a drain
         # whose grace runs out hands their jobs back for another worker to take at once.
@@ -399,6 +422,8 @@ def relay(
     ] = 60.0,
     poll: Poll = 1.0,
     grace: Grace = 30.0,
+    metrics_port: MetricsPort = None,
+    metrics_host: MetricsHost = METRICS_HOST,
     dsn: Annotated[str | None, typer.Option(help="Database; default DATABASE_URL or PG*.")] = None,
     log_level: LogLevel = "info",
     log_format: LogFormat = "text",
@@ -414,13 +439,21 @@ def relay(
     out = _LoopOutput(log_format == "json")
     loop: Relay | None = None
     try:
-        loop = Relay(app, concurrency=concurrency, lease=lease, poll_interval=poll, grace=grace)
+        loop = Relay(
+            app,
+            concurrency=concurrency,
+            lease=lease,
+            poll_interval=poll,
+            grace=grace,
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
+        )
         loop.run()
     except ValueError as err:
         out.usage(str(err))
     except XJobsError as err:
         # As the worker's: a database without x_jobs, a login without x_jobs_worker (refused
-        # at its first claim), ...
+        # at its first claim), a metrics port another process holds...
         out.refuse(EXIT_USAGE, err)
     except psycopg.Error as err:
         if loop is not None and loop.wait_stopped(0):

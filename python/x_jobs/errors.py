@@ -222,6 +222,8 @@ class RolesMissing(XJobsError):
     hint lists the statements an administrator runs first. Nothing was changed."""
 
     code, sqlstate = "X_ROLES_MISSING", "XJ042"
+
+
 class StateNotAllowed(InvalidArgument):
     """cancel_jobs was asked for a state that is not live, retry_jobs for one that is not dead,
     failed or cancelled: a state the call can change nothing of."""
@@ -233,6 +235,12 @@ class RangeEmpty(InvalidArgument):
     """cancel_jobs or retry_jobs got a created_after at or after its created_before."""
 
     code, sqlstate = "X_RANGE_EMPTY", "XJ045"
+
+
+class MaxAgeInvalid(InvalidArgument):
+    """A ``queue_gauges`` max_age that is missing, negative, or longer than a day."""
+
+    code, sqlstate = "X_MAX_AGE_INVALID", "XJ051"
 
 
 class EnqueueRace(XJobsError):

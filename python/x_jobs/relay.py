@@ -53,6 +53,7 @@ from x_jobs._listen import DB_GONE, listen
 from x_jobs._watch import for_leases, patience
 from x_jobs.app import App, Seconds, interval, seconds
 from x_jobs.errors import PermissionDenied, XJobsError, storable, translate
+from x_jobs.metrics import DEAD, DEFAULT_HOST, DELIVERED, LOST, RETRIED, RelayMetrics
 from x_jobs.outbox import BatchSink, DeliveryError, OutboxMessage
 
 logger = logging.getLogger(__name__)
@@ -164,7 +165,11 @@ class _DeliveryThreads:
 
 
 class Relay:
-    """Delivers the outbox messages of the topics ``app.outbox`` has sinks for."""
+    """Delivers the outbox messages of the topics ``app.outbox`` has sinks for.
+
+    ``metrics_port``: serve Prometheus metrics there, on ``metrics_host`` (default every IPv4
+    interface; ``127.0.0.1`` keeps them on this machine): messages claimed and settled by topic
+    and outcome, delivery times, messages in flight (see ``x_jobs.metrics.RelayMetrics``)."""
 
     def __init__(
         self,
@@ -176,6 +181,8 @@ class Relay:
         heartbeat_interval: Seconds | None = None,
         grace: Seconds = 30,
         relay_id: str | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str = DEFAULT_HOST,
         check_version: bool = True,
     ) -> None:
         if not app.outbox.sinks:
@@ -233,6 +240,13 @@ class Relay:
         #: How many messages this relay delivered and failed: for logs and tests.
         self.delivered = 0
         self.failed = 0
+        #: Served at metrics_host:metrics_port when a port is given (see x_jobs.metrics).
+        self.metrics = RelayMetrics(
+            metrics_port,
+            metrics_host,
+            in_flight=lambda: float(self._in_flight),
+            topics=[topic for topic in app.outbox.sinks if topic != "*"],
+        )
 
     # --- public -------------------------------------------------------------------------------
 
@@ -271,6 +285,7 @@ class Relay:
                 sink.close()
             if self._conn is not None:
                 self._conn.close()
+            self.metrics.close()
             self._stopped.set()
             logger.info(
                 "relay stopped",
@@ -396,6 +411,7 @@ class Relay:
             )
             self._in_flight += 1
             self._held[msg_id] = True
+            self.metrics.claimed(topic)
             sink = self.app.outbox.sink_for(topic)
             if isinstance(sink, BatchSink):
                 batches.setdefault(id(sink), (sink, []))[1].append(message)
@@ -413,6 +429,7 @@ class Relay:
         # raised it itself. None is raised on: in a delivery thread it would only end the
         # thread.
         result = _Result(message, ok=False, error="the delivery ended without an outcome")
+        started = time.monotonic()
         try:
             sink = self.app.outbox.sink_for(message.topic)
             if sink is None:
@@ -422,13 +439,14 @@ class Relay:
         except BaseException as err:  # see above
             result = _failed(message, err)
         finally:
-            self._report([result])
+            self._report([result], time.monotonic() - started)
 
     def _deliver_batch(self, sink: BatchSink, messages: list[OutboxMessage]) -> None:
         # As _deliver: an outcome per message whatever happens.
         results = [
             _Result(m, ok=False, error="the delivery ended without an outcome") for m in messages
         ]
+        started = time.monotonic()
         try:
             errors = sink.deliver_batch(messages)
             results = [
@@ -438,10 +456,11 @@ class Relay:
         except BaseException as err:  # see _deliver
             results = [_failed(m, err) for m in messages]
         finally:
-            self._report(results)
+            self._report(results, time.monotonic() - started)
 
-    def _report(self, results: list[_Result]) -> None:
+    def _report(self, results: list[_Result], seconds: float) -> None:
         for result in results:
+            self.metrics.delivered(result.message.topic, seconds)
             self._results.put(result)
         self._wake.set()
 
@@ -502,9 +521,12 @@ class Relay:
                             "delivered after the lease lapsed: another relay delivers them again",
                             extra={"ids": lost},
                         )
+                    for r in delivered:
+                        outcome = DELIVERED if r.message.id in acked else LOST
+                        self.metrics.settled(r.message.topic, outcome)
                     settled = len(delivered)
                 for result in results[settled:]:
-                    self._nack(conn, result)
+                    self.metrics.settled(result.message.topic, self._nack(conn, result))
                     settled += 1
         except DB_GONE as err:
             self._lost_connection(err)
@@ -520,9 +542,11 @@ class Relay:
             self.delivered += sum(1 for r in done if r.ok)
             self.failed += sum(1 for r in done if not r.ok)
 
-    def _nack(self, conn: psycopg.Connection[Any], result: _Result) -> None:
-        """Record a failed delivery. Raises when the database is away or refuses for a reason of
-        its own (the caller keeps the outcome and tries again later)."""
+    def _nack(self, conn: psycopg.Connection[Any], result: _Result) -> str:
+        """Record a failed delivery; answers its outcome (RETRIED, DEAD, or LOST when the
+        message was no longer this relay's or its failure could not be recorded). Raises when
+        the database is away or refuses for a reason of its own (the caller keeps the outcome and
+        tries again later)."""
         try:
             row = conn.execute(
                 NACK,
@@ -546,7 +570,7 @@ class Relay:
                 "could not record a failed delivery; its lease will lapse",
                 extra={"message_id": result.message.id, "error": str(err).strip()},
             )
-            return
+            return LOST
         state = row[0] if row else None
         logger.warning(
             "delivery failed",
@@ -558,6 +582,7 @@ class Relay:
                 "error": result.error,
             },
         )
+        return DEAD if state == "dead" else RETRIED if state == "pending" else LOST
 
     # --- the database connection -------------------------------------------------------------
 

@@ -67,7 +67,7 @@ from x_jobs.errors import (
     storable,
     translate,
 )
-from x_jobs.metrics import WorkerMetrics
+from x_jobs.metrics import DEFAULT_HOST, GAUGE_INTERVAL, WorkerMetrics
 from x_jobs.steps import AsyncSteps, Steps, StepStore, Suspended, _Journal, progress
 
 logger = logging.getLogger(__name__)
@@ -294,6 +294,10 @@ class Worker:
     queue, so that claims and settlements go to the database in batches (a claim asks for as many
     jobs as there is room for, once half the room is free). A prefetched job holds its lease like
     a running one; its timeout starts when its handler does, and a drain hands it back at once.
+
+    ``metrics_port``: serve Prometheus metrics there, on ``metrics_host`` (default every IPv4
+    interface; ``127.0.0.1`` keeps them on this machine), the queue gauges read every
+    ``gauge_interval`` (see ``x_jobs.metrics``).
     """
 
     def __init__(
@@ -312,6 +316,8 @@ class Worker:
         worker_id: str | None = None,
         build: str | None = None,
         metrics_port: int | None = None,
+        metrics_host: str = DEFAULT_HOST,
+        gauge_interval: Seconds = GAUGE_INTERVAL,
         check_version: bool = True,
     ) -> None:
         self.app = app
@@ -346,7 +352,16 @@ class Worker:
         self.worker_id = worker_id or default_worker_id()
         self.build = build
         self.check_version = check_version
-        self.metrics = WorkerMetrics(metrics_port)
+        # Served at metrics_host:metrics_port, with the queue gauges read every gauge_interval
+        # on a connection of their own (see metrics.QueueGauges).
+        self.metrics = WorkerMetrics(
+            metrics_port,
+            metrics_host,
+            dsn=app.dsn,
+            queues=self.queues,
+            gauge_interval=seconds(gauge_interval),
+        )
+        self.metrics.declare(name for name, job in app.jobs.items() if job.queue in self.queues)
         self._patience = patience(self.lease)
         self._step_store = StepStore(app.dsn, concurrency, patience=self._patience)
 
@@ -439,6 +454,7 @@ class Worker:
         )
         self._connect(first=True)
         self._start_threads()
+        self.metrics.start()
         try:
             self._loop_forever()
         except psycopg.errors.InsufficientPrivilege as err:

@@ -2,7 +2,7 @@
 -- volatile it is, whose rights it runs with, which settings it pins, and who may use what.
 -- A change to any of these is a change to the API: it shows up here first, on purpose.
 BEGIN;
-SELECT plan(691);
+SELECT plan(706);
 
 -- The functions of the API, one row each, with what 00-schema pins about them. `args` is how
 -- pgTAP's catalog view spells the argument types (regtype output: 'timestamp with time zone',
@@ -104,6 +104,10 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
 (
     'queue_demand', '{}', 'setof record', 'STABLE',
     'so monitoring roles get counts without reading jobs'
+),
+(
+    'queue_gauges', '{interval,text[]}', 'setof record', 'VOLATILE',
+    'so workers and monitoring roles get counts, and store the snapshot, without any right on the tables'
 ),
 ('rollup_counters', '{interval,interval,interval}', 'bigint', 'VOLATILE', NULL),
 ('purge', '{interval,integer}', 'bigint', 'VOLATILE', NULL),
@@ -217,6 +221,7 @@ INSERT INTO api_grant (fn, lowest_role, to_pg_monitor) VALUES
 ('fail', 'x_jobs_worker', FALSE),
 ('announce_worker', 'x_jobs_worker', FALSE),
 ('queue_demand', 'x_jobs_worker', TRUE),
+('queue_gauges', 'x_jobs_worker', TRUE),
 ('cancel', 'x_jobs_admin', FALSE),
 ('retry', 'x_jobs_admin', FALSE),
 ('list_jobs', 'x_jobs_admin', FALSE),
@@ -283,9 +288,12 @@ SELECT ok(
 
 SELECT tables_are(
     'x_jobs',
-    ARRAY['job', 'job_error', 'queue_pause', 'worker', 'counter', 'step', 'event', 'outbox', 'webhook_ledger'],
-    'The x_jobs schema should hold exactly the tables job, job_error, queue_pause, worker, counter, step, event, '
-    'outbox and webhook_ledger'
+    ARRAY[
+        'job', 'job_error', 'queue_pause', 'worker', 'queue_snapshot', 'counter', 'step', 'event', 'outbox',
+        'webhook_ledger'
+    ],
+    'The x_jobs schema should hold exactly the tables job, job_error, queue_pause, worker, queue_snapshot, counter, '
+    'step, event, outbox and webhook_ledger'
 );
 
 SELECT sequences_are(
@@ -730,6 +738,12 @@ SELECT is(
     'x_jobs.queue_demand() should answer (queue, demand)'
 );
 SELECT is(
+    pg_catalog.pg_get_function_result('x_jobs.queue_gauges(interval, text[])'::regprocedure),
+    'TABLE(queue text, ready bigint, delayed bigint, suspended bigint, running bigint, paused boolean, '
+    'demand bigint, taken_at timestamp with time zone)',
+    'x_jobs.queue_gauges() should answer (queue, ready, delayed, suspended, running, paused, demand, taken_at)'
+);
+SELECT is(
     pg_catalog.pg_get_function_result('x_jobs.publish(text, jsonb, text)'::regprocedure),
     'TABLE(event_id bigint, woken integer)',
     'x_jobs.publish() should answer (event_id, woken)'
@@ -913,6 +927,7 @@ INSERT INTO api_param (fn, arguments) VALUES
 ),
 ('queue_demand', ''),
 ('queue_stats', ''),
+('queue_gauges', 'max_age interval DEFAULT ''00:00:15''::interval, queues text[] DEFAULT NULL::text[]'),
 (
     'rollup_counters',
     'minutes_for interval DEFAULT ''02:00:00''::interval, hours_for interval DEFAULT ''2 days''::interval, '
@@ -1193,6 +1208,12 @@ FROM (
     ('worker', 'x_jobs_admin', '{SELECT}'),
     ('worker', 'pg_monitor', '{}'),
     ('worker', 'public', '{}'),
+    -- The gauges' snapshot: queue_gauges reads and writes it as its owner.
+    ('queue_snapshot', 'x_jobs_producer', '{}'),
+    ('queue_snapshot', 'x_jobs_worker', '{}'),
+    ('queue_snapshot', 'x_jobs_admin', '{}'),
+    ('queue_snapshot', 'pg_monitor', '{}'),
+    ('queue_snapshot', 'public', '{}'),
     ('counter', 'x_jobs_producer', '{}'),
     ('counter', 'x_jobs_worker', '{}'),
     ('counter', 'x_jobs_admin', '{DELETE,INSERT,SELECT,UPDATE}'),

@@ -119,7 +119,7 @@ SELECT is_empty(
 -- renamed code is an API change. 0.2.0 added XJ024..XJ033 (steps and events) and XJ034..XJ037
 -- (the outbox and the webhook ledger), 0.3.3 XJ038 (the test clock), 0.3.5 XJ039 (times clients cannot read),
 -- 0.3.8 XJ040 (a malformed x_jobs.max_payload_bytes), 0.4.0 XJ041 and XJ042 (the roles an install
--- finds), XJ044 and XJ045 (the bulk operations' filters).
+-- finds), XJ044 and XJ045 (the bulk operations' filters), XJ051 (queue_gauges' max_age).
 SELECT set_eq(
     $$SELECT sqlstate, code FROM x_jobs.error_codes()$$,
     $$VALUES
@@ -137,7 +137,7 @@ SELECT set_eq(
         ('XJ034', 'X_TOPIC_INVALID'), ('XJ035', 'X_MESSAGE_INVALID'), ('XJ036', 'X_RELAY_INVALID'),
         ('XJ037', 'X_WEBHOOK_INVALID'), ('XJ038', 'X_CLOCK_REFUSED'), ('XJ039', 'X_TIME_INVALID'),
         ('XJ040', 'X_SETTING_INVALID'), ('XJ041', 'X_ROLE_UNSAFE'), ('XJ042', 'X_ROLES_MISSING'),
-        ('XJ044', 'X_STATE_NOT_ALLOWED'), ('XJ045', 'X_RANGE_EMPTY'),
+        ('XJ044', 'X_STATE_NOT_ALLOWED'), ('XJ045', 'X_RANGE_EMPTY'), ('XJ051', 'X_MAX_AGE_INVALID'),
         ('40001', 'X_ENQUEUE_RACE')$$,
     'error_codes() should list exactly the documented SQLSTATE and X_ code pairs'
 );

@@ -2,12 +2,12 @@
 -- of its own on jobs, steps or events), puts outbox messages and receives webhooks, and no more; a
 -- worker claims, settles and runs the steps of what it holds and relays the outbox, but does not
 -- operate; an admin operates (resolves steps, redrives messages, runs every retention); a role
--- without a grant cannot reach the schema, and pg_monitor reads demand counts but not the jobs,
--- steps, events, messages or webhooks. Each role is created here and rolled back with the test; each block
--- runs under SET ROLE and ends with RESET ROLE. The clock is moved with SET LOCAL "x_jobs.fake_now",
--- which only a superuser's session may do (the last block).
+-- without a grant cannot reach the schema, and pg_monitor reads demand and gauge counts but not
+-- the jobs, steps, events, messages or webhooks. Each role is created here and rolled back with
+-- the test; each block runs under SET ROLE and ends with RESET ROLE. The clock is moved with
+-- SET LOCAL "x_jobs.fake_now", which only a superuser's session may do (the last block).
 BEGIN;
-SELECT plan(118);
+SELECT plan(123);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
@@ -68,6 +68,13 @@ SELECT throws_ok(
     '42501',
     'permission denied for function retry_jobs',
     'A producer should not be able to retry jobs by filter'
+);
+
+SELECT throws_ok(
+    $$SELECT * FROM x_jobs.queue_gauges()$$,
+    '42501',
+    'permission denied for function queue_gauges',
+    'A producer should not be able to read the queue gauges'
 );
 
 -- 0.3.6: enqueue runs as its owner and a producer has no right on x_jobs.job, so it reads no
@@ -220,6 +227,19 @@ SELECT throws_ok(
     'A worker should not be able to rewrite other workers'' announcements'
 );
 
+-- The metrics gauges: counted and stored through queue_gauges, which runs as its owner.
+SELECT lives_ok(
+    $$SELECT * FROM x_jobs.queue_gauges(max_age => '0')$$,
+    'A worker should be able to read the queue gauges, counting and storing their snapshot'
+);
+
+SELECT throws_ok(
+    $$DELETE FROM x_jobs.queue_snapshot$$,
+    '42501',
+    'permission denied for table queue_snapshot',
+    'A worker should not be able to write the gauges'' snapshot directly'
+);
+
 RESET ROLE;
 
 -- 10:00:40: p3's lease (extended to 10:00:30) lapsed. Taking over a lapsed row also writes the
@@ -352,6 +372,19 @@ SELECT throws_ok(
     '42501',
     'permission denied for table job',
     'A pg_monitor member should not be able to read the jobs'
+);
+
+SELECT results_eq(
+    $$SELECT queue, demand FROM x_jobs.queue_gauges(max_age => '0') WHERE queue = 't80-q'$$,
+    $$VALUES ('t80-q', 1::bigint)$$,
+    'A pg_monitor member should be able to read the queue gauges, the same demand included'
+);
+
+SELECT throws_ok(
+    'SELECT * FROM x_jobs.queue_snapshot',
+    '42501',
+    'permission denied for table queue_snapshot',
+    'A pg_monitor member should not be able to read the gauges'' snapshot but through queue_gauges'
 );
 
 SELECT throws_ok(

@@ -27,6 +27,8 @@ from typing import Any, Protocol, TypeAlias
 import psycopg
 import pytest
 from netcut import Proxy
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
@@ -85,15 +87,25 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def exposition(port: int, host: str = "127.0.0.1") -> str:
+    """The text of a worker's or a relay's metrics page."""
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as page:
+        return str(page.read().decode())
+
+
+def scrape_families(port: int, host: str = "127.0.0.1") -> list[Metric]:
+    """A metrics page as prometheus_client's parser reads it (as Prometheus would)."""
+    return list(text_string_to_metric_families(exposition(port, host)))
+
+
 def scrape(port: int) -> dict[str, float]:
-    """The samples of a worker's metrics page, keyed by their name and labels as printed."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
-        text = page.read().decode()
+    """The samples of a metrics page, parsed by prometheus_client, keyed by their name and
+    labels as printed (``name{label="value",...}``, labels in the page's order)."""
     samples: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            samples[name] = float(value)
+    for family in scrape_families(port):
+        for sample in family.samples:
+            labels = ",".join(f'{key}="{value}"' for key, value in sample.labels.items())
+            samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
     return samples
 
 

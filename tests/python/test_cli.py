@@ -1986,6 +1986,10 @@ def test_numbers_sql_cannot_carry_are_usage_errors(dsn: str, args: list[str], sa
         ("relay", ["--lease", "nan"], "'--lease'"),
         ("relay", ["--poll", "0"], "'--poll'"),
         ("relay", ["--grace", "-5"], "'--grace'"),
+        ("relay", ["--metrics-port", "0"], "free port"),
+        ("relay", ["--metrics-port", "99999"], "'--metrics-port'"),
+        ("worker", ["--metrics-host", " "], "'--metrics-host'"),
+        ("relay", ["--metrics-host", ""], "'--metrics-host'"),
     ],
 )
 def test_worker_and_relay_refuse_bad_values_before_they_start(

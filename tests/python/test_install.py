@@ -180,6 +180,7 @@ def test_install_gives_the_schema_create_extension_gives(plain_dsn: str, dsn: st
         "job_error",
         "outbox",
         "queue_pause",
+        "queue_snapshot",
         "step",
         "webhook_ledger",
         "worker",

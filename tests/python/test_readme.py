@@ -77,8 +77,12 @@ def client_codes() -> dict[str, str | None]:
             codes[cls.code] = cls.__name__
     package = Path(errors.__file__).parent
     for name in LITERAL_SOURCES:
-        for code in re.findall(r"(?<=[\"'])X_[A-Z_]*[A-Z]", (package / name).read_text()):
-            codes.setdefault(code, None)
+        text = (package / name).read_text()
+        # Not a code: the name of an environment variable an option reads (X_JOBS_METRICS_HOST).
+        env = set(re.findall(r"envvar=[\"'](X_[A-Z_]+)[\"']", text))
+        for code in re.findall(r"(?<=[\"'])X_[A-Z_]*[A-Z]", text):
+            if code not in env:
+                codes.setdefault(code, None)
     return codes
 
 

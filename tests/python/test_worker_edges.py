@@ -191,10 +191,11 @@ def _latin1_batch(conn: Conn, dsn: str) -> None:
     settled_total = {
         key: value
         for key, value in samples.items()
-        if key.startswith('x_jobs_settled_total{job="latin"')
+        if key.startswith('x_jobs_settled_total{job_name="latin"')
     }
-    assert settled_total.get('x_jobs_settled_total{job="latin",state="done"}') == 4, settled_total
-    assert settled_total.get('x_jobs_settled_total{job="latin",state="lost"}', 0) == 0, (
+    done = settled_total.get('x_jobs_settled_total{job_name="latin",state="done"}')
+    assert done == 4, settled_total
+    assert settled_total.get('x_jobs_settled_total{job_name="latin",state="lost"}', 0) == 0, (
         settled_total
     )
 

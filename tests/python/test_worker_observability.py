@@ -54,26 +54,26 @@ def test_metrics_count_what_the_worker_did(dsn: str, conn: Conn) -> None:
         worker.stop()
         thread.join(timeout=30)
     assert not thread.is_alive()
-    assert samples['x_jobs_claimed_total{job="flaky"}'] == 6
-    assert samples['x_jobs_settled_total{job="flaky",state="done"}'] == 5
+    assert samples['x_jobs_claimed_total{job_name="flaky"}'] == 6
+    assert samples['x_jobs_settled_total{job_name="flaky",state="done"}'] == 5
     # The failed first attempt of job 0 went back to the queue to wait out its backoff.
     retried = sum(
         value
         for key, value in samples.items()
-        if key.startswith('x_jobs_settled_total{job="flaky",state="') and "done" not in key
+        if key.startswith('x_jobs_settled_total{job_name="flaky",state="') and "done" not in key
     )
     assert retried == 1
-    assert samples['x_jobs_run_seconds_count{job="flaky"}'] == 6
+    assert samples['x_jobs_run_seconds_count{job_name="flaky"}'] == 6
     # A histogram: the buckets count the runs up to their bound, the last (+Inf) all of them.
     buckets = [
         value
         for key, value in samples.items()
-        if key.startswith('x_jobs_run_seconds_bucket{job="flaky",')
+        if key.startswith('x_jobs_run_seconds_bucket{job_name="flaky",')
     ]
     assert len(buckets) == 15
     assert buckets == sorted(buckets)
-    assert samples['x_jobs_run_seconds_bucket{job="flaky",le="+Inf"}'] == 6
-    assert samples['x_jobs_run_seconds_sum{job="flaky"}'] > 0
+    assert samples['x_jobs_run_seconds_bucket{job_name="flaky",le="+Inf"}'] == 6
+    assert samples['x_jobs_run_seconds_sum{job_name="flaky"}'] > 0
     assert samples["x_jobs_held"] == 0
 
 
