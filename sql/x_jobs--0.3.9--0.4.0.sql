@@ -650,7 +650,7 @@ $$;
 -- `p_queues` (NULL: in every queue), at most `p_max_rows`, and wake their queues. Rows another
 -- transaction holds are skipped: a cancel is deciding about them, or another announce woke them.
 -- One statement per case, so that each is planned with the index conditions it has: by queue,
--- or queue and name, seeks into job_parked_idx; by name alone (a declaration), a read of the
+-- or by queue and name, seeks into job_parked_idx; by name alone (a declaration), a read of the
 -- parked rows.
 CREATE FUNCTION x_jobs._wake_parked(p_names text[], p_queues text[], p_max_rows integer)
 RETURNS integer
@@ -663,15 +663,24 @@ DECLARE
     v_ids bigint[];
     v_queues text[];
 BEGIN
+    -- By queue (and name): a seek per queue (and name), each an equality, so that a generic
+    -- plan seeks too (given `= ANY` of the arrays, it read every parked row of the index).
+    -- Rows a seek locked past the outer LIMIT stay locked until the transaction ends, as in
+    -- the claim.
     IF p_names IS NULL THEN
         v_ids := ARRAY(
-            SELECT p.id FROM x_jobs.job AS p
-            WHERE p.state = 'delayed' AND p.run_at = 'infinity'
-                AND p.queue = ANY (p_queues)
+            SELECT p.id
+            FROM unnest(p_queues) AS q (queue)
+            CROSS JOIN LATERAL (
+                SELECT j.id FROM x_jobs.job AS j
+                WHERE j.queue = q.queue AND j.state = 'delayed' AND j.run_at = 'infinity'
+                LIMIT p_max_rows
+                FOR UPDATE SKIP LOCKED
+            ) AS p
             LIMIT p_max_rows
-            FOR UPDATE SKIP LOCKED
         );
     ELSIF p_queues IS NULL THEN
+        -- A declaration, at a worker's start: one read of the parked rows, of every queue.
         v_ids := ARRAY(
             SELECT p.id FROM x_jobs.job AS p
             WHERE p.state = 'delayed' AND p.run_at = 'infinity'
@@ -681,11 +690,17 @@ BEGIN
         );
     ELSE
         v_ids := ARRAY(
-            SELECT p.id FROM x_jobs.job AS p
-            WHERE p.state = 'delayed' AND p.run_at = 'infinity'
-                AND p.queue = ANY (p_queues) AND p.name = ANY (p_names)
+            SELECT p.id
+            FROM unnest(p_queues) AS q (queue)
+            CROSS JOIN unnest(p_names) AS n (name)
+            CROSS JOIN LATERAL (
+                SELECT j.id FROM x_jobs.job AS j
+                WHERE j.queue = q.queue AND j.name = n.name
+                    AND j.state = 'delayed' AND j.run_at = 'infinity'
+                LIMIT p_max_rows
+                FOR UPDATE SKIP LOCKED
+            ) AS p
             LIMIT p_max_rows
-            FOR UPDATE SKIP LOCKED
         );
     END IF;
     IF pg_catalog.cardinality(v_ids) = 0 THEN
