@@ -2,7 +2,7 @@
 -- volatile it is, whose rights it runs with, which settings it pins, and who may use what.
 -- A change to any of these is a change to the API: it shows up here first, on purpose.
 BEGIN;
-SELECT plan(705);
+SELECT plan(713);
 
 -- The functions of the API, one row each, with what 00-schema pins about them. `args` is how
 -- pgTAP's catalog view spells the argument types (regtype output: 'timestamp with time zone',
@@ -152,6 +152,7 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
 ),
 ('purge_webhook_ledger', '{interval,integer}', 'bigint', 'VOLATILE', NULL),
 -- Declarations (0.4.0).
+('_filled', '{x_jobs.enqueue_request,x_jobs.job_type}', 'x_jobs.enqueue_request', 'IMMUTABLE', NULL),
 ('_wake_parked', '{text[],text[],integer}', 'integer', 'VOLATILE', NULL),
 ('_declare', '{x_jobs.job_type[]}', 'setof x_jobs.job_type', 'VOLATILE', NULL),
 ('_declarer', '{text}', 'text', 'STABLE', NULL),
@@ -251,6 +252,7 @@ INSERT INTO api_grant (fn, lowest_role, to_pg_monitor) VALUES
 ('purge_webhook_ledger', 'x_jobs_admin', FALSE),
 -- Declarations (0.4.0): a worker declares, reads the declarations and hands back what it cannot
 -- run (the helpers run inside those functions, as their owner); an admin forgets a declaration.
+('_filled', NULL, FALSE),
 ('_wake_parked', NULL, FALSE),
 ('_declare', NULL, FALSE),
 ('_declarer', NULL, FALSE),
@@ -829,9 +831,9 @@ SELECT set_eq(
             SELECT FROM unnest(p.proconfig) AS s (setting) WHERE s.setting LIKE 'search\_path=%'
         )
     $$,
-    ARRAY['now', '_minute', '_shard', '_max_payload_bytes', '_payload_bytes', '_clock'],
+    ARRAY['now', '_minute', '_shard', '_max_payload_bytes', '_payload_bytes', '_clock', '_filled'],
     'Every function should pin search_path except the tiny SQL helpers now, _minute, _shard, _max_payload_bytes, '
-    '_payload_bytes and _clock'
+    '_payload_bytes, _clock and _filled'
 );
 
 SELECT is_empty(
@@ -841,7 +843,7 @@ SELECT is_empty(
     INNER JOIN pg_catalog.pg_language AS l ON p.prolang = l.oid
     WHERE
         p.pronamespace = 'x_jobs'::regnamespace
-        AND p.proname IN ('now', '_minute', '_shard', '_max_payload_bytes', '_payload_bytes', '_clock')
+        AND p.proname IN ('now', '_minute', '_shard', '_max_payload_bytes', '_payload_bytes', '_clock', '_filled')
         AND (l.lanname <> 'sql' OR p.proconfig IS NOT NULL OR p.prosecdef)
     $$,
     'The helpers that skip search_path should be plain SQL functions with no SET clause, so they can inline'
