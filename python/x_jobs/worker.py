@@ -14,7 +14,9 @@ after a claim that filled every free slot (more may be waiting). It heartbeats t
 an id that ``extend_lease`` no longer answers was lost (cancelled, or its lease lapsed and
 another worker took it), and its handler is told to stop; its outcome is dropped. A claimed job
 that waited in the local queue for a while (a quarter of the heartbeat interval) is confirmed the
-same way before its handler starts: one cancelled meanwhile never starts.
+same way before its handler starts: one cancelled meanwhile never starts. A claimed job the App
+has no handler for is handed back (``x_jobs.hand_back``, from 0.4.0): its attempt is not spent,
+and it waits for a worker that declares it (see :mod:`x_jobs.declarations`).
 
 Stopping: the first SIGTERM or SIGINT drains (announce draining, claim nothing more, let running
 jobs finish within ``grace``, hand the rest back with ``x_jobs.release``); a second one stops at
@@ -697,6 +699,8 @@ class Worker:
                 "could not hand back jobs this worker has no handler for; their leases will lapse",
                 extra={"job_ids": sorted(pending), "error": str(err).strip()},
             )
+            for name in pending.values():
+                self.metrics.settled(name, "lost")
             return
         for row in handed:
             self.metrics.settled(row.name, "handed_back")
@@ -1329,11 +1333,22 @@ class Worker:
                 row = None
             version = str(row[0]) if row else ""
         self._declares = declarations.speaks_declarations(version)
-        if self._declares:
+        if not self._declares:
+            return
+        try:
             names = declarations.declare(
                 conn, self.app, declared_by=self.worker_id, build=self.build
             )
-            logger.info("jobs declared", extra={"worker": self.worker_id, "jobs": names})
+        except psycopg.errors.InsufficientPrivilege as err:
+            # A login without x_jobs_worker, refused here before its first claim.
+            raise PermissionDenied.of(err) from err
+        except psycopg.Error as err:
+            # A declaration the database refuses (a timeout of 0: X_JOB_TIMEOUT_INVALID).
+            typed = translate(err)
+            if typed is err:
+                raise
+            raise typed from err
+        logger.info("jobs declared", extra={"worker": self.worker_id, "jobs": names})
 
     def _query(self, statement: LiteralString, params: list[Any]) -> list[tuple[Any, ...]]:
         """One call on the dispatcher's connection, watched (see CallWatch)."""

@@ -11,6 +11,7 @@ the others run a worker on a thread of the test.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -22,7 +23,7 @@ from apps.workers import Fleet
 from conftest import Conn, fresh_database, serving, wait_for
 
 import x_jobs
-from x_jobs import declarations
+from x_jobs import declarations, errors
 
 logger = logging.getLogger(__name__)
 
@@ -235,3 +236,41 @@ def test_on_a_database_before_0_4_0_the_worker_fails_an_unknown_job_as_before(
         found = row_of(conn, int(row[0]))
         assert found["attempt"] == 2
         assert found["last_error"] == "no handler for job 'stranger' in this worker", found
+
+
+def test_a_worker_whose_app_declares_what_enqueue_refuses_does_not_start(dsn: str) -> None:
+    """A declaration is refused as an enqueue of it would be, with enqueue's codes (a timeout
+    has its own): the worker stops at its start, typed, rather than serve a job every enqueue
+    of which, or every run, would fail."""
+    for declare, refused in (
+        ({"timeout": 0}, errors.JobTimeoutInvalid),
+        ({"max_attempts": 0}, errors.MaxAttemptsInvalid),
+        ({"queue": ""}, errors.QueueInvalid),
+    ):
+        app = x_jobs.App(dsn)
+        app.job(name="decl.bad", **declare)(_noop)
+        worker = x_jobs.Worker(app, queues=["decl"], poll_interval=0.05)
+        try:
+            with pytest.raises(refused):
+                worker.run(install_signals=False)
+        finally:
+            app.close()
+
+
+def test_a_worker_without_the_worker_role_is_refused_at_its_declaration(
+    dsn: str, admin: Conn
+) -> None:
+    role = f"x_jobs_test_producer_{os.getpid()}"
+    admin.execute(f'CREATE ROLE "{role}" LOGIN IN ROLE x_jobs_producer')
+    try:
+        app = x_jobs.App(f"{dsn} user={role}")
+        app.job(name="decl.noop")(_noop)
+        with pytest.raises(errors.PermissionDenied) as refused:
+            x_jobs.Worker(app).run(install_signals=False)
+        assert "declare_jobs" in refused.value.message
+        app.close()
+    finally:
+        admin.execute(f'DROP ROLE "{role}"')
+
+
+def _noop(input: dict[str, Any]) -> None: ...
