@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 import pytest
 from apps.workers import Fleet
-from conftest import Conn, fresh_database, serving, wait_for
+from conftest import Conn, Connect, fresh_database, serving, wait_for
 
 import x_jobs
 from x_jobs import declarations, errors
@@ -274,3 +274,30 @@ def test_a_worker_without_the_worker_role_is_refused_at_its_declaration(
 
 
 def _noop(input: dict[str, Any]) -> None: ...
+
+
+def test_a_row_parked_beside_a_serving_workers_first_announce_wakes_at_its_next(
+    connect: Connect,
+) -> None:
+    """The race the announce's wake closes: a hand-back that has not committed when a worker
+    that serves the name first announces sees no such worker and parks the row, and the
+    announce does not see the row parked. Every announce wakes the parked rows it serves, so
+    the row waits one announce interval, not for good."""
+    old, new = connect(), connect()
+    old.execute("SELECT x_jobs.enqueue('race.job', queue => 'race', idempotency_key => 'r1')")
+    with old.transaction():
+        handed = old.execute(
+            "SELECT h.parked FROM x_jobs.hand_back("
+            " ARRAY(SELECT id FROM x_jobs.claim(ARRAY['race'], 'race-old')), 'race-old') AS h"
+        ).fetchall()
+        assert handed == [(True,)]
+        # The serving worker's first announce, committed while the hand-back is not.
+        new.execute(
+            "SELECT x_jobs.announce_worker('race-new', ARRAY['race'], jobs => ARRAY['race.job'])"
+        )
+    parked = "SELECT state::text, run_at = 'infinity' FROM x_jobs.job WHERE idempotency_key = 'r1'"
+    assert old.execute(parked).fetchone() == ("delayed", True)
+    new.execute(
+        "SELECT x_jobs.announce_worker('race-new', ARRAY['race'], jobs => ARRAY['race.job'])"
+    )
+    assert old.execute(parked).fetchone() == ("ready", False)
