@@ -208,6 +208,14 @@ class Job(Generic[I]):
     def type_name(self) -> str:
         return getattr(self.input_type, "__name__", str(self.input_type))
 
+    @property
+    def fixed_concurrency_key(self) -> str | None:
+        """The concurrency key every enqueue of the job shares: the job-wide ``job:NAME`` of a
+        limit without a key function. None without a limit, or when the input gives the key."""
+        if self.concurrency is None or self.concurrency.key is not None:
+            return None
+        return f"job:{self.name}"
+
     def enqueue(self, input: I | None = None, **options: Any) -> Enqueued:
         return self.app.enqueue(self, input, **options)
 
@@ -235,7 +243,7 @@ class Job(Generic[I]):
             req["tenant_id"] = self.tenant(payload) if callable(self.tenant) else self.tenant
         if self.concurrency is not None:
             key = self.concurrency.key
-            req["concurrency_key"] = key(payload) if key is not None else f"job:{self.name}"
+            req["concurrency_key"] = key(payload) if key is not None else self.fixed_concurrency_key
             req["concurrency_limit"] = self.concurrency.limit
         if unknown := options.keys() - ENQUEUE_OPTIONS:
             raise TypeError(

@@ -243,6 +243,18 @@ class MaxAgeInvalid(InvalidArgument):
     code, sqlstate = "X_MAX_AGE_INVALID", "XJ051"
 
 
+class DeclarationsInvalid(InvalidArgument):
+    """``x_jobs.declare_jobs`` got something other than an array of declaration objects."""
+
+    code, sqlstate = "X_DECLARATIONS_INVALID", "XJ047"
+
+
+class JobTimeoutInvalid(InvalidArgument):
+    """A declared job timeout is not above zero, or longer than 1000 years."""
+
+    code, sqlstate = "X_JOB_TIMEOUT_INVALID", "XJ048"
+
+
 class EnqueueRace(XJobsError):
     """The call lost a race it cannot settle by itself; calling it again succeeds."""
 

@@ -14,7 +14,9 @@ after a claim that filled every free slot (more may be waiting). It heartbeats t
 an id that ``extend_lease`` no longer answers was lost (cancelled, or its lease lapsed and
 another worker took it), and its handler is told to stop; its outcome is dropped. A claimed job
 that waited in the local queue for a while (a quarter of the heartbeat interval) is confirmed the
-same way before its handler starts: one cancelled meanwhile never starts.
+same way before its handler starts: one cancelled meanwhile never starts. A claimed job the App
+has no handler for is handed back (``x_jobs.hand_back``, from 0.4.0): its attempt is not spent,
+and it waits for a worker that declares it (see :mod:`x_jobs.declarations`).
 
 Stopping: the first SIGTERM or SIGINT drains (announce draining, claim nothing more, let running
 jobs finish within ``grace``, hand the rest back with ``x_jobs.release``); a second one stops at
@@ -53,7 +55,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 from pydantic import ValidationError
 
-from x_jobs import health
+from x_jobs import declarations, health
 from x_jobs._conn import connect
 from x_jobs._listen import DB_GONE, listen
 from x_jobs._watch import for_leases, patience
@@ -104,6 +106,11 @@ HELD_AT: LiteralString = (
 ANNOUNCE: LiteralString = """
     SELECT draining_at FROM x_jobs.announce_worker(
         worker => %s, queues => %s, build => %s, draining => %s, ttl => %s)
+"""
+#: From 0.4.0: with the names of the jobs this worker has handlers for.
+ANNOUNCE_JOBS: LiteralString = """
+    SELECT draining_at FROM x_jobs.announce_worker(
+        worker => %s, queues => %s, build => %s, draining => %s, ttl => %s, jobs => %s)
 """
 
 
@@ -428,6 +435,12 @@ class Worker:
         #: Until then, a claim whose answer was lost may have committed: the jobs it took are
         #: this worker's in the database and unknown here (see _sweep_unknown).
         self._claims_in_doubt_until = 0.0
+        #: The database records declarations and takes hand-backs (0.4.0): read at the start.
+        self._declares = False
+        #: Claimed jobs this worker has no handler for, by id, to hand back once the database
+        #: answers (see _hand_back_unknown); and the names it said so of (once each).
+        self._unhanded: dict[int, str] = {}
+        self._unhandled_names: set[str] = set()
 
     # --- public -------------------------------------------------------------------------------
 
@@ -516,6 +529,10 @@ class Worker:
                 if self._unreleased:
                     runs, self._unreleased = self._unreleased, []
                     self._release(runs)
+                    if self._conn is None:
+                        continue
+                if self._unhanded:
+                    self._hand_back_unknown({})
                     if self._conn is None:
                         continue
             now = time.monotonic()
@@ -608,6 +625,7 @@ class Worker:
         claimed = 0
         per_job: dict[str, int] = {}
         async_runs: list[_Run] = []
+        unknown: dict[int, str] = {}
         for (
             job_id,
             name,
@@ -633,6 +651,10 @@ class Worker:
             if old is not None and (not old.done or any(o.run is old for o in self._pending)):
                 self._drop_stale(old)
             job = self.app.jobs.get(name)
+            if job is None and self._declares:
+                unknown[job_id] = name
+                per_job[name] = per_job.get(name, 0) + 1
+                continue
             ctx = (AsyncJobContext if job is not None and job.is_async else JobContext)(
                 id=job_id,
                 name=name,
@@ -665,7 +687,50 @@ class Worker:
             self._loop.call_soon_threadsafe(self._start_async, async_runs)
         for name, count in per_job.items():
             self.metrics.claimed(name, count)
+        if unknown:
+            self._hand_back_unknown(unknown)
         return claimed
+
+    def _hand_back_unknown(self, unknown: dict[int, str]) -> None:
+        """Hand back (x_jobs.hand_back) claimed jobs this worker has no handler for, and those
+        left over from a hand-back the database did not answer: the attempt is not spent, and
+        the row is not due again at once (delayed for a worker that serves the name, or parked
+        until one announces it), so this worker neither runs it nor claims it again in a loop.
+        Logged once per name. Without the database they wait here for the reconnect (a lease
+        that lapsed meanwhile would cost the job an attempt)."""
+        pending = {**self._unhanded, **unknown}
+        self._unhanded = {}
+        try:
+            if self._conn is None:
+                raise psycopg.OperationalError("no connection to the database")
+            with self._watch.calling("dispatcher", self._conn):
+                handed = declarations.hand_back(self._conn, pending, self.worker_id)
+        except DB_GONE as err:
+            self._unhanded = pending
+            if self._conn is not None:
+                self._lost_connection(err)
+            return
+        except psycopg.Error as err:
+            logger.warning(
+                "could not hand back jobs this worker has no handler for; their leases will lapse",
+                extra={"job_ids": sorted(pending), "error": str(err).strip()},
+            )
+            for name in pending.values():
+                self.metrics.settled(name, "lost")
+            return
+        for row in handed:
+            self.metrics.settled(row.name, "handed_back")
+            if row.name in self._unhandled_names:
+                continue
+            self._unhandled_names.add(row.name)
+            logger.warning(
+                f"no handler for job {row.name!r} in this worker; handed back "
+                f"({declarations.describe(row)})",
+                extra={"job": row.name, "parked": row.parked, "served_by": row.served_by},
+            )
+        # Not handed back (no longer held: its lease lapsed meanwhile, or it was cancelled).
+        for job_id in pending.keys() - {row.id for row in handed}:
+            self.metrics.settled(pending[job_id], "lost")
 
     def _drop_stale(self, old: _Run) -> None:
         """This worker claimed a job it still ran, or whose outcome it had yet to send: its
@@ -1034,7 +1099,7 @@ class Worker:
         a claim whose answer was lost may have committed, its rows this worker's for a lease.
         They would wait that lease out, and one on its final attempt would then be buried
         without having run. Asked at each heartbeat for a lease after such a loss."""
-        known = [*self._held, *(run.ctx.id for run in self._unreleased)]
+        known = [*self._held, *(run.ctx.id for run in self._unreleased), *self._unhanded]
         try:
             ids = [row[0] for row in self._query(UNKNOWN_HELD, [self.worker_id, _ids(known)])]
             if not ids:
@@ -1126,17 +1191,20 @@ class Worker:
     def _announce(self) -> None:
         if self._conn is None:
             return
+        params = [
+            self.worker_id,
+            self.queues,
+            self.build,
+            self._draining,
+            interval(max(3 * self.announce_interval, self.lease)),
+        ]
         try:
-            self._query(
-                ANNOUNCE,
-                [
-                    self.worker_id,
-                    self.queues,
-                    self.build,
-                    self._draining,
-                    interval(max(3 * self.announce_interval, self.lease)),
-                ],
-            )
+            if self._declares:
+                # The jobs it has handlers for: a hand-back finds this worker by them, and the
+                # announce wakes the rows parked for them.
+                self._query(ANNOUNCE_JOBS, [*params, sorted(self.app.jobs)])
+            else:
+                self._query(ANNOUNCE, params)
         except DB_GONE as err:
             self._lost_connection(err)
 
@@ -1258,15 +1326,46 @@ class Worker:
 
     def _connect(self, *, first: bool = False) -> None:
         conn = connect(self.app.dsn, "x_jobs worker", patience=self._patience)
-        if first and self.check_version:
+        if first:
             try:
-                version = self.app.check_version(conn)
-                health.log_failing(conn, version, logger)  # once, at start (0.4.0 on)
+                self._start_with(conn)
             except BaseException:
                 conn.close()
                 raise
         self._conn = conn
         self._watch.silent = False
+
+    def _start_with(self, conn: psycopg.Connection[Any]) -> None:
+        """At the start: check the version (unless told not to), and on 0.4.0 or later record
+        what the app's jobs declare (x_jobs.declare_jobs), so that every producer's enqueue of
+        them gets it. On an older database the worker does as 0.3.9's did: no declarations, and
+        a job it has no handler for fails its attempt."""
+        if self.check_version:
+            version = self.app.check_version(conn)
+        else:
+            try:
+                row = conn.execute("SELECT x_jobs.version()").fetchone()
+            except psycopg.Error:
+                row = None
+            version = str(row[0]) if row else ""
+        health.log_failing(conn, version, logger)  # once, at start (0.4.0 on)
+        self._declares = declarations.speaks_declarations(version)
+        if not self._declares:
+            return
+        try:
+            names = declarations.declare(
+                conn, self.app, declared_by=self.worker_id, build=self.build
+            )
+        except psycopg.errors.InsufficientPrivilege as err:
+            # A login without x_jobs_worker, refused here before its first claim.
+            raise PermissionDenied.of(err) from err
+        except psycopg.Error as err:
+            # A declaration the database refuses (a timeout of 0: X_JOB_TIMEOUT_INVALID).
+            typed = translate(err)
+            if typed is err:
+                raise
+            raise typed from err
+        logger.info("jobs declared", extra={"worker": self.worker_id, "jobs": names})
 
     def _query(self, statement: LiteralString, params: list[Any]) -> list[tuple[Any, ...]]:
         """One call on the dispatcher's connection, watched (see CallWatch)."""

@@ -2,7 +2,7 @@
 -- volatile it is, whose rights it runs with, which settings it pins, and who may use what.
 -- A change to any of these is a change to the API: it shows up here first, on purpose.
 BEGIN;
-SELECT plan(706);
+SELECT plan(792);
 
 -- The functions of the API, one row each, with what 00-schema pins about them. `args` is how
 -- pgTAP's catalog view spells the argument types (regtype output: 'timestamp with time zone',
@@ -98,7 +98,7 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
 ('pause_queue', '{text}', 'boolean', 'VOLATILE', NULL),
 ('resume_queue', '{text}', 'boolean', 'VOLATILE', NULL),
 (
-    'announce_worker', '{text,text[],text,boolean,interval}', 'x_jobs.worker', 'VOLATILE',
+    'announce_worker', '{text,text[],text,boolean,interval,text[]}', 'x_jobs.worker', 'VOLATILE',
     'so a worker settles only what it claimed, with no right to write the tables'
 ),
 (
@@ -174,7 +174,30 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
     'receive_webhook', '{text,text,text,jsonb,text,jsonb}', 'setof record', 'VOLATILE',
     'so a producer records a webhook and its job without any right on the ledger or the jobs'
 ),
-('purge_webhook_ledger', '{interval,integer}', 'bigint', 'VOLATILE', NULL);
+('purge_webhook_ledger', '{interval,integer}', 'bigint', 'VOLATILE', NULL),
+-- Declarations (0.4.0).
+('_filled', '{x_jobs.enqueue_request,x_jobs.job_type}', 'x_jobs.enqueue_request', 'IMMUTABLE', NULL),
+('_wake_parked', '{text[],text[],integer}', 'integer', 'VOLATILE', NULL),
+('_declare', '{x_jobs.job_type[]}', 'setof x_jobs.job_type', 'VOLATILE', NULL),
+('_declarer', '{text}', 'text', 'STABLE', NULL),
+(
+    'declare_job',
+    '{text,text,integer,interval,interval,boolean,interval,integer,text,boolean,integer,text,text}',
+    'x_jobs.job_type', 'VOLATILE', 'so a worker declares its jobs with no right to write the tables'
+),
+(
+    'declare_jobs', '{jsonb,text,text}', 'setof x_jobs.job_type', 'VOLATILE',
+    'so a worker declares its jobs with no right to write the tables'
+),
+(
+    'job_types', '{}', 'setof record', 'STABLE',
+    'so a worker reads the declarations and who serves them, and no job input'
+),
+('drop_job_type', '{text}', 'boolean', 'VOLATILE', NULL),
+(
+    'hand_back', '{bigint[],text,interval}', 'setof record', 'VOLATILE',
+    'so a worker settles only what it claimed, with no right to write the tables'
+);
 
 -- Who may execute what, as the Grants section states it: the lowest x_jobs role granted
 -- EXECUTE (a worker is a member of producer and an admin of worker, and has_function_privilege,
@@ -260,7 +283,18 @@ INSERT INTO api_grant (fn, lowest_role, to_pg_monitor) VALUES
 ('outbox_nack', 'x_jobs_worker', FALSE),
 ('outbox_redrive', 'x_jobs_admin', FALSE),
 ('purge_outbox', 'x_jobs_admin', FALSE),
-('purge_webhook_ledger', 'x_jobs_admin', FALSE);
+('purge_webhook_ledger', 'x_jobs_admin', FALSE),
+-- Declarations (0.4.0): a worker declares, reads the declarations and hands back what it cannot
+-- run (the helpers run inside those functions, as their owner); an admin forgets a declaration.
+('_filled', NULL, FALSE),
+('_wake_parked', NULL, FALSE),
+('_declare', NULL, FALSE),
+('_declarer', NULL, FALSE),
+('declare_job', 'x_jobs_worker', FALSE),
+('declare_jobs', 'x_jobs_worker', FALSE),
+('job_types', 'x_jobs_worker', FALSE),
+('drop_job_type', 'x_jobs_admin', FALSE),
+('hand_back', 'x_jobs_worker', FALSE);
 
 -- The roles a grant is checked for, in the order of their membership chain.
 CREATE TEMP TABLE grant_role (grantee name PRIMARY KEY, chain_rank integer);
@@ -290,10 +324,10 @@ SELECT tables_are(
     'x_jobs',
     ARRAY[
         'job', 'job_error', 'queue_pause', 'worker', 'queue_snapshot', 'counter', 'step', 'event', 'outbox',
-        'webhook_ledger'
+        'webhook_ledger', 'job_type'
     ],
     'The x_jobs schema should hold exactly the tables job, job_error, queue_pause, worker, queue_snapshot, counter, '
-    'step, event, outbox and webhook_ledger'
+    'step, event, outbox, webhook_ledger and job_type'
 );
 
 SELECT sequences_are(
@@ -454,6 +488,55 @@ SELECT results_eq(
     'The outbox and webhook_ledger tables should have exactly their documented keys and checks'
 );
 
+-- A declaration is what declare_job answers and every enqueue of its name reads (0.4.0); what a
+-- worker announces it serves is the last column of x_jobs.worker.
+SELECT results_eq(
+    $$
+    SELECT
+        a.attrelid::regclass::text,
+        a.attname::text COLLATE "default",
+        pg_catalog.format_type(a.atttypid, a.atttypmod),
+        a.attnotnull
+    FROM pg_catalog.pg_attribute AS a
+    WHERE
+        (a.attrelid = 'x_jobs.job_type'::regclass OR (a.attrelid = 'x_jobs.worker'::regclass AND a.attname = 'jobs'))
+        AND a.attnum > 0
+        AND NOT a.attisdropped
+    ORDER BY a.attrelid::regclass::text, a.attnum
+    $$,
+    $$
+    VALUES
+        ('x_jobs.job_type', 'name', 'text', TRUE),
+        ('x_jobs.job_type', 'queue', 'text', FALSE),
+        ('x_jobs.job_type', 'max_attempts', 'integer', FALSE),
+        ('x_jobs.job_type', 'priority', 'integer', FALSE),
+        ('x_jobs.job_type', 'dead_letter', 'boolean', FALSE),
+        ('x_jobs.job_type', 'backoff_base', 'interval', FALSE),
+        ('x_jobs.job_type', 'backoff_max', 'interval', FALSE),
+        ('x_jobs.job_type', 'keep_done', 'boolean', FALSE),
+        ('x_jobs.job_type', 'concurrency_key', 'text', FALSE),
+        ('x_jobs.job_type', 'concurrency_limit', 'integer', FALSE),
+        ('x_jobs.job_type', 'timeout', 'interval', FALSE),
+        ('x_jobs.job_type', 'declared_at', 'timestamp with time zone', TRUE),
+        ('x_jobs.job_type', 'declared_by', 'text', TRUE),
+        ('x_jobs.job_type', 'build', 'text', FALSE),
+        ('x_jobs.worker', 'jobs', 'text[]', FALSE)
+    $$,
+    'The job_type table and worker.jobs should have the documented columns, types and NOT NULLs, in order'
+);
+
+SELECT is(
+    (
+        SELECT max(a.attnum) FROM pg_catalog.pg_attribute AS a
+        WHERE a.attrelid = 'x_jobs.worker'::regclass
+    ),
+    (
+        SELECT a.attnum FROM pg_catalog.pg_attribute AS a
+        WHERE a.attrelid = 'x_jobs.worker'::regclass AND a.attname = 'jobs'
+    ),
+    'x_jobs.worker.jobs should be the last column, where the 0.3.9 -> 0.4.0 update adds it'
+);
+
 -- The composite types are the shape of what enqueue takes and answers: callers read them by name.
 SELECT results_eq(
     $$
@@ -506,10 +589,10 @@ SELECT indexes_are(
     ARRAY[
         'job_pkey', 'job_ready_idx', 'job_waiting_idx', 'job_running_idx', 'job_ready_keyed_idx',
         'job_waiting_keyed_idx', 'job_idempotency_key_idx', 'job_concurrency_idx', 'job_keyed_idx',
-        'job_queue_key_idx', 'job_ended_idx'
+        'job_queue_key_idx', 'job_ended_idx', 'job_parked_idx'
     ],
     'x_jobs.job should have exactly its primary key, the three claim arms, the keyed windows, the live-key, '
-    'the concurrency, the keyed, the queue-key and the ended indexes'
+    'the concurrency, the keyed, the queue-key, the ended and the parked indexes'
 );
 
 -- The claim, queue_demand and list_jobs repeat these predicates word for word (a partial index is
@@ -539,6 +622,9 @@ SELECT results_eq(
          'CREATE INDEX job_keyed_idx ON x_jobs.job USING btree (concurrency_key, queue, priority, run_at, id) '
          'INCLUDE (concurrency_limit) WHERE ((concurrency_key IS NOT NULL) AND (state = ANY '
          '(ARRAY[''ready''::x_jobs.job_state, ''delayed''::x_jobs.job_state, ''suspended''::x_jobs.job_state])))'),
+        ('x_jobs.job_parked_idx',
+         'CREATE INDEX job_parked_idx ON x_jobs.job USING btree (queue, name, id) '
+         'WHERE ((state = ''delayed''::x_jobs.job_state) AND (run_at = ''infinity''::timestamp with time zone))'),
         ('x_jobs.job_pkey',
          'CREATE UNIQUE INDEX job_pkey ON x_jobs.job USING btree (id)'),
         ('x_jobs.job_queue_key_idx',
@@ -671,14 +757,15 @@ SELECT results_eq(
         ('x_jobs.job', ''),
         ('x_jobs.job_error', ''),
         ('x_jobs.job_id_seq', ''),
+        ('x_jobs.job_type', ''),
         ('x_jobs.outbox', ''),
         ('x_jobs.outbox_id_seq', ''),
         ('x_jobs.queue_pause', ''),
         ('x_jobs.step', ''),
         ('x_jobs.webhook_ledger', '')
     $$,
-    'pg_dump should keep every row of job, job_error, queue_pause, counter, step, event, outbox and webhook_ledger, '
-    'and the three id sequences'
+    'pg_dump should keep every row of job, job_error, queue_pause, counter, step, event, outbox, webhook_ledger and '
+    'job_type, and the three id sequences'
 );
 
 -- Every function: return type, volatility, security ------------------------------------------
@@ -759,6 +846,19 @@ SELECT is(
     'x_jobs.relay_outbox() should answer (id, topic, key, payload, headers, attempt)'
 );
 SELECT is(
+    pg_catalog.pg_get_function_result('x_jobs.job_types()'::regprocedure),
+    'TABLE(name text, queue text, max_attempts integer, priority integer, dead_letter boolean, '
+    'backoff_base interval, backoff_max interval, keep_done boolean, concurrency_key text, '
+    'concurrency_limit integer, timeout interval, declared_at timestamp with time zone, declared_by text, '
+    'build text, served_by text[], parked bigint)',
+    'x_jobs.job_types() should answer the declaration, who serves it and how many rows are parked'
+);
+SELECT is(
+    pg_catalog.pg_get_function_result('x_jobs.hand_back(bigint[], text, interval)'::regprocedure),
+    'TABLE(id bigint, name text, parked boolean, served_by text[])',
+    'x_jobs.hand_back() should answer (id, name, parked, served_by)'
+);
+SELECT is(
     pg_catalog.pg_get_function_result('x_jobs.receive_webhook(text, text, text, jsonb, text, jsonb)'::regprocedure),
     'TABLE(job_id bigint, duplicate boolean)',
     'x_jobs.receive_webhook() should answer (job_id, duplicate)'
@@ -776,9 +876,9 @@ SELECT set_eq(
             SELECT FROM unnest(p.proconfig) AS s (setting) WHERE s.setting LIKE 'search\_path=%'
         )
     $$,
-    ARRAY['now', '_minute', '_shard', '_max_payload_bytes', '_payload_bytes', '_clock'],
+    ARRAY['now', '_minute', '_shard', '_max_payload_bytes', '_payload_bytes', '_clock', '_filled'],
     'Every function should pin search_path except the tiny SQL helpers now, _minute, _shard, _max_payload_bytes, '
-    '_payload_bytes and _clock'
+    '_payload_bytes, _clock and _filled'
 );
 
 SELECT is_empty(
@@ -788,7 +888,7 @@ SELECT is_empty(
     INNER JOIN pg_catalog.pg_language AS l ON p.prolang = l.oid
     WHERE
         p.pronamespace = 'x_jobs'::regnamespace
-        AND p.proname IN ('now', '_minute', '_shard', '_max_payload_bytes', '_payload_bytes', '_clock')
+        AND p.proname IN ('now', '_minute', '_shard', '_max_payload_bytes', '_payload_bytes', '_clock', '_filled')
         AND (l.lanname <> 'sql' OR p.proconfig IS NOT NULL OR p.prosecdef)
     $$,
     'The helpers that skip search_path should be plain SQL functions with no SET clause, so they can inline'
@@ -871,14 +971,14 @@ INSERT INTO api_param (fn, arguments) VALUES
 ('health', ''),
 (
     'enqueue',
-    'name text, input jsonb DEFAULT ''{}''::jsonb, queue text DEFAULT ''default''::text, '
+    'name text, input jsonb DEFAULT ''{}''::jsonb, queue text DEFAULT NULL::text, '
     'run_at timestamp with time zone DEFAULT NULL::timestamp with time zone, '
-    'idempotency_key text DEFAULT NULL::text, max_attempts integer DEFAULT 25, '
-    'priority integer DEFAULT 0, tenant_id text DEFAULT ''none''::text, '
+    'idempotency_key text DEFAULT NULL::text, max_attempts integer DEFAULT NULL::integer, '
+    'priority integer DEFAULT NULL::integer, tenant_id text DEFAULT NULL::text, '
     'concurrency_key text DEFAULT NULL::text, traceparent text DEFAULT NULL::text, '
     'enqueued_by text DEFAULT NULL::text, concurrency_limit integer DEFAULT NULL::integer, '
-    'dead_letter boolean DEFAULT true, backoff_base interval DEFAULT ''00:00:01''::interval, '
-    'backoff_max interval DEFAULT ''01:00:00''::interval, keep_done boolean DEFAULT true'
+    'dead_letter boolean DEFAULT NULL::boolean, backoff_base interval DEFAULT NULL::interval, '
+    'backoff_max interval DEFAULT NULL::interval, keep_done boolean DEFAULT NULL::boolean'
 ),
 ('enqueue_many', 'jobs jsonb'),
 ('result', 'id bigint'),
@@ -923,7 +1023,7 @@ INSERT INTO api_param (fn, arguments) VALUES
 (
     'announce_worker',
     'worker text, queues text[], build text DEFAULT NULL::text, draining boolean DEFAULT false, '
-    'ttl interval DEFAULT ''00:01:00''::interval'
+    'ttl interval DEFAULT ''00:01:00''::interval, jobs text[] DEFAULT NULL::text[]'
 ),
 ('queue_demand', ''),
 ('queue_stats', ''),
@@ -984,7 +1084,21 @@ INSERT INTO api_param (fn, arguments) VALUES
     'source text, webhook_id text, name text, input jsonb DEFAULT NULL::jsonb, queue text DEFAULT NULL::text, '
     'request jsonb DEFAULT NULL::jsonb'
 ),
-('purge_webhook_ledger', 'older_than interval, batch_size integer DEFAULT 10000');
+('purge_webhook_ledger', 'older_than interval, batch_size integer DEFAULT 10000'),
+-- Declarations (0.4.0).
+(
+    'declare_job',
+    'name text, queue text DEFAULT NULL::text, max_attempts integer DEFAULT NULL::integer, '
+    'backoff_base interval DEFAULT NULL::interval, backoff_max interval DEFAULT NULL::interval, '
+    'dead_letter boolean DEFAULT NULL::boolean, timeout interval DEFAULT NULL::interval, '
+    'concurrency_limit integer DEFAULT NULL::integer, concurrency_key text DEFAULT NULL::text, '
+    'keep_done boolean DEFAULT NULL::boolean, priority integer DEFAULT NULL::integer, '
+    'declared_by text DEFAULT NULL::text, build text DEFAULT NULL::text'
+),
+('declare_jobs', 'jobs jsonb, declared_by text DEFAULT NULL::text, build text DEFAULT NULL::text'),
+('job_types', ''),
+('drop_job_type', 'name text'),
+('hand_back', 'ids bigint[], worker text, delay interval DEFAULT ''00:00:01''::interval');
 
 SELECT set_eq(
     $$ SELECT e.fn FROM api_param AS e $$,
@@ -1102,7 +1216,10 @@ SELECT set_eq(
         ('outbox', 'x_jobs_admin', 'UPDATE'),
         ('outbox', 'x_jobs_admin', 'DELETE'),
         ('webhook_ledger', 'x_jobs_admin', 'SELECT'),
-        ('webhook_ledger', 'x_jobs_admin', 'DELETE')
+        ('webhook_ledger', 'x_jobs_admin', 'DELETE'),
+        -- Declarations: workers write them through declare_job(s), which run as their owner.
+        ('job_type', 'x_jobs_admin', 'SELECT'),
+        ('job_type', 'x_jobs_admin', 'DELETE')
     $$,
     'Table and sequence privileges should be granted directly only as the Grants section states, none to PUBLIC'
 );
@@ -1239,7 +1356,12 @@ FROM (
     ('webhook_ledger', 'x_jobs_worker', '{}'),
     ('webhook_ledger', 'x_jobs_admin', '{DELETE,SELECT}'),
     ('webhook_ledger', 'pg_monitor', '{}'),
-    ('webhook_ledger', 'public', '{}')
+    ('webhook_ledger', 'public', '{}'),
+    ('job_type', 'x_jobs_producer', '{}'),
+    ('job_type', 'x_jobs_worker', '{}'),
+    ('job_type', 'x_jobs_admin', '{DELETE,SELECT}'),
+    ('job_type', 'pg_monitor', '{}'),
+    ('job_type', 'public', '{}')
 ) AS t (tbl, grantee, privs)
 INNER JOIN grant_role AS r ON t.grantee = r.grantee
 ORDER BY t.tbl, r.grantee;

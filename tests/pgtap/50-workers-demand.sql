@@ -14,14 +14,16 @@ SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 SELECT results_eq(
     $$SELECT * FROM x_jobs.announce_worker('t50-w1', ARRAY['a', 'b'], 'v1', FALSE, '60 seconds')$$,
     $$VALUES ('t50-w1', ARRAY['a', 'b'], 'v1', '2030-01-01 10:00:00+00'::timestamptz,
-              '2030-01-01 10:00:00+00'::timestamptz, '2030-01-01 10:01:00+00'::timestamptz, NULL::timestamptz)$$,
+              '2030-01-01 10:00:00+00'::timestamptz, '2030-01-01 10:01:00+00'::timestamptz, NULL::timestamptz,
+              NULL::text[])$$,
     'The first announce should answer a new row: started and seen now, expiring at now + ttl, not draining'
 );
 
 SELECT results_eq(
     $$SELECT * FROM x_jobs.worker WHERE id = 't50-w1'$$,
     $$VALUES ('t50-w1', ARRAY['a', 'b'], 'v1', '2030-01-01 10:00:00+00'::timestamptz,
-              '2030-01-01 10:00:00+00'::timestamptz, '2030-01-01 10:01:00+00'::timestamptz, NULL::timestamptz)$$,
+              '2030-01-01 10:00:00+00'::timestamptz, '2030-01-01 10:01:00+00'::timestamptz, NULL::timestamptz,
+              NULL::text[])$$,
     'The first announce should insert the worker''s row'
 );
 
@@ -30,7 +32,8 @@ SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:20+00';
 SELECT results_eq(
     $$SELECT * FROM x_jobs.announce_worker('t50-w1', ARRAY['c'], 'v2', FALSE, '2 minutes')$$,
     $$VALUES ('t50-w1', ARRAY['c'], 'v2', '2030-01-01 10:00:00+00'::timestamptz,
-              '2030-01-01 10:00:20+00'::timestamptz, '2030-01-01 10:02:20+00'::timestamptz, NULL::timestamptz)$$,
+              '2030-01-01 10:00:20+00'::timestamptz, '2030-01-01 10:02:20+00'::timestamptz, NULL::timestamptz,
+              NULL::text[])$$,
     'A later announce should update queues, build, seen_at and expires_at, and keep started_at'
 );
 

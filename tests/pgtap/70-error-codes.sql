@@ -2,7 +2,7 @@
 -- (every SQLSTATE and X_ code an x_jobs body raises is in it, paired as raised) and true (every
 -- entry is raised somewhere), with unique codes and SQLSTATEs. The bodies are read from pg_proc.
 BEGIN;
-SELECT plan(16);
+SELECT plan(17);
 
 -- Every RAISE EXCEPTION of every x_jobs function, one row each: the text from that RAISE to the
 -- next one (or the end of the body), the ERRCODE it names and the X_ code its MESSAGE starts with
@@ -119,7 +119,8 @@ SELECT is_empty(
 -- renamed code is an API change. 0.2.0 added XJ024..XJ033 (steps and events) and XJ034..XJ037
 -- (the outbox and the webhook ledger), 0.3.3 XJ038 (the test clock), 0.3.5 XJ039 (times clients cannot read),
 -- 0.3.8 XJ040 (a malformed x_jobs.max_payload_bytes), 0.4.0 XJ041 and XJ042 (the roles an install
--- finds), XJ044 and XJ045 (the bulk operations' filters), XJ051 (queue_gauges' max_age).
+-- finds), XJ044 and XJ045 (the bulk operations' filters), XJ047 and XJ048 (declarations), XJ051
+-- (queue_gauges' max_age).
 SELECT set_eq(
     $$SELECT sqlstate, code FROM x_jobs.error_codes()$$,
     $$VALUES
@@ -137,7 +138,8 @@ SELECT set_eq(
         ('XJ034', 'X_TOPIC_INVALID'), ('XJ035', 'X_MESSAGE_INVALID'), ('XJ036', 'X_RELAY_INVALID'),
         ('XJ037', 'X_WEBHOOK_INVALID'), ('XJ038', 'X_CLOCK_REFUSED'), ('XJ039', 'X_TIME_INVALID'),
         ('XJ040', 'X_SETTING_INVALID'), ('XJ041', 'X_ROLE_UNSAFE'), ('XJ042', 'X_ROLES_MISSING'),
-        ('XJ044', 'X_STATE_NOT_ALLOWED'), ('XJ045', 'X_RANGE_EMPTY'), ('XJ051', 'X_MAX_AGE_INVALID'),
+        ('XJ044', 'X_STATE_NOT_ALLOWED'), ('XJ045', 'X_RANGE_EMPTY'), ('XJ047', 'X_DECLARATIONS_INVALID'),
+        ('XJ048', 'X_JOB_TIMEOUT_INVALID'), ('XJ051', 'X_MAX_AGE_INVALID'),
         ('40001', 'X_ENQUEUE_RACE')$$,
     'error_codes() should list exactly the documented SQLSTATE and X_ code pairs'
 );
@@ -171,6 +173,15 @@ SELECT set_eq(
       FROM raised AS r WHERE r.sqlstate IN ('XJ041', 'XJ042')$$,
     $$VALUES ('XJ041', '_setup_roles'), ('XJ042', '_setup_roles')$$,
     'XJ041 and XJ042 should be raised only by _setup_roles, which the install and update scripts run'
+);
+
+-- The declarations' own codes come from the declaring functions only.
+SELECT set_eq(
+    $$SELECT DISTINCT r.sqlstate, regexp_replace(r.fn, '^x_jobs\.|\(.*$', '', 'g')
+      FROM raised AS r
+      WHERE r.sqlstate IN ('XJ047', 'XJ048')$$,
+    $$VALUES ('XJ047', '_declare'), ('XJ047', 'declare_jobs'), ('XJ048', '_declare')$$,
+    'XJ047 and XJ048 should be raised only by the declaring functions'
 );
 
 SELECT * FROM finish();

@@ -7,7 +7,7 @@
 -- the test; each block runs under SET ROLE and ends with RESET ROLE. The clock is moved with
 -- SET LOCAL "x_jobs.fake_now", which only a superuser's session may do (the last block).
 BEGIN;
-SELECT plan(123);
+SELECT plan(140);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
@@ -984,6 +984,137 @@ SELECT is_empty(
       SELECT FROM x_jobs.step WHERE job_id NOT IN (SELECT id FROM x_jobs.job)$$,
     'The worker role''s complete should have deleted the row and its steps'
 );
+
+------------------------------------------------------------------------------------------------
+-- Declarations (0.4.0)
+------------------------------------------------------------------------------------------------
+
+SET LOCAL "x_jobs.fake_now" = '2030-01-01 13:00:00+00';
+
+SET ROLE t80_producer;
+
+SELECT throws_ok(
+    $$SELECT x_jobs.declare_job('t80_d1')$$,
+    '42501',
+    'permission denied for function declare_job',
+    'A producer should not be able to declare a job'
+);
+
+SELECT lives_ok(
+    $$SELECT x_jobs.enqueue('t80_d0', queue => 't80-d')$$,
+    'A producer should be able to enqueue a job whose type nobody declared (enqueue reads the declarations as '
+    'its owner)'
+);
+
+RESET ROLE;
+
+SET ROLE t80_worker;
+
+SELECT is(
+    (
+        SELECT d.max_attempts
+        FROM x_jobs.declare_job('t80_d1', queue => 't80-d', max_attempts => 3, declared_by => 't80-w') AS d
+    ),
+    3,
+    'A worker should be able to declare a job'
+);
+
+SELECT is(
+    (SELECT count(*)::integer FROM x_jobs.declare_jobs('[{"name": "t80_d2"}, {"name": "t80_d3"}]', 't80-w')),
+    2,
+    'A worker should be able to declare many jobs in one call'
+);
+
+SELECT results_eq(
+    $$SELECT name, max_attempts, declared_by FROM x_jobs.job_types() WHERE name LIKE 't80_d%' ORDER BY name$$,
+    $$VALUES ('t80_d1', 3, 't80-w'), ('t80_d2', NULL, 't80-w'), ('t80_d3', NULL, 't80-w')$$,
+    'A worker should be able to read the declarations'
+);
+
+SELECT throws_ok(
+    $$SELECT * FROM x_jobs.job_type$$,
+    '42501',
+    'permission denied for table job_type',
+    'A worker should not be able to read the declarations table itself'
+);
+
+SELECT throws_ok(
+    $$UPDATE x_jobs.job_type SET max_attempts = 99$$,
+    '42501',
+    'permission denied for table job_type',
+    'A worker should not be able to rewrite declarations but by declaring'
+);
+
+SELECT throws_ok(
+    $$SELECT x_jobs.drop_job_type('t80_d1')$$,
+    '42501',
+    'permission denied for function drop_job_type',
+    'A worker should not be able to forget a declaration'
+);
+
+SELECT lives_ok(
+    $$SELECT x_jobs.enqueue('t80_d1')$$,
+    'A worker should be able to enqueue a job it declared'
+);
+
+SELECT results_eq(
+    $$SELECT queue, max_attempts FROM x_jobs.job WHERE name = 't80_d1'$$,
+    $$VALUES ('t80-d', 3)$$,
+    'A worker''s enqueue should get the declared queue and max_attempts (enqueue reads them as its owner)'
+);
+
+SELECT results_eq(
+    $$SELECT h.name, h.parked FROM x_jobs.hand_back(
+          ARRAY(SELECT c.id FROM x_jobs.claim(ARRAY['t80-d'], 't80-wd', qty => 10) AS c WHERE c.name = 't80_d0'),
+          't80-wd') AS h$$,
+    $$VALUES ('t80_d0', TRUE)$$,
+    'A worker should be able to hand back a job it claimed, parked when no worker serves it'
+);
+
+SELECT is_empty(
+    $$SELECT * FROM x_jobs.hand_back(ARRAY(SELECT id FROM x_jobs.job WHERE claimed_by = 't80-wd'), 't80-other')$$,
+    'A worker should not be able to hand back a job another worker holds'
+);
+
+SELECT is(
+    (SELECT w.jobs FROM x_jobs.announce_worker('t80-wd2', ARRAY['t80-d'], jobs => ARRAY['t80_d0']) AS w),
+    ARRAY['t80_d0'],
+    'A worker should be able to announce the jobs it serves (which wakes their parked rows as the owner)'
+);
+
+RESET ROLE;
+
+SELECT is(
+    (
+        SELECT state::text FROM x_jobs.job
+        WHERE name = 't80_d0'
+    ),
+    'ready',
+    'The worker''s announce should have made the parked row due'
+);
+
+SET ROLE t80_admin;
+
+SELECT is(x_jobs.drop_job_type('t80_d3'), TRUE, 'An admin should be able to forget a declaration');
+
+SELECT results_eq(
+    $$SELECT name FROM x_jobs.job_type WHERE name LIKE 't80_d%' ORDER BY name$$,
+    $$VALUES ('t80_d1'), ('t80_d2')$$,
+    'An admin should be able to read the declarations table'
+);
+
+RESET ROLE;
+
+SET ROLE t80_monitor;
+
+SELECT throws_ok(
+    $$SELECT * FROM x_jobs.job_types()$$,
+    '42501',
+    'permission denied for function job_types',
+    'A pg_monitor member should not be able to read the declarations'
+);
+
+RESET ROLE;
 
 ------------------------------------------------------------------------------------------------
 -- The test clock: only a superuser's session moves it

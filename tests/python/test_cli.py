@@ -2215,3 +2215,69 @@ def test_a_worker_whose_metrics_port_is_taken_says_so_in_one_line(dsn: str) -> N
         f"x-jobs: X_METRICS_PORT_UNAVAILABLE: cannot serve metrics on port {port}"
     ), line
     assert "--metrics-port" in hint
+
+
+# --- manifest: the job declarations ------------------------------------------------------------
+
+
+def test_manifest_of_an_app_prints_what_it_declares_without_a_database() -> None:
+    doc = as_json(x_jobs("manifest", "apps.deploy:new", "--json", "--dsn", "host=/nonexistent"))
+    by_name = {d["name"]: d for d in doc["declarations"]}
+    assert sorted(by_name) == ["deploy.ping", "deploy.report"]
+    report = by_name["deploy.report"]
+    assert (report["queue"], report["max_attempts"], report["timeout"]) == (
+        "deploy",
+        3,
+        "60.000000 seconds",
+    )
+    table = succeeded(x_jobs("manifest", "apps.deploy:new")).stdout
+    assert re.search(r"deploy\.report\s+deploy\s+3\s+0\.05s\.\.0\.05s\s+yes\s+60s\s+-\s+yes", table)
+
+
+def test_manifest_lists_the_declarations_who_serves_them_and_the_parked_jobs(
+    dsn: str, conn: Conn
+) -> None:
+    conn.execute(
+        "SELECT x_jobs.declare_job('deploy.report', queue => 'deploy', max_attempts => 3,"
+        " timeout => '1 minute', concurrency_limit => 2, declared_by => 'host:1:new',"
+        " build => 'v2')"
+    )
+    conn.execute(
+        "SELECT x_jobs.announce_worker('host:1:new', ARRAY['deploy'],"
+        " jobs => ARRAY['deploy.report'])"
+    )
+    conn.execute("SELECT x_jobs.enqueue('mystery', queue => 'deploy')")
+    conn.execute(
+        "SELECT x_jobs.hand_back(ARRAY(SELECT id FROM x_jobs.claim(ARRAY['deploy'], 'host:2:old')),"
+        " 'host:2:old')"
+    )
+
+    doc = as_json(x_jobs("manifest", "--json", "--dsn", dsn))
+    by_name = {t["name"]: t for t in doc["job_types"]}
+    assert sorted(by_name) == ["deploy.report", "mystery"]
+    report = by_name["deploy.report"]
+    assert (report["max_attempts"], report["timeout"], report["concurrency_limit"]) == (3, 60.0, 2)
+    assert (report["declared_by"], report["build"], report["served_by"]) == (
+        "host:1:new",
+        "v2",
+        ["host:1:new"],
+    )
+    assert (by_name["mystery"]["declared_at"], by_name["mystery"]["parked"]) == (None, 1)
+
+    table = succeeded(x_jobs("manifest", "--dsn", dsn)).stdout
+    assert re.search(
+        r"deploy\.report\s+deploy\s+3\s.*2 per key from the input.*host:1:new \(v2\)", table
+    )
+    assert re.search(r"mystery\s.*not declared\s+-\s+1$", table, re.M)
+
+
+def test_manifest_of_a_database_before_0_4_0_says_it_has_no_declarations(admin: Conn) -> None:
+    with (
+        fresh_database(admin, "template1", prefix="x_jobs_old") as old_dsn,
+        psycopg.connect(old_dsn, autocommit=True) as conn,
+    ):
+        conn.execute("CREATE EXTENSION x_jobs VERSION '0.3.9'")
+        line, hint = one_line_and_hint(failed(x_jobs("manifest", "--dsn", old_dsn), 2))
+    assert line.startswith("x-jobs: X_VERSION_UNSUPPORTED: declarations are recorded from")
+    assert "0.3.9" in line
+    assert "MODULE:APP" in hint

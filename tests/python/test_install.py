@@ -178,6 +178,7 @@ def test_install_gives_the_schema_create_extension_gives(plain_dsn: str, dsn: st
         "event",
         "job",
         "job_error",
+        "job_type",
         "outbox",
         "queue_pause",
         "queue_snapshot",

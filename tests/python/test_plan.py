@@ -1,7 +1,8 @@
 """The claim SEEKS: on a big table its statements read about qty rows, through the partial indexes.
 
 A module database gets 1,000,000 done rows and 100,000 due ready rows (plus some not-yet-due
-delayed rows and unexpired running rows, and a few concurrency keys), so that any plan that reads
+delayed rows, parked rows of a name no worker serves, unexpired running rows, and a few
+concurrency keys), so that any plan that reads
 the backlog instead of seeking into it shows up as tens of thousands of rows. auto_explain logs
 the real (ANALYZE) plan of every statement the claim runs, as JSON, through NOTICEs.
 """
@@ -21,10 +22,13 @@ from plans import PlanLog, nodes, rows_read
 logger = logging.getLogger(__name__)
 
 #: The rows FILL writes, by state.
+#: Rows handed back while no worker served their name (x_jobs.hand_back): delayed until
+#: infinity, in every queue, some with a concurrency key.
+PARKED = 20_000
 FILLED = {
     "done": 1_000_000,
     "ready": 100_000,
-    "delayed": 10_000,
+    "delayed": 10_000 + PARKED,
     "suspended": 10_000,
     "running": 10_000,
 }
@@ -83,6 +87,20 @@ FILL: list[LiteralString] = [
            '1 second', '1 hour',
            CASE WHEN g % 2 = 0 THEN 'delayed' ELSE 'suspended' END::x_jobs.job_state,
            25, 'later', (ARRAY['default', 'q2', 'q3'])[1 + g % 3], 'none', '{}'
+    FROM generate_series(1, 20000) AS g
+    """,
+    # Parked (0.4.0): due at no time, last in the waiting arm's order; no claim may read them,
+    # however many pile up at a queue while no worker serves their name.
+    """
+    INSERT INTO x_jobs.job (
+        run_at, created_at, updated_at, run_id, backoff_base, backoff_max, state, max_attempts,
+        claims, name, queue, tenant_id, concurrency_key, concurrency_limit, input
+    )
+    SELECT 'infinity', now(), now(), gen_random_uuid(), '1 second', '1 hour', 'delayed', 25, 1,
+           'unserved', (ARRAY['default', 'q2', 'q3'])[1 + g % 3], 'none',
+           CASE WHEN g % 10 = 0 THEN 'unserved-' || g % 7 END,
+           CASE WHEN g % 10 = 0 THEN 1 END,
+           '{}'
     FROM generate_series(1, 20000) AS g
     """,
     # Held under unexpired leases: the lapsed arm must read none of them. A few hold a key.
@@ -353,6 +371,65 @@ def test_claim_statements_are_not_jit_compiled(big_connect: Connect) -> None:
                 f"JIT compiled {plan['Query Text'][:60]!r} (plan cost "
                 f"{plan['Plan']['Total Cost']}, JIT {plan['JIT']['Timing']['Total']} ms)"
             )
+
+
+# Declarations: the announce's wake and the hand-back -----------------------------------------
+
+#: How many parked rows an announce wakes at most (see x_jobs.announce_worker).
+WAKE_BOUND = 10_000
+
+
+def test_announce_and_hand_back_read_only_the_rows_they_touch(big_connect: Connect) -> None:
+    """An announce wakes the parked rows it serves through job_parked_idx, a seek per queue and
+    name, so that beside 20,000 parked rows of a name it does not serve it reads none of them,
+    and wakes at most WAKE_BOUND a call of one it does. A hand-back reaches its rows by id."""
+    conn = big_connect(name="plan-announcer")
+    conn.execute("SET jit = off")
+    log = PlanLog(conn)
+    queues = ["default", "q2", "q3"]
+    with conn.transaction(force_rollback=True):
+        # Past the 5 calls after which PL/pgSQL may keep a generic plan.
+        for call in range(7):
+            log.take()
+            conn.execute(
+                "SELECT x_jobs.announce_worker('plan-announcer', %s, jobs => %s)",
+                [queues, ["work", "busy", "later"]],
+            )
+            for plan in _nested(log, "x_jobs.announce_worker("):
+                where = f"call {call + 1}: {str(plan['Query Text']).strip()[:60]!r}"
+                assert read_problems(plan, {"job": {"job_parked_idx"}}, SLACK) == [], where
+
+        ids = [
+            row[0]
+            for row in conn.execute(
+                "SELECT id FROM x_jobs.claim(ARRAY['default'], 'plan-hander', '1 hour', %s)",
+                [QTY],
+            ).fetchall()
+        ]
+        assert len(ids) == QTY
+        log.take()
+        served = conn.execute(
+            "SELECT served_by FROM x_jobs.hand_back(%s, 'plan-hander')", [ids]
+        ).fetchall()
+        # Not parked: the announcer serves 'work'.
+        assert served == [(["plan-announcer"],)] * QTY
+        for plan in _nested(log, "x_jobs.hand_back("):
+            where = repr(str(plan["Query Text"]).strip()[:60])
+            assert read_problems(plan, {"job": {"job_pkey"}}, QTY) == [], where
+
+        log.take()
+        conn.execute(
+            "SELECT x_jobs.announce_worker('plan-new', %s, jobs => ARRAY['unserved'])", [queues]
+        )
+        plans = _nested(log, "x_jobs.announce_worker(")
+        woken = conn.execute(
+            "SELECT count(*) FROM x_jobs.job WHERE name = 'unserved' AND state = 'ready'"
+        ).fetchone()
+        assert woken == (WAKE_BOUND,)
+        for plan in plans:
+            where = repr(str(plan["Query Text"]).strip()[:60])
+            indexes = {"job": {"job_parked_idx", "job_pkey"}}
+            assert read_problems(plan, indexes, WAKE_BOUND + SLACK) == [], where
 
 
 # The operator's reads -----------------------------------------------------------------------
