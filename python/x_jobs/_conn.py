@@ -1,12 +1,14 @@
-"""How the client opens its connections: autocommit, named, and in UTF-8; and how it keeps the
-password of a DSN out of everything it prints or logs."""
+"""How the client opens its connections: autocommit, named, and in UTF-8, with no prepared
+statements behind a pooler; and how it keeps the password of a DSN out of everything it prints
+or logs."""
 
 from __future__ import annotations
 
 import math
 import os
 import re
-from typing import Any
+import weakref
+from typing import Any, LiteralString
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -90,21 +92,61 @@ def network_settings(dsn: str, patience: float = PATIENCE) -> dict[str, Any]:
     return {name: value for name, value in settings.items() if name not in given}
 
 
+#: The server process that answers this session's statement.
+BACKEND_PID: LiteralString = "SELECT pg_catalog.pg_backend_pid()"
+
+#: The connections found to go through a pooler (see :func:`configure`).
+_POOLED: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
+
+
+def configure(conn: psycopg.Connection[Any]) -> None:
+    """Turn psycopg's automatic prepared statements off on a connection that goes through a
+    pooler, and keep them on a direct one (they save a tenth of a millisecond or more a call:
+    docs/benchmarks.md). A statement prepared on one server connection of a pooler in
+    transaction mode is not there on the next: PgBouncer before 1.21 (and after, unless
+    ``max_prepared_statements`` is set) answers ``prepared statement "_pg3_1" does not exist``
+    (26000) or ``already exists`` (42P05), since psycopg prepares a statement after its fifth
+    use.
+
+    A pooler shows itself in the process id it gives the client at login (BackendKeyData): it
+    is its own, to route a cancel request, and not that of the server process that answers
+    (``pg_backend_pid()``). PgBouncer does so in session mode too, where prepared statements
+    would work: they are off there as well, the safe side. One round trip per connection."""
+    row = conn.execute(BACKEND_PID, prepare=False).fetchone()
+    if row is not None and row[0] != conn.info.backend_pid:
+        conn.prepare_threshold = None
+        _POOLED.add(conn)
+
+
+def pooled(conn: psycopg.Connection[Any]) -> bool:
+    """Whether :func:`configure` found that ``conn`` goes through a pooler: its
+    ``info.backend_pid`` is then the pooler's, no server process's."""
+    return conn in _POOLED
+
+
 def connect(
     dsn: str, application_name: str, *, patience: float = PATIENCE
 ) -> psycopg.Connection[Any]:
     """An autocommit connection, as every loop of the client (worker, relay, listener) uses,
-    bounded on the network by ``patience`` (see :func:`network_settings`). A failure to connect
-    is raised with the DSN's password redacted from its message."""
+    bounded on the network by ``patience`` (see :func:`network_settings`) and configured for a
+    pooler if it goes through one (:func:`configure`). A failure to connect is raised with the
+    DSN's password redacted from its message."""
     try:
-        return psycopg.connect(dsn, **pool_kwargs(dsn, application_name, patience=patience))
+        conn = psycopg.connect(dsn, **pool_kwargs(dsn, application_name, patience=patience))
     except psycopg.Error as err:
         redact_error(err)
         raise
+    try:
+        configure(conn)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 def pool_kwargs(dsn: str, application_name: str, *, patience: float = PATIENCE) -> dict[str, Any]:
-    """The same, for the connections of a psycopg_pool.ConnectionPool."""
+    """The same, for the connections of a psycopg_pool.ConnectionPool (whose ``configure``
+    is :func:`configure`)."""
     return {
         "autocommit": True,
         "application_name": application_name,

@@ -49,10 +49,11 @@ from typing import Any, LiteralString
 import psycopg
 
 from x_jobs._conn import connect
-from x_jobs._listen import DB_GONE, listen
+from x_jobs._listen import DB_GONE, LISTEN_DSN_ENV, listen
+from x_jobs._refusal import refuses_value
 from x_jobs._watch import for_leases, patience
 from x_jobs.app import App, Seconds, interval, seconds
-from x_jobs.errors import PermissionDenied, XJobsError, storable, translate
+from x_jobs.errors import PermissionDenied, storable
 from x_jobs.outbox import BatchSink, DeliveryError, OutboxMessage
 
 logger = logging.getLogger(__name__)
@@ -111,12 +112,6 @@ def _failed(message: OutboxMessage, err: BaseException) -> _Result:
     return _Result(message, ok=False, error=_described(err))
 
 
-def _about_the_message(err: psycopg.Error) -> bool:
-    """Whether a refused nack was refused for what it says about its message (an x_jobs
-    refusal, a value the database cannot store), not for the session's state (read-only...)."""
-    return isinstance(err, psycopg.errors.DataError) or isinstance(translate(err), XJobsError)
-
-
 def default_relay_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{random.getrandbits(32):08x}:relay"
 
@@ -164,7 +159,10 @@ class _DeliveryThreads:
 
 
 class Relay:
-    """Delivers the outbox messages of the topics ``app.outbox`` has sinks for."""
+    """Delivers the outbox messages of the topics ``app.outbox`` has sinks for.
+
+    ``listen_dsn`` (default ``X_JOBS_LISTEN_DSN``, else ``app.dsn``): where the relay LISTENs
+    for the notifications of new messages, as the worker's (docs/poolers.md)."""
 
     def __init__(
         self,
@@ -177,6 +175,7 @@ class Relay:
         grace: Seconds = 30,
         relay_id: str | None = None,
         check_version: bool = True,
+        listen_dsn: str | None = None,
     ) -> None:
         if not app.outbox.sinks:
             raise ValueError("the relay has no sink: register one with app.outbox.webhook/...")
@@ -203,6 +202,8 @@ class Relay:
         self.grace = seconds(grace)
         self.relay_id = relay_id or default_relay_id()
         self.check_version = check_version
+        #: Where the listener LISTENs, when not at app.dsn (None), as the worker's.
+        self.listen_dsn = listen_dsn or os.environ.get(LISTEN_DSN_ENV) or None
         self.topics = app.outbox.topics
         # As the worker's: patience on a silent network, and a watch of its calls.
         self._patience = patience(self.lease)
@@ -534,10 +535,10 @@ class Relay:
                     result.retryable,
                 ],
             ).fetchone()
-        except DB_GONE:
-            raise
-        except psycopg.Error as err:
-            if not _about_the_message(err):
+        except Exception as err:
+            # Refused for what it says about its message (see x_jobs._refusal), or else for
+            # the session's state (read-only...) or the way to the database: raised then.
+            if not refuses_value(err):
                 raise
             # Refused for what it says (a value the database cannot store): trying again would
             # be refused again, and must not stop the relay. The message's lease lapses and it
@@ -621,13 +622,16 @@ class Relay:
 
     def _listen(self) -> None:
         """LISTEN x_jobs_outbox: a put of one of our topics claims at once (a hint: the relay
-        polls as well)."""
+        polls as well, and the listener warns once if notifications cannot arrive)."""
         listen(
-            self.app.dsn,
+            self.listen_dsn or self.app.dsn,
             "x_jobs_outbox",
+            notify_dsn=self.app.dsn,
             application_name="x_jobs relay listener",
             wanted=None if self.topics is None else set(self.topics),
             notified=self._notified,
             wake=self._wake,
             running=lambda: not self._stopped.is_set() and self._stop_requests == 0,
+            poll_interval=self.poll_interval,
+            who="relay",
         )

@@ -54,7 +54,8 @@ from psycopg.types.json import Jsonb
 from pydantic import ValidationError
 
 from x_jobs._conn import connect
-from x_jobs._listen import DB_GONE, listen
+from x_jobs._listen import DB_GONE, LISTEN_DSN_ENV, listen
+from x_jobs._refusal import described, refuses_value
 from x_jobs._watch import for_leases, patience
 from x_jobs.app import App, Job, Seconds, interval, seconds
 from x_jobs.errors import (
@@ -293,6 +294,10 @@ class Worker:
     queue, so that claims and settlements go to the database in batches (a claim asks for as many
     jobs as there is room for, once half the room is free). A prefetched job holds its lease like
     a running one; its timeout starts when its handler does, and a drain hands it back at once.
+
+    ``listen_dsn`` (default ``X_JOBS_LISTEN_DSN``, else ``app.dsn``): where the worker LISTENs
+    for the notifications that wake it, when ``app.dsn`` goes through a pooler in transaction
+    mode, which drops them (docs/poolers.md).
     """
 
     def __init__(
@@ -312,6 +317,7 @@ class Worker:
         build: str | None = None,
         metrics_port: int | None = None,
         check_version: bool = True,
+        listen_dsn: str | None = None,
     ) -> None:
         self.app = app
         self.queues = sorted(set(queues or {job.queue for job in app.jobs.values()}))
@@ -345,6 +351,9 @@ class Worker:
         self.worker_id = worker_id or default_worker_id()
         self.build = build
         self.check_version = check_version
+        #: Where the listener LISTENs, when not at app.dsn (None): a direct or session-mode DSN
+        #: when app.dsn goes through a pooler in transaction mode (see x_jobs._listen).
+        self.listen_dsn = listen_dsn or os.environ.get(LISTEN_DSN_ENV) or None
         self.metrics = WorkerMetrics(metrics_port)
         self._patience = patience(self.lease)
         self._step_store = StepStore(app.dsn, concurrency, patience=self._patience)
@@ -782,9 +791,12 @@ class Worker:
 
     def _settle_loop(self) -> None:
         """The settler thread: each batch in one transaction (all completions in one
-        complete_many call, failures one by one). A lost connection is retried with backoff,
-        the batch kept, until a second stop gives up (the leases of what it held will lapse).
-        Nothing a batch raises ends the thread: a dead settler would settle nothing again."""
+        complete_many call, failures one by one). A settlement that fails for anything but
+        its values (see x_jobs._refusal: a lost connection, a pooler's or the protocol's error,
+        a read-only transaction during a failover...) is sent again with backoff on a new
+        connection, the batch kept as it was, until a second stop gives up (the leases of what
+        it held will lapse). Nothing a batch raises ends the thread: a dead settler would
+        settle nothing again."""
         conn: psycopg.Connection[Any] | None = None
         while (batch := self._to_settle.get()) is not None:
             delay = 0.1
@@ -799,7 +811,8 @@ class Worker:
                         else:
                             result = self._settle_batch(conn, batch)
                     break
-                except DB_GONE as err:
+                except psycopg.Error as err:
+                    gone = conn is None or conn.broken
                     if conn is not None:
                         conn.close()
                     conn = None
@@ -810,8 +823,10 @@ class Worker:
                         result = _Settlement(batch, set(), {})
                         break
                     logger.warning(
-                        "settling: database unreachable; retrying",
-                        extra={"retry_in_s": round(delay, 2), "error": str(err).strip()},
+                        "settling: database unreachable; retrying"
+                        if gone
+                        else "settling failed, not for its values; retrying on a new connection",
+                        extra={"retry_in_s": round(delay, 2), "error": described(err)},
                     )
                     time.sleep(delay)
                     delay = min(delay * 2, 5.0)
@@ -851,18 +866,19 @@ class Worker:
         return _Settlement(batch, completed | settled.completed, {**states, **settled.states})
 
     def _settle_batch(self, conn: psycopg.Connection[Any], batch: list[_Outcome]) -> _Settlement:
-        """Settle a batch together; when that is refused (an output over
+        """Settle a batch together; when one of its values is refused (an output over
         x_jobs.max_payload_bytes, text the database cannot store, a value psycopg cannot send),
         one by one, so that one outcome cannot stop the others, nor this thread. The refused
-        transaction rolled back: nothing of it is settled twice."""
+        transaction rolled back: nothing of it is settled twice. Any other failure is raised,
+        for _settle_loop to send the batch again as it is."""
         try:
             return self._settle_together(conn, batch)
-        except DB_GONE:
-            raise
         except Exception as err:
+            if not refuses_value(err):
+                raise
             logger.warning(
                 "settling a batch was refused; settling its jobs one by one",
-                extra={"jobs": len(batch), "error": str(err).strip()},
+                extra={"jobs": len(batch), "error": described(err)},
             )
         completed: set[int] = set()
         states: dict[int, str | None] = {}
@@ -878,14 +894,15 @@ class Worker:
     def _settle_alone(self, conn: psycopg.Connection[Any], outcome: _Outcome) -> _Settlement | None:
         """One outcome: a refused output fails its job for good, saying why; a refused error
         text is sent again in ASCII (a LATIN1 database cannot store a euro sign). None (logged)
-        when even that is refused: the job's lease will lapse."""
+        when even that is refused: the job's lease will lapse. Only a refusal of a value does
+        any of that (see x_jobs._refusal); any other failure is raised, the outcome kept."""
         escaped = False
         while True:
             try:
                 return self._settle_together(conn, [outcome])
-            except DB_GONE:
-                raise
             except Exception as err:
+                if not refuses_value(err):
+                    raise
                 reason = str(err).strip() or type(err).__name__
                 if outcome.ok:
                     outcome.ok, outcome.output, outcome.retryable = False, None, False
@@ -1639,15 +1656,19 @@ class Worker:
 
     def _listen(self) -> None:
         """LISTEN x_jobs and wake the dispatcher when one of our queues gets work. A hint only:
-        the dispatcher polls as well, so a dropped connection here loses nothing."""
+        the dispatcher polls as well, so a dropped connection here loses nothing, nor does a
+        pooler that drops notifications (the listener proves they arrive, and warns once if
+        not)."""
         listen(
-            self.app.dsn,
+            self.listen_dsn or self.app.dsn,
             "x_jobs",
+            notify_dsn=self.app.dsn,
             application_name="x_jobs listener",
             wanted=set(self.queues),
             notified=self._notified,
             wake=self._wake,
             running=lambda: not self._stopped.is_set() and self._stop_requests == 0,
+            poll_interval=self.poll_interval,
         )
 
 
