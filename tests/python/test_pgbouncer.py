@@ -115,10 +115,11 @@ def test_a_connection_through_pgbouncer_prepares_nothing_and_a_direct_one_does(
 def test_app_enqueue_and_the_cli_work_through_pgbouncer(
     bouncer: Bouncer, dsn: str, conn: Conn
 ) -> None:
-    """Two apps enqueueing in turn through one pgbouncer: with psycopg's prepared statements on,
-    each prepared _pg3_0 on the server connection the other had used (DuplicatePreparedStatement,
-    42P05), or found its own gone (26000)."""
+    """Two apps enqueueing in turn through one pgbouncer, whose server connections hold another
+    client's "_pg3_0": with psycopg's prepared statements on, the fifth enqueue of each
+    prepared its own (DuplicatePreparedStatement, 42P05), or found it gone (26000)."""
     via = bouncer.dsn(dsn)
+    _seed_prepared_statements(via, 4)
     apps = [x_jobs.App(via), x_jobs.App(via)]
     try:
         ids = [apps[n % 2].enqueue(poolers.echo, {"n": n}).id for n in range(40)]
