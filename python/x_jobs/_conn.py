@@ -1,14 +1,13 @@
-"""How the client opens its connections: autocommit, named, and in UTF-8, with no prepared
-statements behind a pooler; and how it keeps the password of a DSN out of everything it prints
-or logs."""
+"""How the client opens its connections: autocommit, named, in UTF-8, and with no prepared
+statements (so that they work behind a pooler); and how it keeps the password of a DSN out of
+everything it prints or logs."""
 
 from __future__ import annotations
 
 import math
 import os
 import re
-import weakref
-from typing import Any, LiteralString
+from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -92,63 +91,45 @@ def network_settings(dsn: str, patience: float = PATIENCE) -> dict[str, Any]:
     return {name: value for name, value in settings.items() if name not in given}
 
 
-#: The server process that answers this session's statement.
-BACKEND_PID: LiteralString = "SELECT pg_catalog.pg_backend_pid()"
+#: A connection lost sooner than this (seconds) after it was made counts as a connect that failed,
+#: for the backoff of the loops that reconnect: behind a pooler the login succeeds while the
+#: server behind it is away, and the first call fails at once (PgBouncer's
+#: ``server_login_retry``). Reconnecting at once after each, a worker spun thousands of times a
+#: second for as long as the server was down.
+QUICK_LOSS_SECONDS = 1.0
 
-#: The connections found to go through a pooler (see :func:`configure`).
-_POOLED: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
-
-
-def configure(conn: psycopg.Connection[Any]) -> None:
-    """Turn psycopg's automatic prepared statements off on a connection that goes through a
-    pooler, and keep them on a direct one (they save a tenth of a millisecond or more a call:
-    docs/benchmarks.md). A statement prepared on one server connection of a pooler in
-    transaction mode is not there on the next: PgBouncer before 1.21 (and after, unless
-    ``max_prepared_statements`` is set) answers ``prepared statement "_pg3_1" does not exist``
-    (26000) or ``already exists`` (42P05), since psycopg prepares a statement after its fifth
-    use.
-
-    A pooler shows itself in the process id it gives the client at login (BackendKeyData): it
-    is its own, to route a cancel request, and not that of the server process that answers
-    (``pg_backend_pid()``). PgBouncer does so in session mode too, where prepared statements
-    would work: they are off there as well, the safe side. One round trip per connection."""
-    row = conn.execute(BACKEND_PID, prepare=False).fetchone()
-    if row is not None and row[0] != conn.info.backend_pid:
-        conn.prepare_threshold = None
-        _POOLED.add(conn)
-
-
-def pooled(conn: psycopg.Connection[Any]) -> bool:
-    """Whether :func:`configure` found that ``conn`` goes through a pooler: its
-    ``info.backend_pid`` is then the pooler's, no server process's."""
-    return conn in _POOLED
+#: psycopg's automatic prepared statements: off on every connection of the client. psycopg
+#: prepares a statement on the server after its fifth use on a connection, and a statement
+#: prepared on one server connection of a pooler in transaction mode is not there on the next:
+#: PgBouncer before 1.21 (and after, unless ``max_prepared_statements`` is set) answers
+#: ``prepared statement "_pg3_1" does not exist`` (26000), ``... already exists`` (42P05), or
+#: runs another client's statement of that name. The client's statements are function calls
+#: whose planning costs next to nothing (the PL/pgSQL inside keeps its own plans): a claim or a
+#: complete_many call costs the same unprepared, within 0.03 ms (docs/benchmarks.md), so they
+#: are off everywhere, direct connections too, rather than only behind a pooler the client
+#: would have to recognise.
+PREPARE_THRESHOLD: int | None = None
 
 
 def connect(
     dsn: str, application_name: str, *, patience: float = PATIENCE
 ) -> psycopg.Connection[Any]:
     """An autocommit connection, as every loop of the client (worker, relay, listener) uses,
-    bounded on the network by ``patience`` (see :func:`network_settings`) and configured for a
-    pooler if it goes through one (:func:`configure`). A failure to connect is raised with the
-    DSN's password redacted from its message."""
+    bounded on the network by ``patience`` (see :func:`network_settings`), with no prepared
+    statements (see PREPARE_THRESHOLD). A failure to connect is raised with the DSN's password
+    redacted from its message."""
     try:
-        conn = psycopg.connect(dsn, **pool_kwargs(dsn, application_name, patience=patience))
+        return psycopg.connect(dsn, **pool_kwargs(dsn, application_name, patience=patience))
     except psycopg.Error as err:
         redact_error(err)
         raise
-    try:
-        configure(conn)
-    except BaseException:
-        conn.close()
-        raise
-    return conn
 
 
 def pool_kwargs(dsn: str, application_name: str, *, patience: float = PATIENCE) -> dict[str, Any]:
-    """The same, for the connections of a psycopg_pool.ConnectionPool (whose ``configure``
-    is :func:`configure`)."""
+    """The same, for the connections of a psycopg_pool.ConnectionPool."""
     return {
         "autocommit": True,
+        "prepare_threshold": PREPARE_THRESHOLD,
         "application_name": application_name,
         "client_encoding": CLIENT_ENCODING,
         **network_settings(dsn, patience),

@@ -31,7 +31,7 @@ from typing import Any, LiteralString
 
 import psycopg
 
-from x_jobs._conn import connect, pooled
+from x_jobs._conn import connect
 
 logger = logging.getLogger(__name__)
 
@@ -79,11 +79,8 @@ class CallWatch:
 
     @contextlib.contextmanager
     def calling(self, who: str, conn: psycopg.Connection[Any]) -> Iterator[None]:
-        """Watch the call(s) made on ``conn`` inside the block. Behind a pooler the process id
-        the connection knows is the pooler's, which a server process may have by chance: 0
-        then, which none has."""
-        pid = 0 if pooled(conn) else conn.info.backend_pid
-        self._calls[who] = (conn, time.monotonic(), pid)
+        """Watch the call(s) made on ``conn`` inside the block."""
+        self._calls[who] = (conn, time.monotonic(), conn.info.backend_pid)
         try:
             yield
         finally:

@@ -28,7 +28,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from pydantic import SecretBytes, SecretStr, TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
 
-from x_jobs._conn import configure, connect, pool_kwargs
+from x_jobs._conn import connect, pool_kwargs
 from x_jobs.errors import (
     InputInvalid,
     JobFailed,
@@ -403,7 +403,6 @@ class App:
                     min_size=1,
                     max_size=self._pool_size,
                     kwargs=pool_kwargs(self.dsn, "x_jobs"),
-                    configure=configure,
                     open=True,
                     name="x_jobs",
                 )

@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import os
 import queue
 import random
@@ -48,7 +49,7 @@ from typing import Any, LiteralString
 
 import psycopg
 
-from x_jobs._conn import connect
+from x_jobs._conn import QUICK_LOSS_SECONDS, connect
 from x_jobs._listen import DB_GONE, LISTEN_DSN_ENV, listen
 from x_jobs._refusal import refuses_value
 from x_jobs._watch import for_leases, patience
@@ -229,6 +230,10 @@ class Relay:
         #: After a refusal of the database, no claim, heartbeat or settlement before this.
         self._paused_until = 0.0
         self._pause = 0.1
+        #: When the connection was last made, and how long to wait before the next try if it
+        #: is lost soon after (see QUICK_LOSS_SECONDS).
+        self._connected_at = -math.inf
+        self._reconnect_delay = 0.1
         self._drain_deadline: float | None = None
         self._stopped = threading.Event()
         #: How many messages this relay delivered and failed: for logs and tests.
@@ -536,8 +541,8 @@ class Relay:
                 ],
             ).fetchone()
         except Exception as err:
-            # Refused for what it says about its message (see x_jobs._refusal), or else for
-            # the session's state (read-only...) or the way to the database: raised then.
+            # Anything but a refusal of a value (see x_jobs._refusal: the session's state, a
+            # read-only one say, or the way to the database) is raised, the outcome kept.
             if not refuses_value(err):
                 raise
             # Refused for what it says (a value the database cannot store): trying again would
@@ -576,11 +581,17 @@ class Relay:
         """The connection, reconnecting with backoff while the database is away; None when the
         relay must stop meanwhile (a second stop, or the drain's grace ran out)."""
         delay = 0.1
+        if time.monotonic() - self._connected_at < QUICK_LOSS_SECONDS:
+            # Lost as soon as it was made (a pooler took the login, the server behind it away):
+            # a connect that failed, and the backoff goes on.
+            self._wait_to_reconnect(self._reconnect_delay)
+            delay = min(self._reconnect_delay * 2, MAX_BACKOFF_SECONDS)
         while self._conn is None:
             if self._must_stop():
                 return None
             try:
                 self._connect()
+                self._connected_at, self._reconnect_delay = time.monotonic(), delay
                 logger.info("database connection back")
                 # Extend the leases before anything else: one that lapsed meanwhile is still
                 # this relay's unless another relay took it.
@@ -590,13 +601,17 @@ class Relay:
                     "database unreachable; retrying",
                     extra={"retry_in_s": round(delay, 2), "error": str(err).strip()},
                 )
-                wait = delay
-                if self._drain_deadline is not None:
-                    wait = min(wait, max(0.0, self._drain_deadline - time.monotonic()))
-                if self._wake.wait(wait):
-                    self._wake.clear()
+                self._wait_to_reconnect(delay)
                 delay = min(delay * 2, MAX_BACKOFF_SECONDS)
         return self._conn
+
+    def _wait_to_reconnect(self, delay: float) -> None:
+        """Wait ``delay`` before a reconnect, no later than the drain's deadline; a delivery
+        that ends meanwhile ends the wait (its outcome is collected)."""
+        if self._drain_deadline is not None:
+            delay = min(delay, max(0.0, self._drain_deadline - time.monotonic()))
+        if self._wake.wait(delay):
+            self._wake.clear()
 
     def _lost_connection(self, err: Exception) -> None:
         logger.warning("database connection lost", extra={"error": str(err).strip()})

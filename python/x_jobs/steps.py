@@ -56,7 +56,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from x_jobs._conn import PATIENCE, configure, connect, pool_kwargs
+from x_jobs._conn import PATIENCE, connect, pool_kwargs
 from x_jobs._listen import DB_GONE
 from x_jobs.app import Seconds, interval
 from x_jobs.errors import JobNotHeld, OutputInvalid, StepConflict, XJobsError, translate
@@ -184,7 +184,6 @@ class StepStore:
                     min_size=1,
                     max_size=self._max_size,
                     kwargs=pool_kwargs(self._dsn, "x_jobs steps", patience=self._patience),
-                    configure=configure,
                     open=True,
                     name="x_jobs-steps",
                     timeout=CHECKOUT_TIMEOUT,

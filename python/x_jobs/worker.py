@@ -53,7 +53,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 from pydantic import ValidationError
 
-from x_jobs._conn import connect
+from x_jobs._conn import QUICK_LOSS_SECONDS, connect
 from x_jobs._listen import DB_GONE, LISTEN_DSN_ENV, listen
 from x_jobs._refusal import described, refuses_value
 from x_jobs._watch import for_leases, patience
@@ -421,6 +421,10 @@ class Worker:
         #: Until then, a claim whose answer was lost may have committed: the jobs it took are
         #: this worker's in the database and unknown here (see _sweep_unknown).
         self._claims_in_doubt_until = 0.0
+        #: When the dispatcher's connection was last made, and how long to wait before the next
+        #: try if it is lost soon after (see QUICK_LOSS_SECONDS).
+        self._connected_at = -math.inf
+        self._reconnect_delay = 0.1
 
     # --- public -------------------------------------------------------------------------------
 
@@ -1321,6 +1325,11 @@ class Worker:
         waits on). True once the database answers; False when the worker stopped without it."""
         delay = 0.1
         next_try = time.monotonic()
+        if next_try - self._connected_at < QUICK_LOSS_SECONDS:
+            # Lost as soon as it was made (a pooler took the login, the server behind it away):
+            # a connect that failed, and the backoff goes on.
+            next_try += self._reconnect_delay
+            delay = min(self._reconnect_delay * 2, 5.0, self.heartbeat_interval)
         while True:
             now = time.monotonic()
             if self._stop_requests >= 2:
@@ -1343,6 +1352,7 @@ class Worker:
                     # their holders can reconnect and renew them first (see x_jobs.claim).
                     delay = min(delay * 2, 5.0, self.heartbeat_interval)
                 else:
+                    self._connected_at, self._reconnect_delay = time.monotonic(), delay
                     logger.info("database connection back")
                     return True
             now = time.monotonic()

@@ -68,6 +68,9 @@ default_pool_size = 40
 logfile = {self.log}
 pidfile =
 admin_users = {self.user}
+; After a failed login to the server (a restart), new clients are refused this long (15 s by
+; default): shorter here, so that a test's restart costs seconds.
+server_login_retry = 2
 """
         )
         if self._as is not None:

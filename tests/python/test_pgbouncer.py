@@ -28,7 +28,7 @@ from pgbouncer import Bouncer, bouncer_fixture
 from typer.testing import CliRunner
 
 import x_jobs
-from x_jobs._conn import connect, pooled
+from x_jobs._conn import connect
 from x_jobs._listen import listen
 from x_jobs.cli import cli
 from x_jobs.outbox import OutboxMessage
@@ -100,16 +100,25 @@ def _listening(fleet: Fleet, application_name: str = "x_jobs listener") -> bool:
 # --- the connections --------------------------------------------------------------------------
 
 
-def test_a_connection_through_pgbouncer_prepares_nothing_and_a_direct_one_does(
-    bouncer: Bouncer, dsn: str
-) -> None:
-    """PgBouncer gives the client a process id of its own, in both modes: the client turns
-    psycopg's prepared statements off there, and keeps them on a direct connection."""
-    with connect(bouncer.dsn(dsn), "x_jobs_test") as through, connect(dsn, "x_jobs_test") as direct:
-        assert pooled(through) and through.prepare_threshold is None
-        assert not pooled(direct) and direct.prepare_threshold == 5
-        for n in range(20):
-            assert through.execute("SELECT %s::int", [n]).fetchone() == (n,)
+def test_no_connection_of_the_client_prepares_a_statement(bouncer: Bouncer, dsn: str) -> None:
+    """psycopg prepares a statement after its fifth use on a connection, which a pooler in
+    transaction mode hands to another server connection: the client's connections, pooled or
+    not, direct or through pgbouncer, prepare none."""
+    app = x_jobs.App(bouncer.dsn(dsn))
+    try:
+        with (
+            connect(bouncer.dsn(dsn), "x_jobs_test") as through,
+            connect(dsn, "x_jobs_test") as direct,
+            app.connection() as pooled,
+        ):
+            for each in (through, direct, pooled):
+                assert each.prepare_threshold is None
+                for n in range(10):
+                    assert each.execute("SELECT %s::int", [n]).fetchone() == (n,)
+            prepared = direct.execute("SELECT count(*) FROM pg_catalog.pg_prepared_statements")
+            assert prepared.fetchone() == (0,)
+    finally:
+        app.close()
 
 
 def test_app_enqueue_and_the_cli_work_through_pgbouncer(
@@ -201,13 +210,17 @@ def test_a_worker_killed_behind_pgbouncer_leaves_its_jobs_to_another(
 def test_a_drain_through_pgbouncer_rides_out_a_server_restart(
     bouncer: Bouncer, fleet: Fleet, client: x_jobs.App, admin: Conn, dsn: str
 ) -> None:
-    ids = [e.id for e in client.enqueue_many(poolers.echo, [{"n": n} for n in range(400)])]
+    inputs = [{"n": n, "seconds": 0.05} for n in range(400)]
+    ids = [e.id for e in client.enqueue_many(poolers.echo, inputs)]
     client.close()  # its pooled connections would be dead after the restart
     via = bouncer.dsn(dsn)
     workers = [fleet.start(target=TARGET, via=via, concurrency=4) for _ in range(2)]
     fleet.wait_for(
-        lambda: fleet.scalar("SELECT count(*) FROM x_jobs.job WHERE state = 'done'") >= 40,
-        "the drain to be under way",
+        lambda: (
+            {r.pid for r in fleet.runs()} == {w.pid for w in workers}
+            and fleet.scalar("SELECT count(*) FROM x_jobs.job WHERE state = 'done'") >= 40
+        ),
+        "the drain to be under way in both workers",
     )
     restart_server(admin, "-m", "fast")
     fleet.wait_for(lambda: fleet.all_in(ids, "done", "dead", "failed"), "every job to settle")
@@ -218,6 +231,10 @@ def test_a_drain_through_pgbouncer_rides_out_a_server_restart(
     runs = _runs_per_job(fleet, ids)
     assert all(mine and mine[-1][1] == "returned" for mine in runs.values()), runs
     assert all(worker.alive() for worker in workers), fleet.report()
+    # PgBouncer takes a login while it cannot reach the server, and fails its first call: such a
+    # connection counts as a failed connect, with backoff (it was retried thousands of times).
+    for worker in workers:
+        assert worker.log().count("database connection back") < 100, fleet.report()
 
 
 # --- the wake -----------------------------------------------------------------------------------
@@ -357,15 +374,15 @@ def test_the_settler_retries_a_pooler_error_and_never_fails_the_job_for_it(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """psycopg's prepared statements forced on through pgbouncer in transaction mode (as behind
-    a pooler the client does not recognise), and every server connection holding another
-    client's "_pg3_0": the settler's calls meet 42P05 (already exists), 26000 (does not exist)
-    and 08P01 (the other statement's parameters), none of which says anything of the outputs.
-    Taken for refusals they failed the jobs as dead; the settler sends them again on a new
-    connection instead, and every job is done with its output."""
+    """psycopg's prepared statements put back on (as the client had them) through pgbouncer in
+    transaction mode, every server connection holding another client's "_pg3_0": the settler's
+    calls meet 42P05 (already exists), 26000 (does not exist) and 08P01 (the other statement's
+    parameters), none of which says anything of the outputs. Taken for refusals they failed the
+    jobs as dead; the settler sends them again on a new connection instead, and every job is
+    done with its output."""
     via = bouncer_transaction.dsn(dsn)
     _seed_prepared_statements(via, 8)
-    monkeypatch.setattr(x_jobs._conn, "configure", lambda conn: None)
+    monkeypatch.setattr(x_jobs._conn, "PREPARE_THRESHOLD", 5)
     app = x_jobs.App(via)
 
     @app.job(name="echo")

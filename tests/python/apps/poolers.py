@@ -12,7 +12,7 @@ import logging
 from pydantic import BaseModel
 
 import x_jobs
-from apps.basic import Gate, Run, _wait_for_gate
+from apps.basic import Gate, Run, _sleep, _wait_for_gate
 
 logger = logging.getLogger(__name__)
 
@@ -21,12 +21,15 @@ app = x_jobs.App()
 
 class Numbered(BaseModel):
     n: int = 0
+    #: How long the body takes.
+    seconds: float = 0.0
 
 
 @app.job(name="echo")
 def echo(input: Numbered, ctx: x_jobs.JobContext) -> dict[str, int]:
-    with Run(ctx):
-        return {"n": input.n}
+    with Run(ctx) as run:
+        _sleep(run, input.seconds)
+    return {"n": input.n}
 
 
 @app.job(name="gated_echo")
