@@ -105,9 +105,9 @@ QUICK_LOSS_SECONDS = 1.0
 #: ``prepared statement "_pg3_1" does not exist`` (26000), ``... already exists`` (42P05), or
 #: runs another client's statement of that name. The client's statements are function calls
 #: whose planning costs next to nothing (the PL/pgSQL inside keeps its own plans): a claim or a
-#: complete_many call costs the same unprepared, within 0.03 ms (docs/benchmarks.md), so they
-#: are off everywhere, direct connections too, rather than only behind a pooler the client
-#: would have to recognise.
+#: complete_many call costs the same unprepared (docs/benchmarks.md). So they are off
+#: everywhere, direct connections too, rather than only behind a pooler the client would have
+#: to recognise.
 PREPARE_THRESHOLD: int | None = None
 
 
