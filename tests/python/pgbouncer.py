@@ -82,6 +82,8 @@ server_login_retry = 2
     def start(self) -> None:
         """Start it on a free port (another one if that port was taken meanwhile) and wait
         until it answers."""
+        if not Path(PGBOUNCER).exists():
+            pytest.fail("pgbouncer is not installed: scripts/ensure-deps (make test) installs it")
         for _ in range(5):
             self.port = free_port()
             ini = self._write_config()
