@@ -1,5 +1,6 @@
-"""How the client opens its connections: autocommit, named, and in UTF-8; and how it keeps the
-password of a DSN out of everything it prints or logs."""
+"""How the client opens its connections: autocommit, named, in UTF-8, and with no prepared
+statements (so that they work behind a pooler); and how it keeps the password of a DSN out of
+everything it prints or logs."""
 
 from __future__ import annotations
 
@@ -90,12 +91,33 @@ def network_settings(dsn: str, patience: float = PATIENCE) -> dict[str, Any]:
     return {name: value for name, value in settings.items() if name not in given}
 
 
+#: A connection lost sooner than this (seconds) after it was made counts as a connect that failed,
+#: for the backoff of the loops that reconnect: behind a pooler the login succeeds while the
+#: server behind it is away, and the first call fails at once (PgBouncer's
+#: ``server_login_retry``). Reconnecting at once after each, a worker spun thousands of times a
+#: second for as long as the server was down.
+QUICK_LOSS_SECONDS = 1.0
+
+#: psycopg's automatic prepared statements: off on every connection of the client. psycopg
+#: prepares a statement on the server after its fifth use on a connection, and a statement
+#: prepared on one server connection of a pooler in transaction mode is not there on the next:
+#: PgBouncer before 1.21 (and after, unless ``max_prepared_statements`` is set) answers
+#: ``prepared statement "_pg3_1" does not exist`` (26000), ``... already exists`` (42P05), or
+#: runs another client's statement of that name. The client's statements are function calls
+#: whose planning costs next to nothing (the PL/pgSQL inside keeps its own plans): a claim or a
+#: complete_many call costs the same unprepared (docs/benchmarks.md). So they are off
+#: everywhere, direct connections too, rather than only behind a pooler the client would have
+#: to recognise.
+PREPARE_THRESHOLD: int | None = None
+
+
 def connect(
     dsn: str, application_name: str, *, patience: float = PATIENCE
 ) -> psycopg.Connection[Any]:
     """An autocommit connection, as every loop of the client (worker, relay, listener) uses,
-    bounded on the network by ``patience`` (see :func:`network_settings`). A failure to connect
-    is raised with the DSN's password redacted from its message."""
+    bounded on the network by ``patience`` (see :func:`network_settings`), with no prepared
+    statements (see PREPARE_THRESHOLD). A failure to connect is raised with the DSN's password
+    redacted from its message."""
     try:
         return psycopg.connect(dsn, **pool_kwargs(dsn, application_name, patience=patience))
     except psycopg.Error as err:
@@ -107,6 +129,7 @@ def pool_kwargs(dsn: str, application_name: str, *, patience: float = PATIENCE) 
     """The same, for the connections of a psycopg_pool.ConnectionPool."""
     return {
         "autocommit": True,
+        "prepare_threshold": PREPARE_THRESHOLD,
         "application_name": application_name,
         "client_encoding": CLIENT_ENCODING,
         **network_settings(dsn, patience),

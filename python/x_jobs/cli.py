@@ -30,6 +30,7 @@ import os
 import re
 import shlex
 import sys
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ from typer.core import TyperGroup
 from x_jobs import declarations, maintenance
 from x_jobs import install as installer
 from x_jobs._conn import HIDDEN, connect, has_password, redact
+from x_jobs._listen import LISTEN_DSN_ENV
 from x_jobs.app import App
 from x_jobs.errors import (
     ClientError,
@@ -337,6 +339,16 @@ MetricsHost = Annotated[
     ),
 ]
 
+ListenDsn = Annotated[
+    str | None,
+    typer.Option(
+        envvar=LISTEN_DSN_ENV,
+        show_envvar=True,
+        help="Where to LISTEN for wake-ups when --dsn goes through a pooler in transaction"
+        " mode: a direct or session-mode DSN (default: --dsn).",
+    ),
+]
+
 
 @cli.command()
 def worker(
@@ -361,6 +373,7 @@ def worker(
     metrics_port: MetricsPort = None,
     metrics_host: MetricsHost = METRICS_HOST,
     dsn: Annotated[str | None, typer.Option(help="Database; default DATABASE_URL or PG*.")] = None,
+    listen_dsn: ListenDsn = None,
     log_level: LogLevel = "info",
     log_format: LogFormat = "text",
 ) -> None:
@@ -385,6 +398,7 @@ def worker(
             build=build,
             metrics_port=metrics_port,
             metrics_host=metrics_host,
+            listen_dsn=listen_dsn,
         )
         # The process ends with the worker, and the handlers still running with it: a drain
         # whose grace runs out hands their jobs back for another worker to take at once.
@@ -425,6 +439,7 @@ def relay(
     metrics_port: MetricsPort = None,
     metrics_host: MetricsHost = METRICS_HOST,
     dsn: Annotated[str | None, typer.Option(help="Database; default DATABASE_URL or PG*.")] = None,
+    listen_dsn: ListenDsn = None,
     log_level: LogLevel = "info",
     log_format: LogFormat = "text",
 ) -> None:
@@ -447,6 +462,7 @@ def relay(
             grace=grace,
             metrics_port=metrics_port,
             metrics_host=metrics_host,
+            listen_dsn=listen_dsn,
         )
         loop.run()
     except ValueError as err:
@@ -743,11 +759,14 @@ VERSION: LiteralString = "SELECT x_jobs.version()"
 IN_OWN_TIMEZONE: LiteralString = "SELECT %s::timestamp::timestamptz"
 # Every time the CLI reads arrives in UTC, whatever TimeZone the server, the database, the role
 # or PGTZ give the session: psycopg cannot read a local time past the year 9999 (the last hours
-# of 9999 in UTC, 14 hours ahead), which the loader would show as infinity.
+# of 9999 in UTC, 14 hours ahead), which the loader would show as infinity. A session setting,
+# which PgBouncer carries from one server connection to the next (it tracks TimeZone for each
+# client, in transaction mode too).
 PIN_UTC: LiteralString = "SET TimeZone TO 'UTC'"
-# The session's own TimeZone back, for one transaction: DEFAULT is the value the session
-# started with (server, database, role, PGTZ), before PIN_UTC.
-OWN_TIMEZONE: LiteralString = "SET LOCAL TimeZone TO DEFAULT"
+# The session's own TimeZone back, for one transaction: the one the server reported at login
+# (server, database, role, PGTZ), before PIN_UTC. Not SET LOCAL TimeZone TO DEFAULT: behind a
+# pooler the default is that of whichever server connection the transaction runs on.
+OWN_TIMEZONE: LiteralString = "SELECT pg_catalog.set_config('TimeZone', %s, true)"
 # A time without an offset, read in the session's TimeZone: does it fall in the years 1 to 9999
 # in UTC?
 SHOWABLE: LiteralString = """
@@ -1043,6 +1062,12 @@ class DatabaseError(XJobsError):
         return typed
 
 
+#: The TimeZone each connection of database() started with, before PIN_UTC (see OWN_TIMEZONE).
+_OWN_TIMEZONES: weakref.WeakKeyDictionary[psycopg.Connection[Any], str] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 @contextmanager
 def database(
     dsn: str | None, out: Output, *, check_version: bool = True
@@ -1065,6 +1090,7 @@ def database(
     set_json_loads(_json_loads, conn)
     try:
         with conn:
+            _OWN_TIMEZONES[conn] = conn.info.parameter_status("TimeZone") or "UTC"
             conn.execute(PIN_UTC)
             if check_version:
                 app.check_version(conn)
@@ -1312,7 +1338,7 @@ def enqueue(
         if run_at is not None and run_at.tzinfo is None:
             # A time without an offset is read in the session's own TimeZone, as the help says,
             # not in the UTC database() pinned.
-            conn.execute(OWN_TIMEZONE)
+            conn.execute(OWN_TIMEZONE, [_OWN_TIMEZONES.get(conn, "UTC")])
             if not _naive_far_from_the_ends(run_at):
                 # Only that TimeZone tells whether it falls past the year 9999 in UTC.
                 found = conn.execute(SHOWABLE, [run_at]).fetchone()

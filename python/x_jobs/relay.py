@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import os
 import queue
 import random
@@ -48,11 +49,12 @@ from typing import Any, LiteralString
 
 import psycopg
 
-from x_jobs._conn import connect
-from x_jobs._listen import DB_GONE, listen
+from x_jobs._conn import QUICK_LOSS_SECONDS, connect
+from x_jobs._listen import DB_GONE, LISTEN_DSN_ENV, listen
+from x_jobs._refusal import refuses_value
 from x_jobs._watch import for_leases, patience
 from x_jobs.app import App, Seconds, interval, seconds
-from x_jobs.errors import PermissionDenied, XJobsError, storable, translate
+from x_jobs.errors import PermissionDenied, storable
 from x_jobs.metrics import DEAD, DEFAULT_HOST, DELIVERED, LOST, RETRIED, RelayMetrics
 from x_jobs.outbox import BatchSink, DeliveryError, OutboxMessage
 
@@ -112,12 +114,6 @@ def _failed(message: OutboxMessage, err: BaseException) -> _Result:
     return _Result(message, ok=False, error=_described(err))
 
 
-def _about_the_message(err: psycopg.Error) -> bool:
-    """Whether a refused nack was refused for what it says about its message (an x_jobs
-    refusal, a value the database cannot store), not for the session's state (read-only...)."""
-    return isinstance(err, psycopg.errors.DataError) or isinstance(translate(err), XJobsError)
-
-
 def default_relay_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{random.getrandbits(32):08x}:relay"
 
@@ -169,7 +165,10 @@ class Relay:
 
     ``metrics_port``: serve Prometheus metrics there, on ``metrics_host`` (default every IPv4
     interface; ``127.0.0.1`` keeps them on this machine): messages claimed and settled by topic
-    and outcome, delivery times, messages in flight (see ``x_jobs.metrics.RelayMetrics``)."""
+    and outcome, delivery times, messages in flight (see ``x_jobs.metrics.RelayMetrics``).
+
+    ``listen_dsn`` (default ``X_JOBS_LISTEN_DSN``, else ``app.dsn``): where the relay LISTENs
+    for the notifications of new messages, as the worker's (docs/poolers.md)."""
 
     def __init__(
         self,
@@ -184,6 +183,7 @@ class Relay:
         metrics_port: int | None = None,
         metrics_host: str = DEFAULT_HOST,
         check_version: bool = True,
+        listen_dsn: str | None = None,
     ) -> None:
         if not app.outbox.sinks:
             raise ValueError("the relay has no sink: register one with app.outbox.webhook/...")
@@ -210,6 +210,8 @@ class Relay:
         self.grace = seconds(grace)
         self.relay_id = relay_id or default_relay_id()
         self.check_version = check_version
+        #: Where the listener LISTENs, when not at app.dsn (None), as the worker's.
+        self.listen_dsn = listen_dsn or os.environ.get(LISTEN_DSN_ENV) or None
         self.topics = app.outbox.topics
         # As the worker's: patience on a silent network, and a watch of its calls.
         self._patience = patience(self.lease)
@@ -235,6 +237,10 @@ class Relay:
         #: After a refusal of the database, no claim, heartbeat or settlement before this.
         self._paused_until = 0.0
         self._pause = 0.1
+        #: When the connection was last made, and how long to wait before the next try if it
+        #: is lost soon after (see QUICK_LOSS_SECONDS).
+        self._connected_at = -math.inf
+        self._reconnect_delay = 0.1
         self._drain_deadline: float | None = None
         self._stopped = threading.Event()
         #: How many messages this relay delivered and failed: for logs and tests.
@@ -558,10 +564,10 @@ class Relay:
                     result.retryable,
                 ],
             ).fetchone()
-        except DB_GONE:
-            raise
-        except psycopg.Error as err:
-            if not _about_the_message(err):
+        except Exception as err:
+            # Anything but a refusal of a value (see x_jobs._refusal: the session's state, a
+            # read-only one say, or the way to the database) is raised, the outcome kept.
+            if not refuses_value(err):
                 raise
             # Refused for what it says (a value the database cannot store): trying again would
             # be refused again, and must not stop the relay. The message's lease lapses and it
@@ -600,11 +606,17 @@ class Relay:
         """The connection, reconnecting with backoff while the database is away; None when the
         relay must stop meanwhile (a second stop, or the drain's grace ran out)."""
         delay = 0.1
+        if time.monotonic() - self._connected_at < QUICK_LOSS_SECONDS:
+            # Lost as soon as it was made (a pooler took the login, the server behind it away):
+            # a connect that failed, and the backoff goes on.
+            self._wait_to_reconnect(self._reconnect_delay)
+            delay = min(self._reconnect_delay * 2, MAX_BACKOFF_SECONDS)
         while self._conn is None:
             if self._must_stop():
                 return None
             try:
                 self._connect()
+                self._connected_at, self._reconnect_delay = time.monotonic(), delay
                 logger.info("database connection back")
                 # Extend the leases before anything else: one that lapsed meanwhile is still
                 # this relay's unless another relay took it.
@@ -614,13 +626,17 @@ class Relay:
                     "database unreachable; retrying",
                     extra={"retry_in_s": round(delay, 2), "error": str(err).strip()},
                 )
-                wait = delay
-                if self._drain_deadline is not None:
-                    wait = min(wait, max(0.0, self._drain_deadline - time.monotonic()))
-                if self._wake.wait(wait):
-                    self._wake.clear()
+                self._wait_to_reconnect(delay)
                 delay = min(delay * 2, MAX_BACKOFF_SECONDS)
         return self._conn
+
+    def _wait_to_reconnect(self, delay: float) -> None:
+        """Wait ``delay`` before a reconnect, no later than the drain's deadline; a delivery
+        that ends meanwhile ends the wait (its outcome is collected)."""
+        if self._drain_deadline is not None:
+            delay = min(delay, max(0.0, self._drain_deadline - time.monotonic()))
+        if self._wake.wait(delay):
+            self._wake.clear()
 
     def _lost_connection(self, err: Exception) -> None:
         logger.warning("database connection lost", extra={"error": str(err).strip()})
@@ -646,13 +662,16 @@ class Relay:
 
     def _listen(self) -> None:
         """LISTEN x_jobs_outbox: a put of one of our topics claims at once (a hint: the relay
-        polls as well)."""
+        polls as well, and the listener warns once if notifications cannot arrive)."""
         listen(
-            self.app.dsn,
+            self.listen_dsn or self.app.dsn,
             "x_jobs_outbox",
+            notify_dsn=self.app.dsn,
             application_name="x_jobs relay listener",
             wanted=None if self.topics is None else set(self.topics),
             notified=self._notified,
             wake=self._wake,
             running=lambda: not self._stopped.is_set() and self._stop_requests == 0,
+            poll_interval=self.poll_interval,
+            who="relay",
         )

@@ -56,8 +56,9 @@ from psycopg.types.json import Jsonb
 from pydantic import ValidationError
 
 from x_jobs import declarations, health
-from x_jobs._conn import connect
-from x_jobs._listen import DB_GONE, listen
+from x_jobs._conn import QUICK_LOSS_SECONDS, connect
+from x_jobs._listen import DB_GONE, LISTEN_DSN_ENV, listen
+from x_jobs._refusal import described, refuses_value
 from x_jobs._watch import for_leases, patience
 from x_jobs.app import App, Job, Seconds, interval, seconds
 from x_jobs.errors import (
@@ -305,6 +306,10 @@ class Worker:
     ``metrics_port``: serve Prometheus metrics there, on ``metrics_host`` (default every IPv4
     interface; ``127.0.0.1`` keeps them on this machine), the queue gauges read every
     ``gauge_interval`` (see ``x_jobs.metrics``).
+
+    ``listen_dsn`` (default ``X_JOBS_LISTEN_DSN``, else ``app.dsn``): where the worker LISTENs
+    for the notifications that wake it, when ``app.dsn`` goes through a pooler in transaction
+    mode, which drops them (docs/poolers.md).
     """
 
     def __init__(
@@ -326,6 +331,7 @@ class Worker:
         metrics_host: str = DEFAULT_HOST,
         gauge_interval: Seconds = GAUGE_INTERVAL,
         check_version: bool = True,
+        listen_dsn: str | None = None,
     ) -> None:
         self.app = app
         self.queues = sorted(set(queues or {job.queue for job in app.jobs.values()}))
@@ -369,6 +375,9 @@ class Worker:
             gauge_interval=seconds(gauge_interval),
         )
         self.metrics.declare(name for name, job in app.jobs.items() if job.queue in self.queues)
+        #: Where the listener LISTENs, when not at app.dsn (None): a direct or session-mode DSN
+        #: when app.dsn goes through a pooler in transaction mode (see x_jobs._listen).
+        self.listen_dsn = listen_dsn or os.environ.get(LISTEN_DSN_ENV) or None
         self._patience = patience(self.lease)
         self._step_store = StepStore(app.dsn, concurrency, patience=self._patience)
 
@@ -441,6 +450,10 @@ class Worker:
         #: answers (see _hand_back_unknown); and the names it said so of (once each).
         self._unhanded: dict[int, str] = {}
         self._unhandled_names: set[str] = set()
+        #: When the dispatcher's connection was last made, and how long to wait before the next
+        #: try if it is lost soon after (see QUICK_LOSS_SECONDS).
+        self._connected_at = -math.inf
+        self._reconnect_delay = 0.1
 
     # --- public -------------------------------------------------------------------------------
 
@@ -864,9 +877,12 @@ class Worker:
 
     def _settle_loop(self) -> None:
         """The settler thread: each batch in one transaction (all completions in one
-        complete_many call, failures one by one). A lost connection is retried with backoff,
-        the batch kept, until a second stop gives up (the leases of what it held will lapse).
-        Nothing a batch raises ends the thread: a dead settler would settle nothing again."""
+        complete_many call, failures one by one). A settlement that fails for anything but
+        its values (see x_jobs._refusal: a lost connection, a pooler's or the protocol's error,
+        a read-only transaction during a failover...) is sent again with backoff on a new
+        connection, the batch kept as it was, until a second stop gives up (the leases of what
+        it held will lapse). Nothing a batch raises ends the thread: a dead settler would
+        settle nothing again."""
         conn: psycopg.Connection[Any] | None = None
         while (batch := self._to_settle.get()) is not None:
             delay = 0.1
@@ -881,7 +897,8 @@ class Worker:
                         else:
                             result = self._settle_batch(conn, batch)
                     break
-                except DB_GONE as err:
+                except psycopg.Error as err:
+                    gone = conn is None or conn.broken
                     if conn is not None:
                         conn.close()
                     conn = None
@@ -892,8 +909,10 @@ class Worker:
                         result = _Settlement(batch, set(), {})
                         break
                     logger.warning(
-                        "settling: database unreachable; retrying",
-                        extra={"retry_in_s": round(delay, 2), "error": str(err).strip()},
+                        "settling: database unreachable; retrying"
+                        if gone
+                        else "settling failed, not for its values; retrying on a new connection",
+                        extra={"retry_in_s": round(delay, 2), "error": described(err)},
                     )
                     time.sleep(delay)
                     delay = min(delay * 2, 5.0)
@@ -933,18 +952,19 @@ class Worker:
         return _Settlement(batch, completed | settled.completed, {**states, **settled.states})
 
     def _settle_batch(self, conn: psycopg.Connection[Any], batch: list[_Outcome]) -> _Settlement:
-        """Settle a batch together; when that is refused (an output over
+        """Settle a batch together; when one of its values is refused (an output over
         x_jobs.max_payload_bytes, text the database cannot store, a value psycopg cannot send),
         one by one, so that one outcome cannot stop the others, nor this thread. The refused
-        transaction rolled back: nothing of it is settled twice."""
+        transaction rolled back: nothing of it is settled twice. Any other failure is raised,
+        for _settle_loop to send the batch again as it is."""
         try:
             return self._settle_together(conn, batch)
-        except DB_GONE:
-            raise
         except Exception as err:
+            if not refuses_value(err):
+                raise
             logger.warning(
                 "settling a batch was refused; settling its jobs one by one",
-                extra={"jobs": len(batch), "error": str(err).strip()},
+                extra={"jobs": len(batch), "error": described(err)},
             )
         completed: set[int] = set()
         states: dict[int, str | None] = {}
@@ -960,14 +980,15 @@ class Worker:
     def _settle_alone(self, conn: psycopg.Connection[Any], outcome: _Outcome) -> _Settlement | None:
         """One outcome: a refused output fails its job for good, saying why; a refused error
         text is sent again in ASCII (a LATIN1 database cannot store a euro sign). None (logged)
-        when even that is refused: the job's lease will lapse."""
+        when even that is refused: the job's lease will lapse. Only a refusal of a value does
+        any of that (see x_jobs._refusal); any other failure is raised, the outcome kept."""
         escaped = False
         while True:
             try:
                 return self._settle_together(conn, [outcome])
-            except DB_GONE:
-                raise
             except Exception as err:
+                if not refuses_value(err):
+                    raise
                 reason = str(err).strip() or type(err).__name__
                 if outcome.ok:
                     outcome.ok, outcome.output, outcome.retryable = False, None, False
@@ -1421,6 +1442,11 @@ class Worker:
         waits on). True once the database answers; False when the worker stopped without it."""
         delay = 0.1
         next_try = time.monotonic()
+        if next_try - self._connected_at < QUICK_LOSS_SECONDS:
+            # Lost as soon as it was made (a pooler took the login, the server behind it away):
+            # a connect that failed, and the backoff goes on.
+            next_try += self._reconnect_delay
+            delay = min(self._reconnect_delay * 2, 5.0, self.heartbeat_interval)
         while True:
             now = time.monotonic()
             if self._stop_requests >= 2:
@@ -1443,6 +1469,7 @@ class Worker:
                     # their holders can reconnect and renew them first (see x_jobs.claim).
                     delay = min(delay * 2, 5.0, self.heartbeat_interval)
                 else:
+                    self._connected_at, self._reconnect_delay = time.monotonic(), delay
                     logger.info("database connection back")
                     return True
             now = time.monotonic()
@@ -1756,15 +1783,19 @@ class Worker:
 
     def _listen(self) -> None:
         """LISTEN x_jobs and wake the dispatcher when one of our queues gets work. A hint only:
-        the dispatcher polls as well, so a dropped connection here loses nothing."""
+        the dispatcher polls as well, so a dropped connection here loses nothing, nor does a
+        pooler that drops notifications (the listener proves they arrive, and warns once if
+        not)."""
         listen(
-            self.app.dsn,
+            self.listen_dsn or self.app.dsn,
             "x_jobs",
+            notify_dsn=self.app.dsn,
             application_name="x_jobs listener",
             wanted=set(self.queues),
             notified=self._notified,
             wake=self._wake,
             running=lambda: not self._stopped.is_set() and self._stop_requests == 0,
+            poll_interval=self.poll_interval,
         )
 
 

@@ -127,7 +127,10 @@ READERS = [
     ("list_jobs", "SELECT count(*) FROM x_jobs.list_jobs(state => 'ready', max_rows => 10)"),
     ("queue_stats", "SELECT ready FROM x_jobs.queue_stats() WHERE queue = 'default'"),
     ("queue_demand", "SELECT demand FROM x_jobs.queue_demand() WHERE queue = 'default'"),
-    ("queue_gauges", "SELECT ready FROM x_jobs.queue_gauges(max_age => '0') WHERE queue = 'default'"),
+    (
+        "queue_gauges",
+        "SELECT ready FROM x_jobs.queue_gauges(max_age => '0') WHERE queue = 'default'",
+    ),
     ("health", "SELECT check_name, ok FROM x_jobs.health() ORDER BY check_name"),
     ("job_types", "SELECT count(*) FROM x_jobs.job_types()"),
 ]

@@ -275,10 +275,12 @@ def test_a_slot_held_by_a_timed_out_body_is_not_claimed_for_another_job(
 # A job_error insert that sleeps, once: the second of the two first-attempt failures of the twin
 # jobs (whichever the settler sends second), so that the test can drop the settler's connection
 # while the first failure of the batch has committed and the second has not. The sequence is not
-# rolled back with the dropped transaction: the failure sent again does not sleep.
+# rolled back with the dropped transaction: the failure sent again does not sleep. The trigger
+# runs as the test's superuser: x_jobs.fail runs as x_jobs_owner, which may not use the sequence.
 SLEEP_ONCE: LiteralString = """
     CREATE SEQUENCE public.sleep_once;
-    CREATE FUNCTION public.sleep_once() RETURNS trigger LANGUAGE plpgsql AS $$
+    CREATE FUNCTION public.sleep_once() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp AS $$
     BEGIN
         IF NEW.attempt = 1 AND NEW.job_id = ANY ({twins}::bigint[])
             AND EXISTS (
