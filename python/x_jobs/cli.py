@@ -1789,7 +1789,7 @@ def _own_times(conn: psycopg.Connection[Any], filters: dict[str, Any]) -> None:
     if not naive:
         return
     with conn.transaction():
-        conn.execute(OWN_TIMEZONE)
+        conn.execute(OWN_TIMEZONE, [_OWN_TIMEZONES.get(conn, "UTC")])
         for key in naive:
             row = conn.execute(IN_OWN_TIMEZONE, [filters[key]]).fetchone()
             assert row is not None

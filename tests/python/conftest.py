@@ -222,6 +222,23 @@ def connections(dsn: str) -> Iterator[Connect]:
             conn.close()
 
 
+@pytest.fixture(autouse=True)
+def _root_logging_restored() -> Iterator[None]:
+    """The root logger's level as it was before the test, and none of the handlers the test
+    added: `x-jobs worker` and `relay` run in this process (test_cli) configure logging with
+    basicConfig(force=True), and a level of theirs left at critical hid every warning from the
+    tests after them (caplog). pytest's own capturing handlers come and go with each phase."""
+    root = logging.getLogger()
+    level, before = root.level, set(root.handlers)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+        for handler in list(root.handlers):
+            if handler not in before and not type(handler).__module__.startswith("_pytest"):
+                root.removeHandler(handler)
+
+
 @pytest.fixture
 def proxy() -> Iterator[Proxy]:
     """A TCP way to the test server that the test can cut without a reset (see netcut)."""

@@ -382,7 +382,7 @@ def test_the_settler_retries_a_pooler_error_and_never_fails_the_job_for_it(
     done with its output."""
     via = bouncer_transaction.dsn(dsn)
     _seed_prepared_statements(via, 8)
-    monkeypatch.setattr(x_jobs._conn, "PREPARE_THRESHOLD", 5)
+    monkeypatch.setattr(x_jobs._conn, "PREPARE_THRESHOLD", 1)
     app = x_jobs.App(via)
 
     @app.job(name="echo")
