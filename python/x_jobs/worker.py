@@ -54,6 +54,7 @@ from psycopg.types.json import Jsonb
 from pydantic import ValidationError
 
 from x_jobs._conn import connect
+from x_jobs._executor import DaemonExecutor
 from x_jobs._listen import DB_GONE, listen
 from x_jobs._watch import for_leases, patience
 from x_jobs.app import App, Job, Seconds, interval, seconds
@@ -100,6 +101,11 @@ UNKNOWN_HELD: LiteralString = (
 HELD_AT: LiteralString = (
     "SELECT id, state::text, attempt, claimed_by FROM x_jobs.job WHERE id = ANY(%s::bigint[])"
 )
+#: How long ``x-jobs worker`` goes on, once its drain's grace has run out (or a second stop
+#: came), handing back what it holds and settling what finished: a database call still waiting
+#: then is abandoned, and the worker exits, leaving what it still holds to its leases.
+HAND_BACK_SECONDS = 2.0
+
 ANNOUNCE: LiteralString = """
     SELECT draining_at FROM x_jobs.announce_worker(
         worker => %s, queues => %s, build => %s, draining => %s, ttl => %s)
@@ -361,6 +367,17 @@ class Worker:
         self._draining = False
         self._drain_deadline = 0.0
         self._process_exits = False
+        #: When the worker must be done with the database (monotonic), inf until it is stopping:
+        #: a drain's grace plus HAND_BACK_SECONDS in a process that ends with the worker, a
+        #: second stop's moment plus that in any. Past it the watch abandons the calls in
+        #: progress (see _tick): none keeps a stopped worker from exiting, whatever it waits for
+        #: (a lock, a server that works on it for good).
+        self._exit_by = math.inf
+        #: When the first stop request came (monotonic; see _count_stop).
+        self._first_stop_at = 0.0
+        #: Set to cut the settler's backoff short: the database answers again, or the worker
+        #: exits and its last settlement is tried now.
+        self._settler_wake = threading.Event()
         self._conn: psycopg.Connection[Any] | None = None
         self._threads: list[threading.Thread] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -407,7 +424,7 @@ class Worker:
             app.dsn,
             lease=self.lease,
             heartbeat_interval=self.heartbeat_interval,
-            on_tick=self._stop_unrenewed,
+            on_tick=self._tick,
         )
         #: Until then, a claim whose answer was lost may have committed: the jobs it took are
         #: this worker's in the database and unknown here (see _sweep_unknown).
@@ -464,7 +481,7 @@ class Worker:
         (within grace), hand back the rest (see ``run``). A second call stops at once: it hands
         back every job still held, and the handlers still running run on beside whichever
         worker takes their jobs next, unless the process ends with them."""
-        self._stop_requests += 1
+        self._count_stop()
         self._wake.set()
 
     def wait_stopped(self, timeout: float | None = None) -> bool:
@@ -477,9 +494,28 @@ class Worker:
         # the lock inside self._wake (in its wait or clear): setting the event from here could
         # wait for itself forever (two quick signals did). Count the request here and set the
         # event from a thread of its own, which waits for the lock like any other thread.
-        self._stop_requests += 1
+        self._count_stop()
         threading.Thread(target=self._wake.set, name="x_jobs-signal", daemon=True).start()
         logger.info("signal received", extra={"signal": signal.Signals(signum).name})
+
+    def _count_stop(self) -> None:
+        """One more stop request. The drain's grace counts from the first, not from when the
+        dispatcher sees it (it may be blocked in a call); from the second on, the worker stops
+        at once. Sets the time by which it must be done (see _exit_by). Takes no lock: it runs
+        in a signal handler too."""
+        now = time.monotonic()
+        self._stop_requests += 1
+        if self._stop_requests == 1:
+            self._first_stop_at = now
+            if self._process_exits:
+                self._exit_by = min(self._exit_by, now + self.grace + HAND_BACK_SECONDS)
+        else:
+            self._exit_by = min(self._exit_by, now + HAND_BACK_SECONDS)
+
+    def _past_grace(self, now: float) -> bool:
+        """Is this a process that ends with the worker, past its drain's grace? Then it waits for
+        nothing more: not a heartbeat, a reconnect, nor a settlement's retry."""
+        return self._process_exits and self._draining and now >= self._drain_deadline
 
     def _loop_forever(self) -> None:
         next_heartbeat = time.monotonic() + self.heartbeat_interval
@@ -508,6 +544,9 @@ class Worker:
             if self._stop_requests == 1 and not self._draining:
                 self._begin_drain(now)
                 next_announce = 0.0
+            if self._past_grace(now):
+                self._exit_at_grace()
+                return
 
             self._take_settled()
             self._collect(now)
@@ -767,10 +806,11 @@ class Worker:
             for name, durations in run_seconds.items():
                 self.metrics.observe(name, durations)
 
-    def _finish_settlements(self, timeout: float = 10.0) -> None:
-        """Before exiting: settle what is pending and wait for the settler (bounded)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+    def _finish_settlements(self, until: float) -> None:
+        """Before exiting: settle what is pending and wait for the settler, until ``until``
+        (monotonic). A settler waiting out its backoff tries again at once."""
+        self._settler_wake.set()
+        while time.monotonic() < until:
             self._take_settled()
             self._collect(time.monotonic())
             if not self._settling and self._pending:
@@ -789,7 +829,9 @@ class Worker:
         while (batch := self._to_settle.get()) is not None:
             delay = 0.1
             in_doubt = False
+            result: _Settlement | None = None
             while True:
+                self._settler_wake.clear()  # set from now on: try again without waiting
                 try:
                     if conn is None:
                         conn = connect(self.app.dsn, "x_jobs settler", patience=self._patience)
@@ -809,11 +851,16 @@ class Worker:
                     if self._stop_requests >= 2:
                         result = _Settlement(batch, set(), {})
                         break
+                    now = time.monotonic()
+                    if now >= self._exit_by:
+                        # The process exits now: the batch stays held, and is left to its
+                        # jobs' leases (see _left_to_leases).
+                        break
                     logger.warning(
                         "settling: database unreachable; retrying",
                         extra={"retry_in_s": round(delay, 2), "error": str(err).strip()},
                     )
-                    time.sleep(delay)
+                    self._settler_wake.wait(min(delay, self._exit_by - now))
                     delay = min(delay * 2, 5.0)
                 except Exception:
                     # _settle_batch answers for each outcome what the database refuses; this is
@@ -821,7 +868,8 @@ class Worker:
                     logger.exception("settling a batch failed", extra={"jobs": len(batch)})
                     result = _Settlement(batch, set(), {})
                     break
-            self._settled.put(result)
+            if result is not None:
+                self._settled.put(result)
             self._wake.set()
         if conn is not None:
             conn.close()
@@ -1125,7 +1173,9 @@ class Worker:
 
     def _begin_drain(self, now: float) -> None:
         self._draining = True
-        self._drain_deadline = now + self.grace
+        self._drain_deadline = min(now, self._first_stop_at or now) + self.grace
+        if self._process_exits:
+            self._exit_by = min(self._exit_by, self._drain_deadline + HAND_BACK_SECONDS)
         waiting = self._hand_back(started=False, reason="shutdown")
         logger.info(
             "draining: claiming nothing more",
@@ -1201,16 +1251,17 @@ class Worker:
         logger.warning("second stop: stopping at once")
         self._hand_back(started=True, reason="shutdown")
         if self._conn is not None:
-            self._finish_settlements(timeout=2.0)
+            self._finish_settlements(until=self._exit_by)
         self._left_to_leases()
 
     def _exit_at_grace(self) -> None:
         """The drain's grace ran out in a process that ends with the worker (and its handlers):
         hand back every job still held and settle what finished. Without the database (away,
-        or lost now) the worker exits all the same: see _left_to_leases."""
+        or lost now) the worker exits all the same: see _left_to_leases. It does so by _exit_by
+        at the latest, the watch abandoning a call that waits past it."""
         self._hand_back(started=True, reason="shutdown")
         if self._conn is not None:
-            self._finish_settlements()
+            self._finish_settlements(until=self._exit_by)
         self._left_to_leases()
 
     def _left_to_leases(self) -> None:
@@ -1255,6 +1306,14 @@ class Worker:
         assert self._conn is not None
         with self._watch.calling("dispatcher", self._conn):
             return self._conn.execute(statement, params).fetchall()
+
+    def _tick(self, now: float) -> None:
+        """On the watch thread, every tick, the dispatcher maybe blocked in a call: abandon the
+        calls still waiting once the worker must exit (see _exit_by), and stop the handlers
+        whose leases went unrenewed."""
+        if now >= self._exit_by:
+            self._watch.abandon()
+        self._stop_unrenewed(now)
 
     def _stop_unrenewed(self, now: float) -> None:
         """On the watch thread: tell the running handlers whose lease went unrenewed for
@@ -1311,6 +1370,9 @@ class Worker:
                 return False
             if self._stop_requests == 1 and not self._draining:
                 self._begin_drain(now)
+            if self._past_grace(now):
+                self._exit_at_grace()
+                return False
             if now >= next_try:
                 try:
                     self._connect()
@@ -1327,6 +1389,7 @@ class Worker:
                     delay = min(delay * 2, 5.0, self.heartbeat_interval)
                 else:
                     logger.info("database connection back")
+                    self._settler_wake.set()  # no need to wait out its backoff either
                     return True
             now = time.monotonic()
             self._take_settled()
@@ -1365,6 +1428,8 @@ class Worker:
                 self._threads.append(thread)
         if any(job.is_async for job in self.app.jobs.values()):
             loop = asyncio.new_event_loop()
+            # Its threads end with the process, as the sync handlers' do (see DaemonExecutor).
+            loop.set_default_executor(DaemonExecutor(thread_name_prefix="x_jobs-to-thread"))
             self._loop = loop
             thread = threading.Thread(target=self._run_loop, name="x_jobs-async", daemon=True)
             thread.start()
