@@ -102,8 +102,9 @@ HELD_AT: LiteralString = (
     "SELECT id, state::text, attempt, claimed_by FROM x_jobs.job WHERE id = ANY(%s::bigint[])"
 )
 #: How long ``x-jobs worker`` goes on, once its drain's grace has run out (or a second stop
-#: came), handing back what it holds and settling what finished: a database call still waiting
-#: then is abandoned, and the worker exits, leaving what it still holds to its leases.
+#: came), handing back what it holds and settling what finished (at the grace, the handlers it
+#: tells to stop get the first half of it to return): a database call still waiting then is
+#: abandoned, and the worker exits, leaving what it still holds to its leases.
 HAND_BACK_SECONDS = 2.0
 
 ANNOUNCE: LiteralString = """
@@ -249,6 +250,8 @@ class _Run:
     #: Still running when its lease had gone unrenewed too long (see Worker._unrenewed_after):
     #: told to stop, and then, like an outlasted run, handed back or settled.
     unrenewed: bool = False
+    #: Its handler has returned (or raised): it no longer runs here.
+    returned: bool = False
 
 
 @dataclass(slots=True)
@@ -1198,9 +1201,14 @@ class Worker:
             extra={"running": len(running), "grace_s": self.grace},
         )
 
-    def _hand_back(self, *, started: bool, reason: str) -> int:
+    def _hand_back(self, *, started: bool, reason: str, returned_by: float | None = None) -> int:
         """Give jobs back to the queue (x_jobs.release): those not started yet, or (started=True)
-        every one still held, whose handlers are told to stop. Answers how many."""
+        every one still held, whose handlers are told to stop. Answers how many.
+
+        ``returned_by`` (monotonic): the handlers told to stop are waited for until then, and
+        their jobs released only once they returned (or the time is up). Released at once, a
+        job could start elsewhere while its handler here had yet to see the stop; what they
+        answer is dropped all the same."""
         # Under the start lock: a run is either marked started by _begin, and then kept unless
         # started=True, or marked done here first, and then _begin never starts it.
         with self._start_lock:
@@ -1213,6 +1221,15 @@ class Worker:
                 run.done = True
         for run in runs:
             self._tell_stop(run, reason)
+        if returned_by is not None:
+            running = [run for run in runs if run.started is not None]
+            while any(not run.returned for run in running):
+                left = returned_by - time.monotonic()
+                if left <= 0:
+                    break
+                # An executor wakes the dispatcher when it leaves an outcome (see _nudge).
+                if self._wake.wait(min(left, 0.05)):
+                    self._wake.clear()
         return self._release(runs)
 
     def _release(self, runs: list[_Run]) -> int:
@@ -1258,8 +1275,13 @@ class Worker:
         """The drain's grace ran out in a process that ends with the worker (and its handlers):
         hand back every job still held and settle what finished. Without the database (away,
         or lost now) the worker exits all the same: see _left_to_leases. It does so by _exit_by
-        at the latest, the watch abandoning a call that waits past it."""
-        self._hand_back(started=True, reason="shutdown")
+        at the latest, the watch abandoning a call that waits past it. The handlers get the
+        first half of that time to return before their jobs go back (see _hand_back)."""
+        # What finished meanwhile is settled, not handed back to run again.
+        self._take_settled()
+        self._collect(time.monotonic())
+        returned_by = min(time.monotonic() + HAND_BACK_SECONDS / 2, self._exit_by)
+        self._hand_back(started=True, reason="shutdown", returned_by=returned_by)
         if self._conn is not None:
             self._finish_settlements(until=self._exit_by)
         self._left_to_leases()
@@ -1500,6 +1522,7 @@ class Worker:
                 # it. The thread lives on, and the job fails with it rather than run on unsettled.
                 logger.exception("running a job failed", extra={"job_id": run.ctx.id})
                 outcome = self._failure(run, err)
+            run.returned = True
             self._outbox.put(outcome)
             self._nudge(queued=not self._inbox.empty())
 
@@ -1537,6 +1560,7 @@ class Worker:
             # with it rather than stay held, unsettled, for as long as the worker runs.
             logger.exception("running a job failed", extra={"job_id": run.ctx.id})
             outcome = _Outcome(run, ok=False, error=f"the worker failed running it: {err!r}")
+        run.returned = True
         self._outbox.put(outcome)
         # This task is done: its slot goes to the next waiting run now, not when its done
         # callback runs (a loop iteration later), and counted among the live ones it made a

@@ -146,8 +146,12 @@ class Stopped:
                 f"its log:\n{log[-6000:]}"
             )
         # A signal that came before the worker installed its handlers ends the process the
-        # default way, before it claimed anything; after that, a drain exits 0.
+        # default way, before it claimed anything; after that, a drain exits 0. A worker that
+        # found the server down as it started refuses to start (X_CONNECT_FAILED), signal or
+        # not.
         if self.code == 0 or (self.code == -signal.SIGTERM and "worker starting" not in log):
+            return None
+        if "X_CONNECT_FAILED" in log and "worker stopped" not in log:
             return None
         return (
             f"worker {self.worker.pid} (grace {self.grace:g} s, SIGTERM {self.moment}) exited "
