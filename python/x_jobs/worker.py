@@ -1280,7 +1280,12 @@ class Worker:
         # What finished meanwhile is settled, not handed back to run again.
         self._take_settled()
         self._collect(time.monotonic())
-        returned_by = min(time.monotonic() + HAND_BACK_SECONDS / 2, self._exit_by)
+        # Without the database nothing is handed back: then nothing is waited for either.
+        returned_by = (
+            None
+            if self._conn is None
+            else min(time.monotonic() + HAND_BACK_SECONDS / 2, self._exit_by)
+        )
         self._hand_back(started=True, reason="shutdown", returned_by=returned_by)
         if self._conn is not None:
             self._finish_settlements(until=self._exit_by)
