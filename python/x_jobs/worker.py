@@ -24,7 +24,9 @@ their handlers return. A lost connection is retried with backoff while handlers 
 their outcomes wait in memory until the database answers again. Meanwhile timeouts still tell
 their handlers to stop, and a drain keeps its grace: when it runs out, ``x-jobs worker`` exits
 without waiting for the database, and what it still holds is left to its lease (another worker
-runs it again once the lease lapses).
+runs it again once the lease lapses). Nor does anything else keep it: the grace counts from the
+signal, and HAND_BACK_SECONDS after it (or after a second signal) the calls still waiting, on a
+lock another session holds as on a silent server, are abandoned and the process exits.
 """
 
 from __future__ import annotations
