@@ -42,7 +42,15 @@ import psycopg
 import pytest
 from apps import basic
 from apps.workers import Fleet, WorkerProcess
-from conftest import Conn, Connect, needs_pg_ctl, pg_ctl, restart_server
+from conftest import (
+    DEADLINE_SECONDS,
+    Conn,
+    Connect,
+    needs_pg_ctl,
+    pg_ctl,
+    restart_server,
+    wait_for,
+)
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
@@ -339,7 +347,15 @@ def _finish(
     may be just after its job was handed back (see the README's "The worker")."""
     last = fleet.start(concurrency=32, lease=2, poll=0.05)
     fleet.wait_for(lambda: "worker starting" in last.log(), "the last worker to start")
-    fleet.wait_for(lambda: fleet.all_in(ids, "done"), "the last worker to finish every job")
+    try:
+        # What a soak's rounds leave takes longer: about a second a hundred jobs.
+        wait_for(
+            lambda: fleet.all_in(ids, "done"),
+            "the last worker to finish every job",
+            timeout=DEADLINE_SECONDS + len(ids) / 100,
+        )
+    except pytest.fail.Exception as err:
+        pytest.fail(f"{err}\n{fleet.report()}")
     overlaps = [row for row in fleet.overlaps() if row[0] not in heedless]
     assert overlaps == [], _overlap_report(fleet, seed, overlaps)
     last.signal(signal.SIGTERM)
