@@ -228,8 +228,8 @@ class Round:
         return send
 
     def lock(self, ids: list[int]) -> Callable[[], None]:
-        """Hold the row locks of jobs ``ids`` (those free within a second) until unlock(): their
-        settlements and heartbeats wait for them meanwhile."""
+        """Hold the row locks of the jobs of ``ids`` that run then (those free within a second)
+        until unlock(): their settlements and heartbeats wait for them meanwhile."""
 
         def take() -> None:
             self.unlock()
@@ -237,7 +237,9 @@ class Round:
                 self.locker = psycopg.connect(self.fleet.dsn, application_name="x_jobs_test_lock")
                 self.locker.execute("SET lock_timeout = '1s'")
                 self.locker.execute(
-                    "SELECT id FROM x_jobs.job WHERE id = ANY (%s) FOR UPDATE", [ids]
+                    "SELECT id FROM x_jobs.job WHERE id = ANY (%s) AND state = 'running'"
+                    " FOR UPDATE",
+                    [ids],
                 )
             except psycopg.OperationalError:
                 self.unlock()  # the server is down, or a worker held a row for a second
@@ -279,10 +281,9 @@ def _plan(
 ) -> None:
     """Draw a round's timeline: a SIGTERM per worker at a moment of its life, and chaos."""
     if rng.random() < 0.5:
-        locked = rng.sample(ids, 10)
-        begin = rng.uniform(0.3, 3.0)
-        round_.at(begin, f"lock the rows of jobs {locked}", round_.lock(locked))
-        round_.at(begin + rng.uniform(1.0, 5.0), "unlock them", round_.unlock)
+        begin = rng.uniform(0.8, 2.0)  # the longer jobs run, and a heedless one
+        round_.at(begin, "lock the rows of the jobs running", round_.lock(ids))
+        round_.at(begin + rng.uniform(2.0, 6.0), "unlock them", round_.unlock)
     crash_at: float | None = None
     down: tuple[float, float] | None = None
     chaos = rng.choice(["none", "crash", "crash", "down", "down"])
