@@ -94,6 +94,21 @@ class CallWatch:
             for _, sent, _ in list(self._calls.values())
         )
 
+    def abandon(self) -> None:
+        """Shut down the connection of every call in progress: each fails at once as on a lost
+        connection, answered or not (its loop is stopping and waits no longer, whatever the
+        server is at: a lock held elsewhere would keep it waiting for good)."""
+        now = time.monotonic()
+        for who, call in list(self._calls.items()):
+            if self._calls.get(who) is not call:
+                continue  # answered meanwhile
+            self._calls.pop(who, None)  # shut down once
+            _shut_down(call[0])
+            logger.warning(
+                "a database call was abandoned: the loop that sent it is stopping",
+                extra={"connection": who, "waited_s": round(now - call[1], 1)},
+            )
+
     def start(self) -> None:
         self._stop.clear()  # a Worker may run() again after it stopped
         threading.Thread(target=self._run, name=self.name, daemon=True).start()

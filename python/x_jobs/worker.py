@@ -26,7 +26,9 @@ their handlers return. A lost connection is retried with backoff while handlers 
 their outcomes wait in memory until the database answers again. Meanwhile timeouts still tell
 their handlers to stop, and a drain keeps its grace: when it runs out, ``x-jobs worker`` exits
 without waiting for the database, and what it still holds is left to its lease (another worker
-runs it again once the lease lapses).
+runs it again once the lease lapses). Nor does anything else keep it: the grace counts from the
+signal, and HAND_BACK_SECONDS after it (or after a second signal) the calls still waiting, on a
+lock another session holds as on a silent server, are abandoned and the process exits.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from pydantic import ValidationError
 
 from x_jobs import declarations, health
 from x_jobs._conn import QUICK_LOSS_SECONDS, connect
+from x_jobs._executor import DaemonExecutor
 from x_jobs._listen import DB_GONE, LISTEN_DSN_ENV, listen
 from x_jobs._refusal import described, refuses_value
 from x_jobs._watch import for_leases, patience
@@ -104,6 +107,12 @@ UNKNOWN_HELD: LiteralString = (
 HELD_AT: LiteralString = (
     "SELECT id, state::text, attempt, claimed_by FROM x_jobs.job WHERE id = ANY(%s::bigint[])"
 )
+#: How long ``x-jobs worker`` goes on, once its drain's grace has run out (or a second stop
+#: came), handing back what it holds and settling what finished (at the grace, the handlers it
+#: tells to stop get the first half of it to return): a database call still waiting then is
+#: abandoned, and the worker exits, leaving what it still holds to its leases.
+HAND_BACK_SECONDS = 2.0
+
 ANNOUNCE: LiteralString = """
     SELECT draining_at FROM x_jobs.announce_worker(
         worker => %s, queues => %s, build => %s, draining => %s, ttl => %s)
@@ -252,6 +261,8 @@ class _Run:
     #: Still running when its lease had gone unrenewed too long (see Worker._unrenewed_after):
     #: told to stop, and then, like an outlasted run, handed back or settled.
     unrenewed: bool = False
+    #: Its handler has returned (or raised): it no longer runs here.
+    returned: bool = False
 
 
 @dataclass(slots=True)
@@ -393,6 +404,17 @@ class Worker:
         self._draining = False
         self._drain_deadline = 0.0
         self._process_exits = False
+        #: When the worker must be done with the database (monotonic), inf until it is stopping:
+        #: a drain's grace plus HAND_BACK_SECONDS in a process that ends with the worker, a
+        #: second stop's moment plus that in any. Past it the watch abandons the calls in
+        #: progress (see _tick): none keeps a stopped worker from exiting, whatever it waits for
+        #: (a lock, a server that works on it for good).
+        self._exit_by = math.inf
+        #: When the first stop request came (monotonic; see _count_stop).
+        self._first_stop_at = 0.0
+        #: Set to cut the settler's backoff short: the database answers again, or the worker
+        #: exits and its last settlement is tried now.
+        self._settler_wake = threading.Event()
         self._conn: psycopg.Connection[Any] | None = None
         self._threads: list[threading.Thread] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -439,7 +461,7 @@ class Worker:
             app.dsn,
             lease=self.lease,
             heartbeat_interval=self.heartbeat_interval,
-            on_tick=self._stop_unrenewed,
+            on_tick=self._tick,
         )
         #: Until then, a claim whose answer was lost may have committed: the jobs it took are
         #: this worker's in the database and unknown here (see _sweep_unknown).
@@ -507,7 +529,7 @@ class Worker:
         (within grace), hand back the rest (see ``run``). A second call stops at once: it hands
         back every job still held, and the handlers still running run on beside whichever
         worker takes their jobs next, unless the process ends with them."""
-        self._stop_requests += 1
+        self._count_stop()
         self._wake.set()
 
     def wait_stopped(self, timeout: float | None = None) -> bool:
@@ -520,9 +542,28 @@ class Worker:
         # the lock inside self._wake (in its wait or clear): setting the event from here could
         # wait for itself forever (two quick signals did). Count the request here and set the
         # event from a thread of its own, which waits for the lock like any other thread.
-        self._stop_requests += 1
+        self._count_stop()
         threading.Thread(target=self._wake.set, name="x_jobs-signal", daemon=True).start()
         logger.info("signal received", extra={"signal": signal.Signals(signum).name})
+
+    def _count_stop(self) -> None:
+        """One more stop request. The drain's grace counts from the first, not from when the
+        dispatcher sees it (it may be blocked in a call); from the second on, the worker stops
+        at once. Sets the time by which it must be done (see _exit_by). Takes no lock: it runs
+        in a signal handler too."""
+        now = time.monotonic()
+        self._stop_requests += 1
+        if self._stop_requests == 1:
+            self._first_stop_at = now
+            if self._process_exits:
+                self._exit_by = min(self._exit_by, now + self.grace + HAND_BACK_SECONDS)
+        else:
+            self._exit_by = min(self._exit_by, now + HAND_BACK_SECONDS)
+
+    def _past_grace(self, now: float) -> bool:
+        """Is this a process that ends with the worker, past its drain's grace? Then it waits for
+        nothing more: not a heartbeat, a reconnect, nor a settlement's retry."""
+        return self._process_exits and self._draining and now >= self._drain_deadline
 
     def _loop_forever(self) -> None:
         next_heartbeat = time.monotonic() + self.heartbeat_interval
@@ -555,6 +596,9 @@ class Worker:
             if self._stop_requests == 1 and not self._draining:
                 self._begin_drain(now)
                 next_announce = 0.0
+            if self._past_grace(now):
+                self._exit_at_grace()
+                return
 
             self._take_settled()
             self._collect(now)
@@ -862,10 +906,11 @@ class Worker:
             for name, durations in run_seconds.items():
                 self.metrics.observe(name, durations)
 
-    def _finish_settlements(self, timeout: float = 10.0) -> None:
-        """Before exiting: settle what is pending and wait for the settler (bounded)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+    def _finish_settlements(self, until: float) -> None:
+        """Before exiting: settle what is pending and wait for the settler, until ``until``
+        (monotonic). A settler waiting out its backoff tries again at once."""
+        self._settler_wake.set()
+        while time.monotonic() < until:
             self._take_settled()
             self._collect(time.monotonic())
             if not self._settling and self._pending:
@@ -887,7 +932,9 @@ class Worker:
         while (batch := self._to_settle.get()) is not None:
             delay = 0.1
             in_doubt = False
+            result: _Settlement | None = None
             while True:
+                self._settler_wake.clear()  # set from now on: try again without waiting
                 try:
                     if conn is None:
                         conn = connect(self.app.dsn, "x_jobs settler", patience=self._patience)
@@ -908,13 +955,18 @@ class Worker:
                     if self._stop_requests >= 2:
                         result = _Settlement(batch, set(), {})
                         break
+                    now = time.monotonic()
+                    if now >= self._exit_by:
+                        # The process exits now: the batch stays held, and is left to its
+                        # jobs' leases (see _left_to_leases).
+                        break
                     logger.warning(
                         "settling: database unreachable; retrying"
                         if gone
                         else "settling failed, not for its values; retrying on a new connection",
                         extra={"retry_in_s": round(delay, 2), "error": described(err)},
                     )
-                    time.sleep(delay)
+                    self._settler_wake.wait(min(delay, self._exit_by - now))
                     delay = min(delay * 2, 5.0)
                 except Exception:
                     # _settle_batch answers for each outcome what the database refuses; this is
@@ -922,7 +974,8 @@ class Worker:
                     logger.exception("settling a batch failed", extra={"jobs": len(batch)})
                     result = _Settlement(batch, set(), {})
                     break
-            self._settled.put(result)
+            if result is not None:
+                self._settled.put(result)
             self._wake.set()
         if conn is not None:
             conn.close()
@@ -1231,7 +1284,9 @@ class Worker:
 
     def _begin_drain(self, now: float) -> None:
         self._draining = True
-        self._drain_deadline = now + self.grace
+        self._drain_deadline = min(now, self._first_stop_at or now) + self.grace
+        if self._process_exits:
+            self._exit_by = min(self._exit_by, self._drain_deadline + HAND_BACK_SECONDS)
         waiting = self._hand_back(started=False, reason="shutdown")
         logger.info(
             "draining: claiming nothing more",
@@ -1254,9 +1309,14 @@ class Worker:
             extra={"running": len(running), "grace_s": self.grace},
         )
 
-    def _hand_back(self, *, started: bool, reason: str) -> int:
+    def _hand_back(self, *, started: bool, reason: str, returned_by: float | None = None) -> int:
         """Give jobs back to the queue (x_jobs.release): those not started yet, or (started=True)
-        every one still held, whose handlers are told to stop. Answers how many."""
+        every one still held, whose handlers are told to stop. Answers how many.
+
+        ``returned_by`` (monotonic): the handlers told to stop are waited for until then, and
+        their jobs released only once they returned (or the time is up). Released at once, a
+        job could start elsewhere while its handler here had yet to see the stop; what they
+        answer is dropped all the same."""
         # Under the start lock: a run is either marked started by _begin, and then kept unless
         # started=True, or marked done here first, and then _begin never starts it.
         with self._start_lock:
@@ -1269,6 +1329,15 @@ class Worker:
                 run.done = True
         for run in runs:
             self._tell_stop(run, reason)
+        if returned_by is not None:
+            running = [run for run in runs if run.started is not None]
+            while any(not run.returned for run in running):
+                left = returned_by - time.monotonic()
+                if left <= 0:
+                    break
+                # An executor wakes the dispatcher when it leaves an outcome (see _nudge).
+                if self._wake.wait(min(left, 0.05)):
+                    self._wake.clear()
         return self._release(runs)
 
     def _release(self, runs: list[_Run]) -> int:
@@ -1307,16 +1376,27 @@ class Worker:
         logger.warning("second stop: stopping at once")
         self._hand_back(started=True, reason="shutdown")
         if self._conn is not None:
-            self._finish_settlements(timeout=2.0)
+            self._finish_settlements(until=self._exit_by)
         self._left_to_leases()
 
     def _exit_at_grace(self) -> None:
         """The drain's grace ran out in a process that ends with the worker (and its handlers):
         hand back every job still held and settle what finished. Without the database (away,
-        or lost now) the worker exits all the same: see _left_to_leases."""
-        self._hand_back(started=True, reason="shutdown")
+        or lost now) the worker exits all the same: see _left_to_leases. It does so by _exit_by
+        at the latest, the watch abandoning a call that waits past it. The handlers get the
+        first half of that time to return before their jobs go back (see _hand_back)."""
+        # What finished meanwhile is settled, not handed back to run again.
+        self._take_settled()
+        self._collect(time.monotonic())
+        # Without the database nothing is handed back: then nothing is waited for either.
+        returned_by = (
+            None
+            if self._conn is None
+            else min(time.monotonic() + HAND_BACK_SECONDS / 2, self._exit_by)
+        )
+        self._hand_back(started=True, reason="shutdown", returned_by=returned_by)
         if self._conn is not None:
-            self._finish_settlements()
+            self._finish_settlements(until=self._exit_by)
         self._left_to_leases()
 
     def _left_to_leases(self) -> None:
@@ -1394,6 +1474,14 @@ class Worker:
         with self._watch.calling("dispatcher", self._conn):
             return self._conn.execute(statement, params).fetchall()
 
+    def _tick(self, now: float) -> None:
+        """On the watch thread, every tick, the dispatcher maybe blocked in a call: abandon the
+        calls still waiting once the worker must exit (see _exit_by), and stop the handlers
+        whose leases went unrenewed."""
+        if now >= self._exit_by:
+            self._watch.abandon()
+        self._stop_unrenewed(now)
+
     def _stop_unrenewed(self, now: float) -> None:
         """On the watch thread: tell the running handlers whose lease went unrenewed for
         _unrenewed_after to stop, while the worker cannot reach the database (its connection
@@ -1454,6 +1542,9 @@ class Worker:
                 return False
             if self._stop_requests == 1 and not self._draining:
                 self._begin_drain(now)
+            if self._past_grace(now):
+                self._exit_at_grace()
+                return False
             if now >= next_try:
                 try:
                     self._connect()
@@ -1471,6 +1562,7 @@ class Worker:
                 else:
                     self._connected_at, self._reconnect_delay = time.monotonic(), delay
                     logger.info("database connection back")
+                    self._settler_wake.set()  # no need to wait out its backoff either
                     return True
             now = time.monotonic()
             self._take_settled()
@@ -1509,6 +1601,8 @@ class Worker:
                 self._threads.append(thread)
         if any(job.is_async for job in self.app.jobs.values()):
             loop = asyncio.new_event_loop()
+            # Its threads end with the process, as the sync handlers' do (see DaemonExecutor).
+            loop.set_default_executor(DaemonExecutor(thread_name_prefix="x_jobs-to-thread"))
             self._loop = loop
             thread = threading.Thread(target=self._run_loop, name="x_jobs-async", daemon=True)
             thread.start()
@@ -1579,6 +1673,7 @@ class Worker:
                 # it. The thread lives on, and the job fails with it rather than run on unsettled.
                 logger.exception("running a job failed", extra={"job_id": run.ctx.id})
                 outcome = self._failure(run, err)
+            run.returned = True
             self._outbox.put(outcome)
             self._nudge(queued=not self._inbox.empty())
 
@@ -1616,6 +1711,7 @@ class Worker:
             # with it rather than stay held, unsettled, for as long as the worker runs.
             logger.exception("running a job failed", extra={"job_id": run.ctx.id})
             outcome = _Outcome(run, ok=False, error=f"the worker failed running it: {err!r}")
+        run.returned = True
         self._outbox.put(outcome)
         # This task is done: its slot goes to the next waiting run now, not when its done
         # callback runs (a loop iteration later), and counted among the live ones it made a

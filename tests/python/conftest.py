@@ -150,7 +150,9 @@ def _reconnect(admin: Conn) -> None:
     """The session's admin connection, reconnected in place after a restart: the fixtures still
     need it to drop this test's database and to make the next tests'."""
     admin.pgconn.reset()
-    admin.execute("DISCARD ALL")  # psycopg forgets the statements it prepared before
+    # psycopg forgets the statements it prepared before. Not prepared itself: run five times
+    # (five restarts in a session) it would be, and its prepared name would die with the reset.
+    admin.execute("DISCARD ALL", prepare=False)
 
 
 def restart_server(admin: Conn, *mode: str) -> None:

@@ -229,6 +229,21 @@ async def async_sleep_timeout(input: Sleep, ctx: x_jobs.JobContext) -> None:
     await _async_sleep(input, ctx)
 
 
+@app.job(name="async_thread_sleep")
+async def async_thread_sleep(input: Sleep, ctx: x_jobs.JobContext) -> None:
+    """Sleeps in a thread of the event loop's executor (asyncio.to_thread), heeding a stop."""
+    with Run(ctx) as run:
+        await asyncio.to_thread(_sleep, run, input.seconds)
+
+
+@app.job(name="async_thread_gated")
+async def async_thread_gated(input: Gate, ctx: x_jobs.JobContext) -> None:
+    """Waits for its gate in a thread of the event loop's executor, and heeds no stop: a
+    blocking call an async handler awaits, which the worker cannot end."""
+    with Run(ctx) as run:
+        await asyncio.to_thread(_wait_for_gate, run, input.gate, heed_stop=False)
+
+
 @app.job(name="always_raises", max_attempts=3, retry=x_jobs.Retry(base=0.2, max=1.0))
 def always_raises(input: dict[str, Any], ctx: x_jobs.JobContext) -> None:
     with Run(ctx):
