@@ -387,3 +387,53 @@ def test_x_jobs_install_by_an_owner_names_what_an_administrator_runs_first(
         assert conn.execute(
             "SELECT x_jobs._ready_since() > pg_catalog.pg_postmaster_start_time()"
         ).fetchone() == (True,)
+
+
+def test_an_owner_cannot_run_code_as_a_superuser_through_the_update(server: Server) -> None:
+    """The scripts run as the bootstrap superuser (trusted), with the search_path set to the
+    extension's schema: public, where a database owner may create objects. A statement of an
+    update script that resolves an operator then (an index predicate) must not find one of the
+    owner's: it would run as the superuser. Here the owner makes itself a producer with the
+    ADMIN OPTION an earlier install of 0.4.0 left it (roles outlive DROP EXTENSION), so that it
+    may name x_jobs.job_state, plants `=` for it in public, and updates from 0.3.9."""
+    owner_of(server, "shop_owner", "shop")
+    with server.connect("shop", "shop_owner") as owner:
+        owner.execute("CREATE EXTENSION x_jobs")
+        owner.execute("DROP EXTENSION x_jobs")
+        owner.execute("GRANT x_jobs_producer TO shop_owner")
+        owner.execute("CREATE EXTENSION x_jobs VERSION '0.3.9'")
+        owner.execute("SELECT x_jobs.enqueue(name => 'mail')")
+        # Declared immutable (an index predicate takes nothing else), it calls a volatile
+        # function, which may change anything its caller may.
+        owner.execute(
+            """
+            CREATE FUNCTION public.promote() RETURNS void LANGUAGE plpgsql VOLATILE AS $f$
+            BEGIN
+                IF (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
+                    EXECUTE 'ALTER ROLE shop_owner SUPERUSER';
+                END IF;
+            END
+            $f$
+            """
+        )
+        owner.execute(
+            """
+            CREATE FUNCTION public.state_eq(a x_jobs.job_state, b x_jobs.job_state)
+            RETURNS boolean LANGUAGE plpgsql IMMUTABLE AS $f$
+            BEGIN
+                PERFORM public.promote();
+                RETURN a::text OPERATOR(pg_catalog.=) b::text;
+            END
+            $f$
+            """
+        )
+        owner.execute(
+            "CREATE OPERATOR public.= (LEFTARG = x_jobs.job_state, RIGHTARG = x_jobs.job_state,"
+            " FUNCTION = public.state_eq)"
+        )
+        owner.execute("ALTER EXTENSION x_jobs UPDATE")
+    with server.connect() as su:
+        row = su.execute(
+            "SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = 'shop_owner'"
+        ).fetchone()
+    assert row == (False,), "the database owner made itself a superuser through the update"
