@@ -30,6 +30,9 @@
 --     (hand_back: delayed for a worker that serves it, else parked, job_parked_idx) and announces
 --     the jobs it serves (announce_worker's jobs, x_jobs.worker.jobs), which wakes its parked
 --     rows. New refusals XJ047 X_DECLARATIONS_INVALID and XJ048 X_JOB_TIMEOUT_INVALID.
+--   * job_parked_idx's predicate names pg_catalog's operators: this script runs as the bootstrap
+--     superuser with public on its search_path, and a `=` for x_jobs.job_state made there by a
+--     database owner ran as that superuser while the index was built.
 
 -- The roles. Roles belong to the whole server, so a second database finds them made and linked
 -- and its install only checks them.
@@ -1147,8 +1150,13 @@ COMMENT ON COLUMN x_jobs.job_type.declared_by IS 'The worker id given to declare
 -- them. Only parked rows are in this index (no enqueue takes an infinite run_at, and a run
 -- suspended on a step waits as 'suspended'): an announce finds those it serves with a seek per
 -- queue and name, in an index that is empty while nothing is parked.
+-- The operators are named with their schema: a script runs as the bootstrap superuser with the
+-- search_path set to the extension's schema (public, where a database owner may create), and
+-- building the index evaluates the predicate on every row. An unqualified `=` on the enum
+-- would find a `=` (x_jobs.job_state, x_jobs.job_state) made there before pg_catalog's
+-- anyenum one, and run it as the superuser.
 CREATE INDEX job_parked_idx ON x_jobs.job (queue, name, id)
-WHERE state = 'delayed' AND run_at = 'infinity';
+WHERE state OPERATOR (pg_catalog.=) 'delayed' AND run_at OPERATOR (pg_catalog.=) 'infinity';
 
 SELECT pg_catalog.pg_extension_config_dump('x_jobs.job_type', '');
 

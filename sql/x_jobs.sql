@@ -753,8 +753,13 @@ COMMENT ON COLUMN x_jobs.job_type.declared_by IS 'The worker id given to declare
 -- them. Only parked rows are in this index (no enqueue takes an infinite run_at, and a run
 -- suspended on a step waits as 'suspended'): an announce finds those it serves with a seek per
 -- queue and name, in an index that is empty while nothing is parked.
+-- The operators are named with their schema: a script runs as the bootstrap superuser with the
+-- search_path set to the extension's schema (public, where a database owner may create), and
+-- building the index evaluates the predicate on every row. An unqualified `=` on the enum
+-- would find a `=` (x_jobs.job_state, x_jobs.job_state) made there before pg_catalog's
+-- anyenum one, and run it as the superuser.
 CREATE INDEX job_parked_idx ON x_jobs.job (queue, name, id)
-WHERE state = 'delayed' AND run_at = 'infinity';
+WHERE state OPERATOR (pg_catalog.=) 'delayed' AND run_at OPERATOR (pg_catalog.=) 'infinity';
 
 SELECT pg_catalog.pg_extension_config_dump('x_jobs.job_type', '');
 
