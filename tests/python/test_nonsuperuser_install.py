@@ -16,6 +16,7 @@ server, which has them, cannot show what a first install on a fresh server does.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
 import logging
@@ -432,6 +433,63 @@ def test_an_owner_cannot_run_code_as_a_superuser_through_the_update(server: Serv
             " FUNCTION = public.state_eq)"
         )
         owner.execute("ALTER EXTENSION x_jobs UPDATE")
+    with server.connect() as su:
+        row = su.execute(
+            "SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = 'shop_owner'"
+        ).fetchone()
+    assert row == (False,), "the database owner made itself a superuser through the update"
+
+
+@pytest.mark.parametrize("old", ["0.3.6", "0.3.7", "0.3.8"])
+def test_an_owner_cannot_run_code_as_a_superuser_through_an_older_update(
+    server: Server, old: str
+) -> None:
+    """The same through a released update script, which cannot be changed: the control file is
+    the newest one's for every version, so a database owner may install an old version and run
+    its update steps as the bootstrap superuser, one at a time (0.3.6 -> 0.3.7 -> ... each
+    builds indexes on x_jobs.job with `state = ...` predicates)."""
+    owner_of(server, "shop_owner", "shop")
+    with server.connect("shop", "shop_owner") as owner:
+        owner.execute("CREATE EXTENSION x_jobs")
+        owner.execute("DROP EXTENSION x_jobs")
+        owner.execute("GRANT x_jobs_producer TO shop_owner")
+        owner.execute(sql.SQL("CREATE EXTENSION x_jobs VERSION {}").format(sql.Literal(old)))
+        # Keyed: some predicates test the key first.
+        owner.execute("SELECT x_jobs.enqueue(name => 'mail', concurrency_key => 'k')")
+        # Declared immutable (an index predicate takes nothing else), it calls a volatile
+        # function, which may change anything its caller may.
+        owner.execute(
+            """
+            CREATE FUNCTION public.promote() RETURNS void LANGUAGE plpgsql VOLATILE AS $f$
+            BEGIN
+                IF (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
+                    EXECUTE 'ALTER ROLE shop_owner SUPERUSER';
+                END IF;
+            END
+            $f$
+            """
+        )
+        owner.execute(
+            """
+            CREATE FUNCTION public.state_eq(a x_jobs.job_state, b x_jobs.job_state)
+            RETURNS boolean LANGUAGE plpgsql IMMUTABLE AS $f$
+            BEGIN
+                PERFORM public.promote();
+                RETURN a::text OPERATOR(pg_catalog.=) b::text;
+            END
+            $f$
+            """
+        )
+        owner.execute(
+            "CREATE OPERATOR public.= (LEFTARG = x_jobs.job_state, RIGHTARG = x_jobs.job_state,"
+            " FUNCTION = public.state_eq)"
+        )
+        with contextlib.suppress(psycopg.Error):  # refused would do
+            owner.execute(
+                sql.SQL("ALTER EXTENSION x_jobs UPDATE TO {}").format(
+                    sql.Literal({"0.3.6": "0.3.7", "0.3.7": "0.3.8", "0.3.8": "0.3.9"}[old])
+                )
+            )
     with server.connect() as su:
         row = su.execute(
             "SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = 'shop_owner'"
