@@ -16,7 +16,7 @@ EXTVERSION = $(shell sed -n "s/^default_version *= *'\(.*\)'/\1/p" sql/x_jobs.co
 # sql/x_jobs.sql is the one editable source of the newest version; released versions are frozen
 # as sql/x_jobs--A.sql and moved forward by sql/x_jobs--A--B.sql (see README, "Releasing").
 DATA_built = sql/x_jobs--$(EXTVERSION).sql
-DATA       = sql/x_jobs.control \
+DATA       = sql/x_jobs.control $(wildcard sql/x_jobs--*.control) \
              $(filter-out sql/x_jobs--$(EXTVERSION).sql,$(wildcard sql/x_jobs--*.sql))
 EXTRA_CLEAN = sql/x_jobs--$(EXTVERSION).sql
 
