@@ -410,6 +410,25 @@ def test_a_count_in_progress_leaves_the_other_callers_to_the_stored_snapshot(
     assert later == [(2, rows[0][1])]
 
 
+def test_a_repeatable_read_caller_is_answered_after_another_stored_a_snapshot(
+    connect: Connect,
+) -> None:
+    """A caller in REPEATABLE READ (a monitoring tool's) whose snapshot predates another
+    caller's store may count once more than needed, as queue_gauges says, but is answered:
+    its store must not fail on the row the other one updated (40001)."""
+    first, second = connect(), connect()
+    first.execute("SELECT x_jobs.enqueue('n', queue => 'rr-q')")
+    first.execute("SELECT count(*) FROM x_jobs.queue_gauges('0')")  # a stored snapshot
+    with first.transaction():
+        first.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        first.execute("SELECT 1")  # its snapshot, taken now
+        second.execute("SELECT count(*) FROM x_jobs.queue_gauges('0')")  # stores a new one
+        rows = first.execute(
+            "SELECT ready FROM x_jobs.queue_gauges('0') WHERE queue = 'rr-q'"
+        ).fetchall()
+    assert rows == [(1,)]
+
+
 def test_queue_gauges_refuses_a_bad_max_age(conn: Conn) -> None:
     with pytest.raises(x_jobs.errors.MaxAgeInvalid, match="X_MAX_AGE_INVALID: max_age -00:00:01"):
         try:
