@@ -33,6 +33,9 @@
 --   * job_parked_idx's predicate names pg_catalog's operators: this script runs as the bootstrap
 --     superuser with public on its search_path, and a `=` for x_jobs.job_state made there by a
 --     database owner ran as that superuser while the index was built.
+--   * queue_gauges stores no snapshot from a REPEATABLE READ or SERIALIZABLE caller (it counts
+--     for it alone): its store failed with 40001 when another caller had stored one since its
+--     snapshot.
 
 -- The roles. Roles belong to the whole server, so a second database finds them made and linked
 -- and its install only checks them.
@@ -1036,8 +1039,8 @@ CREATE TABLE x_jobs.queue_snapshot (
 -- `queues` are answered even when the snapshot lists them not (no live row, no pause), at 0, with
 -- when the snapshot was taken: a worker asks for its own, and shows them at 0 rather than not.
 -- A read-only transaction (a hot standby) can store nothing: a stale snapshot is counted again
--- for that caller alone. A caller in REPEATABLE READ may count once more than needed, nothing
--- worse.
+-- for that caller alone. So is one in REPEATABLE READ or SERIALIZABLE: its snapshot may predate
+-- a snapshot another caller stored, and its store would then fail on that row (40001).
 --
 -- SECURITY DEFINER: workers and monitoring roles (pg_monitor) get the counts and store the
 -- snapshot without any right on the tables, nor a sight of job inputs. search_path is pinned.
@@ -1073,7 +1076,8 @@ BEGIN
     END IF;
     SELECT s.taken_at, s.stats INTO v_taken, v_stats FROM x_jobs.queue_snapshot AS s;
     IF v_taken IS NULL OR v_taken <= v_now - queue_gauges.max_age OR v_taken >= v_now + queue_gauges.max_age THEN
-        IF pg_catalog.current_setting('transaction_read_only')::boolean THEN
+        IF pg_catalog.current_setting('transaction_read_only')::boolean
+            OR pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
             v_taken := v_now;
             v_stats := (SELECT pg_catalog.jsonb_agg(pg_catalog.to_jsonb(q)) FROM x_jobs.queue_stats() AS q);
         ELSIF pg_catalog.pg_try_advisory_xact_lock(2024061751, 0) THEN

@@ -5290,8 +5290,8 @@ $$;
 -- `queues` are answered even when the snapshot lists them not (no live row, no pause), at 0, with
 -- when the snapshot was taken: a worker asks for its own, and shows them at 0 rather than not.
 -- A read-only transaction (a hot standby) can store nothing: a stale snapshot is counted again
--- for that caller alone. A caller in REPEATABLE READ may count once more than needed, nothing
--- worse.
+-- for that caller alone. So is one in REPEATABLE READ or SERIALIZABLE: its snapshot may predate
+-- a snapshot another caller stored, and its store would then fail on that row (40001).
 --
 -- SECURITY DEFINER: workers and monitoring roles (pg_monitor) get the counts and store the
 -- snapshot without any right on the tables, nor a sight of job inputs. search_path is pinned.
@@ -5327,7 +5327,8 @@ BEGIN
     END IF;
     SELECT s.taken_at, s.stats INTO v_taken, v_stats FROM x_jobs.queue_snapshot AS s;
     IF v_taken IS NULL OR v_taken <= v_now - queue_gauges.max_age OR v_taken >= v_now + queue_gauges.max_age THEN
-        IF pg_catalog.current_setting('transaction_read_only')::boolean THEN
+        IF pg_catalog.current_setting('transaction_read_only')::boolean
+            OR pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
             v_taken := v_now;
             v_stats := (SELECT pg_catalog.jsonb_agg(pg_catalog.to_jsonb(q)) FROM x_jobs.queue_stats() AS q);
         ELSIF pg_catalog.pg_try_advisory_xact_lock(2024061751, 0) THEN
