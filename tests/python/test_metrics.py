@@ -1,8 +1,8 @@
 """Metrics as Prometheus reads them: the exposition of workers and relays parsed by
 prometheus_client's parser and linted by ``promtool check metrics``, the queue gauges against what
 the database holds, how often the database counts for many workers, where the metrics listen
-(``--metrics-host``), and the README's PromQL evaluated by a real Prometheus server (Debian's
-``prometheus``, which scripts/ensure-deps installs) scraping two workers and a relay."""
+(``--metrics-host``), and the PromQL of docs/operations.md evaluated by a real Prometheus server
+(Debian's ``prometheus``, which scripts/ensure-deps installs) scraping two workers and a relay."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ from conftest import (
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 from test_cli import _ends_with_one_line_and_hint, _start
-from test_readme import readme_blocks
+from test_readme import page_blocks
 
 import x_jobs
 from x_jobs.metrics import MetricsPortUnavailable
@@ -624,7 +624,7 @@ def test_the_commands_refuse_a_host_they_cannot_bind_in_one_line(
     assert f"192.0.2.1 port {port}" in hint and "--metrics-host" in hint, hint
 
 
-# --- the README's queries through a real Prometheus -------------------------------------------
+# --- the queries of docs/operations.md through a real Prometheus -------------------------------
 
 
 class Prometheus:
@@ -716,9 +716,10 @@ def _one_per(answer: dict[frozenset[tuple[str, str]], float], *keys: str) -> dic
     return out
 
 
-def test_the_readme_queries_answer_through_prometheus(dsn: str, conn: Conn) -> None:
-    """Two workers and a relay, scraped by a real Prometheus; every PromQL line of the README
-    is evaluated through its HTTP API and its answer checked against what was done."""
+def test_the_docs_queries_answer_through_prometheus(dsn: str, conn: Conn) -> None:
+    """Two workers and a relay, scraped by a real Prometheus; every PromQL line of
+    docs/operations.md is evaluated through its HTTP API and its answer checked against what was
+    done."""
     app = x_jobs.App(dsn)
 
     @app.job(name="ping", queue="pq")
@@ -801,7 +802,7 @@ def test_the_readme_queries_answer_through_prometheus(dsn: str, conn: Conn) -> N
             )
             checks = readme_checks(depth)
             queries = readme_queries()
-            assert set(queries) == set(checks), "the README's queries and this test's checks differ"
+            assert set(queries) == set(checks), "the docs' queries and this test's checks differ"
             for promql in queries:
                 _answers_as_checked(prometheus, promql, checks[promql])
             # The raw series: Prometheus' own job label, ours beside it, no exported_job.
@@ -832,7 +833,7 @@ ZERO_STATES = {"ping/dead": 0.0, "ping/failed": 0.0}
 
 
 def readme_checks(depth: dict[str, float]) -> dict[str, Callable[[Answer], None]]:
-    """What each README query must answer after the two rounds of
+    """What each query of docs/operations.md must answer after the two rounds of
     test_the_readme_queries_answer_through_prometheus; ``depth``: the live jobs by queue/state
     as the database counts them."""
 
@@ -896,10 +897,10 @@ def _answers_as_checked(
 
 
 def readme_queries() -> list[str]:
-    """The README's PromQL: every line of its ```promql blocks but the comments."""
+    """The PromQL of docs/operations.md: every line of its ```promql blocks but the comments."""
     return [
         line.strip()
-        for block in readme_blocks("promql")
+        for block in page_blocks("docs/operations.md", "promql")
         for line in block.splitlines()
         if line.strip() and not line.lstrip().startswith("#")
     ]

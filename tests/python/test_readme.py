@@ -1,5 +1,7 @@
-"""The README's error tables are the catalogue: x_jobs.error_codes() and the Python classes, then
-the codes of the client's own; and its examples run."""
+"""The docs hold what the code does: the error tables of docs/errors.md are the catalogue
+(x_jobs.error_codes(), the Python classes, the client's own codes), and every ```sql and
+```python block of README.md and docs/*.md runs against a database of its own, unless the page
+marks it with a visible reason (an HTML comment `<!-- not run: ... -->` on the line above)."""
 
 from __future__ import annotations
 
@@ -13,17 +15,46 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 from conftest import wait_for
 
 from x_jobs import App, errors
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+#: The pages whose examples run: the README, then every page under docs/.
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+ERRORS_PAGE = ROOT / "docs" / "errors.md"
 ROW = re.compile(r"^\| (XJ\d{3}|\d{5}) \| (X_[A-Z_]+) \| (.+?) \| (\w+) \|$")
+#: A fenced block: the line above it (a skip mark, or anything), its language, its text.
+FENCE = re.compile(r"^(?P<above>[^\n]*)\n```(?P<lang>\w+)\n(?P<body>.*?)^```$", re.S | re.M)
+NOT_RUN = re.compile(r"^<!-- not run: .+ -->$")
 
 
-def readme_rows() -> list[tuple[str, str, str, str]]:
+def name(page: Path) -> str:
+    return str(page.relative_to(ROOT))
+
+
+def page_blocks(page: Path | str, language: str) -> list[str]:
+    """The fenced blocks of one language in a page (a path, or one relative to the repository),
+    in order, but those marked not to run."""
+    path = page if isinstance(page, Path) else ROOT / page
+    text = "\n" + path.read_text()
+    return [
+        m["body"]
+        for m in FENCE.finditer(text)
+        if m["lang"] == language and not NOT_RUN.match(m["above"].strip())
+    ]
+
+
+def readme_blocks(language: str) -> list[str]:
+    """The README's blocks of one language (kept for the tests that read it by that name)."""
+    return page_blocks(README, language)
+
+
+def error_rows() -> list[tuple[str, str, str, str]]:
     rows = []
-    for line in README.read_text().splitlines():
+    for line in ERRORS_PAGE.read_text().splitlines():
         match = ROW.match(line)
         if match:
             sqlstate, code, meaning, python = match.groups()
@@ -31,30 +62,36 @@ def readme_rows() -> list[tuple[str, str, str, str]]:
     return rows
 
 
-def test_readme_error_table_is_the_catalogue(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+def test_error_table_is_the_catalogue(conn: psycopg.Connection[tuple[object, ...]]) -> None:
     catalogue = [
         (str(sqlstate), str(code), str(meaning))
         for sqlstate, code, meaning in conn.execute(
             "SELECT sqlstate, code, meaning FROM x_jobs.error_codes() ORDER BY code"
         ).fetchall()
     ]
-    table = sorted((sqlstate, code, meaning) for sqlstate, code, meaning, _ in readme_rows())
+    table = sorted((sqlstate, code, meaning) for sqlstate, code, meaning, _ in error_rows())
     assert table == sorted(catalogue)
 
 
-def test_readme_names_the_python_class_of_every_code() -> None:
-    rows = readme_rows()
-    assert rows, "the README has no error table"
+def test_error_table_names_the_python_class_of_every_code() -> None:
+    rows = error_rows()
+    assert rows, "docs/errors.md has no error table"
     for sqlstate, code, _, python in rows:
         cls = errors.BY_CODE[code]
         assert cls.__name__ == python
         assert cls.sqlstate == sqlstate
 
 
-#: A row of the README's table of the client's own codes: code, Python class or -, when.
+#: A row of the table of the client's own codes: code, Python class or -, when.
 CLIENT_ROW = re.compile(r"^\| (X_[A-Z_]+) \| (\w+|-) \| (.+?) \|$")
-#: The modules whose code raises ``X_`` codes by literal, beside the exception classes.
-LITERAL_SOURCES = ("cli.py", "install.py", "metrics.py")
+#: The modules (or packages) whose code raises ``X_`` codes by literal, beside the classes.
+LITERAL_SOURCES = ("cli", "install", "metrics")
+
+
+def literal_sources(package: Path) -> Iterator[Path]:
+    for name in LITERAL_SOURCES:
+        module = package / f"{name}.py"
+        yield from [module] if module.exists() else sorted((package / name).rglob("*.py"))
 
 
 def client_codes() -> dict[str, str | None]:
@@ -75,9 +112,8 @@ def client_codes() -> dict[str, str | None]:
         # ClientError, or a class without a SQLSTATE of its own (PermissionDenied, StepTimeout).
         if "code" in vars(cls) and (issubclass(cls, errors.ClientError) or cls.sqlstate is None):
             codes[cls.code] = cls.__name__
-    package = Path(errors.__file__).parent
-    for name in LITERAL_SOURCES:
-        text = (package / name).read_text()
+    for path in literal_sources(Path(errors.__file__).parent):
+        text = path.read_text()
         # Not a code: the name of an environment variable an option reads (X_JOBS_METRICS_HOST).
         env = set(re.findall(r"envvar=[\"'](X_[A-Z_]+)[\"']", text))
         for code in re.findall(r"(?<=[\"'])X_[A-Z_]*[A-Z]", text):
@@ -86,31 +122,34 @@ def client_codes() -> dict[str, str | None]:
     return codes
 
 
-def test_readme_client_code_table_is_what_the_package_raises(
+def test_client_code_table_is_what_the_package_raises(
     conn: psycopg.Connection[tuple[object, ...]],
 ) -> None:
     sql_codes = {str(code) for (code,) in conn.execute("SELECT code FROM x_jobs.error_codes()")}
     expected = {code: python for code, python in client_codes().items() if code not in sql_codes}
-    rows = [CLIENT_ROW.match(line) for line in README.read_text().splitlines()]
+    rows = [CLIENT_ROW.match(line) for line in ERRORS_PAGE.read_text().splitlines()]
     table = {m[1]: (None if m[2] == "-" else m[2]) for m in rows if m is not None}
     assert len(table) == sum(m is not None for m in rows), "a code is in the table twice"
     assert table == expected
 
 
-def readme_blocks(language: str, section: str | None = None) -> list[str]:
-    """The README's fenced blocks of one language, in order, optionally of one `## ` section."""
-    text = README.read_text()
-    if section is not None:
-        start = text.index(f"## {section}\n")
-        end = text.find("\n## ", start + 1)
-        text = text[start : end if end != -1 else None]
-    return re.findall(rf"^```{language}\n(.*?)^```", text, re.S | re.M)
+# --- the examples -------------------------------------------------------------------------------
 
 
-def test_the_sql_examples_run_in_order(dsn: str) -> None:
-    blocks = readme_blocks("sql", "The SQL API")
-    assert len(blocks) >= 5
-    script = "\\set ON_ERROR_STOP on\n" + "\n".join(blocks)
+def test_the_pages_have_their_examples() -> None:
+    """A page that lost its examples (a renamed page, a broken fence) would pass by running none."""
+    assert len(page_blocks(README, "sql")) >= 1
+    assert len(page_blocks(README, "python")) >= 1
+    assert len(page_blocks("docs/sql-api.md", "sql")) >= 8
+    assert len(page_blocks("docs/operations.md", "promql")) == 1
+
+
+SQL_PAGES = [page for page in PAGES if page_blocks(page, "sql")]
+
+
+@pytest.mark.parametrize("page", SQL_PAGES, ids=[name(page) for page in SQL_PAGES])
+def test_the_sql_examples_of_a_page_run_in_order(page: Path, dsn: str) -> None:
+    script = "\\set ON_ERROR_STOP on\n" + "\n".join(page_blocks(page, "sql"))
     done = subprocess.run(
         ["psql", "-X", "-q", "-d", dsn, "-f", "-"],
         input=script,
@@ -121,17 +160,49 @@ def test_the_sql_examples_run_in_order(dsn: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
-def test_the_python_example_runs(dsn: str, conn: psycopg.Connection[tuple[object, ...]]) -> None:
-    (example,) = readme_blocks("python", "Python")[:1]
-    dbname = conn.info.dbname
+#: The Python examples a test of their own runs and checks further (below).
+CHECKED = {
+    ("docs/python.md", 0),
+    ("docs/workflows.md", 0),
+    ("docs/outbox-webhooks.md", 0),
+}
+PYTHON_EXAMPLES = [
+    (page, index)
+    for page in PAGES
+    for index, _ in enumerate(page_blocks(page, "python"))
+    if (name(page), index) not in CHECKED
+]
+
+
+def run_example(example: str, dbname: str, cwd: Path | None = None) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env.update(PGDATABASE=dbname)
     done = subprocess.run(
         [sys.executable, "-c", example],
-        env=dict(os.environ, PGDATABASE=dbname),
+        env=env,
+        cwd=cwd,
         capture_output=True,
         text=True,
         check=False,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize(
+    ("page", "index"), PYTHON_EXAMPLES, ids=[f"{name(p)}[{i}]" for p, i in PYTHON_EXAMPLES]
+)
+def test_a_python_example_runs(
+    page: Path, index: int, conn: psycopg.Connection[tuple[object, ...]]
+) -> None:
+    """Exits 0: the README's tour, for one, waits for its job's result (ResultTimeout or
+    JobFailed would fail it), so its worker ran the job to completion."""
+    run_example(page_blocks(page, "python")[index], conn.info.dbname)
+
+
+def test_the_python_example_enqueues(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+    run_example(page_blocks("docs/python.md", "python")[0], conn.info.dbname)
     rows = conn.execute(
         "SELECT count(*) FILTER (WHERE queue = 'mail'), count(DISTINCT idempotency_key)"
         " FROM x_jobs.job WHERE name = 'send_email'"
@@ -143,9 +214,9 @@ def test_the_python_example_runs(dsn: str, conn: psycopg.Connection[tuple[object
 def test_the_workflow_example_runs_in_a_worker(
     dsn: str, conn: psycopg.Connection[Any], tmp_path: Path
 ) -> None:
-    """The README's workflow, end to end: enqueued by running the example, served by a worker
-    process, woken by a publish and by resolving its sleep."""
-    example = readme_blocks("python", "Python")[1]
+    """The workflow of docs/workflows.md, end to end: enqueued by running the example, served
+    by a worker process, woken by a publish and by resolving its sleep."""
+    example = page_blocks("docs/workflows.md", "python")[0]
     (tmp_path / "readme_flow.py").write_text(example)
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
     env.update(PGDATABASE=conn.info.dbname, PYTHONPATH=str(tmp_path))
@@ -197,15 +268,7 @@ def test_the_workflow_example_runs_in_a_worker(
 
 
 def test_the_outbox_example_puts_its_messages(conn: psycopg.Connection[Any]) -> None:
-    example = readme_blocks("python", "Python")[2]
-    done = subprocess.run(
-        [sys.executable, "-c", example],
-        env=dict(os.environ, PGDATABASE=conn.info.dbname),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
+    run_example(page_blocks("docs/outbox-webhooks.md", "python")[0], conn.info.dbname)
     rows = conn.execute(
         "SELECT topic, key, payload, state::text FROM x_jobs.outbox ORDER BY id"
     ).fetchall()
