@@ -345,7 +345,7 @@ def _finish(
 ) -> None:
     """One more worker runs what is left: every job ends done, none ran twice at once. Except
     ``heedless`` ones: a handler that ignores its stop runs until its process ends, and that
-    may be just after its job was handed back (see the README's "The worker")."""
+    may be just after its job was handed back (see docs/python.md, "The worker")."""
     last = fleet.start(concurrency=32, lease=2, poll=0.05)
     fleet.wait_for(lambda: "worker starting" in last.log(), "the last worker to start")
     try:
