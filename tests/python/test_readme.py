@@ -133,6 +133,62 @@ def test_client_code_table_is_what_the_package_raises(
     assert table == expected
 
 
+#: A row of docs/sql-api.md's signature table: function, parameters, answers, role.
+SIGNATURE_ROW = re.compile(r"^\| `(\w+)` \| .+ \| .+ \| ([\w, -]+) \|$")
+#: Which role a function is granted to: the first of the three that may call it, and
+#: pg_monitor beside it when it may too.
+GRANTED_TO = """
+    SELECT p.proname, concat_ws(', ',
+        CASE WHEN has_function_privilege('x_jobs_producer', p.oid, 'EXECUTE') THEN 'x_jobs_producer'
+             WHEN has_function_privilege('x_jobs_worker', p.oid, 'EXECUTE') THEN 'x_jobs_worker'
+             WHEN has_function_privilege('x_jobs_admin', p.oid, 'EXECUTE') THEN 'x_jobs_admin'
+             ELSE '-' END,
+        CASE WHEN has_function_privilege('pg_monitor', p.oid, 'EXECUTE') THEN 'pg_monitor' END)
+    FROM pg_catalog.pg_proc AS p JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace
+    WHERE n.nspname = 'x_jobs' AND p.proname NOT LIKE '\\_%'
+"""
+
+
+def test_the_sql_api_page_lists_every_public_function_and_its_role(
+    conn: psycopg.Connection[tuple[object, ...]],
+) -> None:
+    """A public function the page leaves out, or a grant that moved, fails here."""
+    lines = (ROOT / "docs" / "sql-api.md").read_text().splitlines()
+    table = [(m[1], m[2]) for m in map(SIGNATURE_ROW.match, lines) if m is not None]
+    assert len(table) == len(dict(table)), "a function is in the table twice"
+    granted = {str(fn): str(role) for fn, role in conn.execute(GRANTED_TO).fetchall()}
+    assert dict(table) == granted
+
+
+def test_the_roles_page_lists_what_each_role_may_call(
+    conn: psycopg.Connection[tuple[object, ...]],
+) -> None:
+    """docs/roles.md's table: each role's row names what it may call beyond the role before."""
+    rows = {}
+    for line in (ROOT / "docs" / "roles.md").read_text().splitlines():
+        match = re.match(r"^\| `(x_jobs_\w+|pg_monitor)` \| (.+) \|$", line)
+        if match:
+            rows[match[1]] = set(re.findall(r"`(\w+)`", match[2]))
+    may: dict[str, set[str]] = {}
+    for role in ("x_jobs_producer", "x_jobs_worker", "x_jobs_admin", "pg_monitor"):
+        may[role] = {
+            str(fn)
+            for (fn,) in conn.execute(
+                "SELECT p.proname FROM pg_catalog.pg_proc AS p"
+                " JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace"
+                " WHERE n.nspname = 'x_jobs' AND p.proname NOT LIKE '\\_%%'"
+                " AND has_function_privilege(%s, p.oid, 'EXECUTE')",
+                [role],
+            )
+        }
+    assert rows == {
+        "x_jobs_producer": may["x_jobs_producer"],
+        "x_jobs_worker": may["x_jobs_worker"] - may["x_jobs_producer"],
+        "x_jobs_admin": may["x_jobs_admin"] - may["x_jobs_worker"],
+        "pg_monitor": may["pg_monitor"],
+    }
+
+
 # --- the examples -------------------------------------------------------------------------------
 
 
