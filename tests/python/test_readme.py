@@ -1,7 +1,9 @@
 """The docs hold what the code does: the error tables of docs/errors.md are the catalogue
-(x_jobs.error_codes(), the Python classes, the client's own codes), and every ```sql and
-```python block of README.md and docs/*.md runs against a database of its own, unless the page
-marks it with a visible reason (an HTML comment `<!-- not run: ... -->` on the line above)."""
+(x_jobs.error_codes(), the Python classes, the client's own codes); the function table of
+docs/sql-api.md and the role table of docs/roles.md are the schema's public functions and their
+grants; and every ```sql and ```python block of README.md and docs/*.md runs against a database
+of its own, unless the page marks it with a visible reason (an HTML comment
+`<!-- not run: ... -->` on the line above)."""
 
 from __future__ import annotations
 
