@@ -53,8 +53,9 @@ def test_readme_names_the_python_class_of_every_code() -> None:
 
 #: A row of the README's table of the client's own codes: code, Python class or -, when.
 CLIENT_ROW = re.compile(r"^\| (X_[A-Z_]+) \| (\w+|-) \| (.+?) \|$")
-#: The modules whose code raises ``X_`` codes by literal, beside the exception classes.
-LITERAL_SOURCES = ("cli.py", "install.py", "metrics.py")
+#: The modules (and packages) whose code raises ``X_`` codes by literal, beside the exception
+#: classes.
+LITERAL_SOURCES = ("cli", "install.py", "metrics.py")
 
 
 def client_codes() -> dict[str, str | None]:
@@ -77,7 +78,9 @@ def client_codes() -> dict[str, str | None]:
             codes[cls.code] = cls.__name__
     package = Path(errors.__file__).parent
     for name in LITERAL_SOURCES:
-        text = (package / name).read_text()
+        path = package / name
+        sources = sorted(path.glob("*.py")) if path.is_dir() else [path]
+        text = "\n".join(source.read_text() for source in sources)
         # Not a code: the name of an environment variable an option reads (X_JOBS_METRICS_HOST).
         env = set(re.findall(r"envvar=[\"'](X_[A-Z_]+)[\"']", text))
         for code in re.findall(r"(?<=[\"'])X_[A-Z_]*[A-Z]", text):
