@@ -20,14 +20,12 @@ from x_jobs.cli._output import EXIT_USAGE, Output, _safe
 
 logger = logging.getLogger(__name__)
 
-
 #: Jobs per call of x_jobs.cancel_jobs or retry_jobs (their max_rows), each call a transaction
 #: of its own: the rows a call changes stay locked until it commits, and a worker's heartbeat
 #: of one of them waits that long.
 BULK_BATCH = 10_000
 
-
-# The bulk forms (0.4.0): every job that matches the filters, NULL matching any.
+# The bulk forms (x_jobs 0.4.0 and later): every job that matches the filters, NULL matching any.
 CANCEL_JOBS: LiteralString = """
     SELECT x_jobs.cancel_jobs(
         queue => %(queue)s, name => %(name)s, state => %(state)s, tenant_id => %(tenant_id)s,
@@ -45,10 +43,8 @@ RETRY_JOBS: LiteralString = """
     )
 """
 
-
 # A time without an offset as the session's own TimeZone reads it (inside OWN_TIMEZONE).
 IN_OWN_TIMEZONE: LiteralString = "SELECT %s::timestamp::timestamptz"
-
 
 ByQueue = Annotated[
     str | None, typer.Option("--queue", help="Every job of this queue.", show_default=False)

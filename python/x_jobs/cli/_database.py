@@ -41,15 +41,12 @@ from x_jobs.errors import first_line as _first_line
 
 logger = logging.getLogger(__name__)
 
-
 CONNECT_HINT = (
     "Check --dsn, DATABASE_URL or the PG* variables (PGHOST, PGPORT, PGDATABASE, PGUSER), "
     "and that the server is running."
 )
 
-
 VERSION: LiteralString = "SELECT x_jobs.version()"
-
 
 # Every time the CLI reads arrives in UTC, whatever TimeZone the server, the database, the role
 # or PGTZ give the session: psycopg cannot read a local time past the year 9999 (the last hours

@@ -20,7 +20,6 @@ except ImportError:  # older typers use click itself
 
 logger = logging.getLogger(__name__)
 
-
 #: Where _Commands notes whether --json is among the arguments (ctx.meta is shared by every
 #: context of one run).
 WANTS_JSON = "x_jobs.wants_json"

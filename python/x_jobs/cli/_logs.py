@@ -14,7 +14,6 @@ from x_jobs._conn import redact
 
 logger = logging.getLogger(__name__)
 
-
 #: The attributes every log record has; the others are the fields a call passed as ``extra``.
 _RECORD_FIELDS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 

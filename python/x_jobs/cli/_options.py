@@ -18,7 +18,6 @@ from x_jobs.app import App
 
 logger = logging.getLogger(__name__)
 
-
 Dsn = Annotated[
     str | None,
     typer.Option(

@@ -28,7 +28,6 @@ from x_jobs.errors import first_line as _first_line
 
 logger = logging.getLogger(__name__)
 
-
 #: The database refused what a command asked: an x_jobs refusal (X_JOB_NOT_FOUND), one this
 #: client makes in the same manner (X_MESSAGE_NOT_FOUND, the install refusals), or any other
 #: SQL error (X_DATABASE_ERROR: a statement timeout, a read-only transaction).
@@ -40,12 +39,10 @@ EXIT_REFUSED = 1
 #: whatever stops `worker` or `relay` (X_METRICS_PORT_UNAVAILABLE, a --queue the claim refuses).
 EXIT_USAGE = 2
 
-
 #: What the CLI's connections load for a timestamp Python cannot hold: 'infinity' (a run
 #: suspended on an event without a timeout is due then) and '-infinity', years past 9999 or BC.
 INFINITY = datetime.max.replace(tzinfo=UTC)
 NEG_INFINITY = datetime.min.replace(tzinfo=UTC)
-
 
 #: JSON nested deeper than this is printed as the text jsonb wrote. Python decodes, copies
 #: (dataclasses.asdict) and encodes JSON by recursion, one or two frames a level, and jsonb

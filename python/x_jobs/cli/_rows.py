@@ -80,11 +80,9 @@ JOB_COLUMNS: LiteralString = """
     last_error_stack
 """
 
-
 STEP_COLUMNS: LiteralString = """
     job_id, name, compensation, kind, created_at, event, event_key, match, since, timeout_at,
     status::text AS status, attempt, output, error, event_id, resolved_by, resolved_at
 """
-
 
 JOB_STATE: LiteralString = "SELECT state::text FROM x_jobs.job WHERE id = %(id)s"

@@ -45,7 +45,6 @@ ENQUEUE: LiteralString = """
     )
 """
 
-
 # A time without an offset, read in the session's TimeZone: does it fall in the years 1 to 9999
 # in UTC?
 SHOWABLE: LiteralString = """

@@ -77,7 +77,7 @@ LIST_JOBS: LiteralString = (
     ORDER BY id DESC
 """
 )
-# With a job name (0.4.0): LIST_JOBS reads every version this client speaks to.
+# With a job name (x_jobs 0.4.0 and later); LIST_JOBS reads every version this client speaks to.
 LIST_JOBS_NAMED: LiteralString = (
     "SELECT "
     + JOB_COLUMNS
@@ -97,10 +97,8 @@ JOB_ERRORS: LiteralString = """
     ORDER BY failed_at, attempt
 """
 
-
 RETRY: LiteralString = "SELECT x_jobs.retry(id => %(id)s)"
 CANCEL: LiteralString = "SELECT x_jobs.cancel(id => %(id)s)"
-
 
 # x_jobs.steps answers only the worker that holds the run; the operator reads the table, in the
 # order x_jobs.steps answers: when the run reached each step, a step before its compensation.

@@ -18,7 +18,6 @@ from x_jobs.maintenance import Retention, parse_age
 
 logger = logging.getLogger(__name__)
 
-
 DEFAULT_RETENTION = Retention()
 
 

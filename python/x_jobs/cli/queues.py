@@ -37,7 +37,6 @@ QUEUE_STATS: LiteralString = """
     SELECT queue, ready, delayed, suspended, running, demand, paused FROM x_jobs.queue_stats()
 """
 
-
 PAUSE: LiteralString = "SELECT x_jobs.pause_queue(queue => %(queue)s)"
 RESUME: LiteralString = "SELECT x_jobs.resume_queue(queue => %(queue)s)"
 

@@ -30,7 +30,6 @@ from x_jobs.errors import first_line as _first_line
 # of the package, for whoever filters its logs by it.
 logger = logging.getLogger("x_jobs.cli")
 
-
 #: The level names logging knows, as setup_logging hands them over (any case).
 LOG_LEVELS = ("debug", "info", "warning", "warn", "error", "critical", "fatal", "notset")
 #: The longest duration a worker or relay option takes, about 31 years: longer ones overflow
@@ -123,7 +122,6 @@ MetricsPort = Annotated[
     int | None,
     typer.Option(parser=_metrics_port, help="Serve Prometheus metrics on this port (1 to 65535)."),
 ]
-
 
 #: x_jobs.metrics.DEFAULT_HOST, not imported from there: the other commands need no
 #: prometheus_client (a tenth of the start-up time of a command).

@@ -19,7 +19,6 @@ logger = logging.getLogger(__name__)
 
 steps_cli = typer.Typer(help="Resolve the waiting steps of workflow runs.", no_args_is_help=True)
 
-
 RESOLVE_STEP: LiteralString = (
     "SELECT "
     + STEP_COLUMNS
