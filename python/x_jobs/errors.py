@@ -401,3 +401,36 @@ def translate(err: psycopg.Error) -> XJobsError | psycopg.Error:
     typed = cls(message, hint=err.diag.message_hint, detail=err.diag.message_detail)
     typed.__cause__ = err
     return typed
+
+
+# The command line's errors
+
+
+class DatabaseError(XJobsError):
+    """Any other error the database answered a command with (a statement timeout, a read-only
+    transaction): X_DATABASE_ERROR, carrying PostgreSQL's SQLSTATE, so that --json never prints
+    a code of null."""
+
+    code = "X_DATABASE_ERROR"
+
+    @classmethod
+    def of(cls, err: psycopg.Error) -> DatabaseError:
+        said = err.diag.message_primary or first_line(str(err))
+        state = f" (SQLSTATE {err.sqlstate})" if err.sqlstate else ""
+        typed = cls(f"X_DATABASE_ERROR: {said}{state}", hint=err.diag.message_hint)
+        typed.__cause__ = err
+        typed.sqlstate = err.sqlstate
+        return typed
+
+
+class MessageNotFound(ClientError):
+    """No outbox message has the id an outbox command was given."""
+
+    code = "X_MESSAGE_NOT_FOUND"
+
+
+def first_line(text: str) -> str:
+    """The first line of ``text`` that is not blank, stripped (``text`` when it has none): an
+    error is one line on the command line's stderr."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[0] if lines else text

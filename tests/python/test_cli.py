@@ -24,9 +24,8 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from typer.testing import CliRunner, Result
 
-from x_jobs import cli as cli_module
 from x_jobs import errors
-from x_jobs.cli import cli
+from x_jobs.cli import _bulk, cli
 from x_jobs.maintenance import MAX_AGE, PURGES, parse_age
 
 logger = logging.getLogger(__name__)
@@ -762,7 +761,7 @@ def test_jobs_cancel_by_filter_works_in_batches(
     dsn: str, conn: Conn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ids = [enqueue(dsn, "many", "--queue", "bulk") for _ in range(7)]
-    monkeypatch.setattr(cli_module, "BULK_BATCH", 2)
+    monkeypatch.setattr(_bulk, "BULK_BATCH", 2)
     done = succeeded(x_jobs("jobs", "cancel", "--queue", "bulk", "--yes", "--dsn", dsn))
     assert done.stdout.strip() == "7 jobs cancelled"
     assert _job_states(conn, ids) == ["cancelled"] * 7
