@@ -13,8 +13,13 @@
 MODULEDIR  = extension
 EXTVERSION = $(shell sed -n "s/^default_version *= *'\(.*\)'/\1/p" sql/x_jobs.control)
 
-# sql/x_jobs.sql is the one editable source of the newest version; released versions are frozen
-# as sql/x_jobs--A.sql and moved forward by sql/x_jobs--A--B.sql (see README, "Releasing").
+# sql/src/ is the editable source of the newest version, in parts that sql/src/MANIFEST lists in
+# order; scripts/build-sql (Python 3 standard library, no virtualenv) concatenates them into
+# sql/x_jobs--$(EXTVERSION).sql. Released versions are frozen as sql/x_jobs--A.sql and moved
+# forward by sql/x_jobs--A--B.sql (see README, "Releasing"). `make` (PGXS's all) builds the
+# script; the Python package ships it (python/x_jobs/sql is sql/), so an editable install of
+# the package wants `make` run once before `x-jobs install`.
+SQL_PARTS  = $(addprefix sql/src/,$(shell sed -n 's/^\([0-9][^ ]*\.sql\).*/\1/p' sql/src/MANIFEST))
 DATA_built = sql/x_jobs--$(EXTVERSION).sql
 DATA       = sql/x_jobs.control $(wildcard sql/x_jobs--*.control) \
              $(filter-out sql/x_jobs--$(EXTVERSION).sql,$(wildcard sql/x_jobs--*.sql))
@@ -22,13 +27,13 @@ EXTRA_CLEAN = sql/x_jobs--$(EXTVERSION).sql
 
 VENV        ?= .venv
 VENV_PYTHON  = $(VENV)/bin/python
-SQL_SOURCES  = sql/x_jobs.sql $(wildcard sql/x_jobs--*--*.sql)
+SQL_SOURCES  = $(wildcard sql/src/*.sql) $(wildcard sql/x_jobs--*--*.sql)
 
 .PHONY: demo demo-sql test bench deps lint check-all check-sql check-upgrade check-python check-released
 
 # Build the newest version's full script from the editable source.
-sql/x_jobs--$(EXTVERSION).sql: sql/x_jobs.sql
-	cp $< $@
+sql/x_jobs--$(EXTVERSION).sql: sql/src/MANIFEST $(SQL_PARTS) sql/x_jobs.control scripts/build-sql
+	python3 scripts/build-sql
 
 # Install what is missing: Debian packages (pgTAP, plpgsql_check) and the virtualenv.
 deps:
@@ -50,8 +55,10 @@ test: deps
 bench: deps
 	scripts/throwaway-pg --durable -- $(VENV_PYTHON) bench/bench.py
 
-# All suites against the server in PGHOST; stops at the first that fails.
+# All suites against the server in PGHOST; stops at the first that fails. Each suite installs
+# or reads the built script, so each depends on it.
 check-all: lint check-released check-sql check-upgrade check-python
+check-released check-sql check-upgrade check-python: sql/x_jobs--$(EXTVERSION).sql
 
 # sqlfluff over the DDL, ruff and mypy over the Python.
 lint:
