@@ -15,7 +15,9 @@ EXTVERSION = $(shell sed -n "s/^default_version *= *'\(.*\)'/\1/p" sql/x_jobs.co
 
 # sql/src/ is the editable source of the newest version, in parts that sql/src/MANIFEST lists in
 # order; scripts/build-sql (Python 3 standard library, no virtualenv) concatenates them into
-# sql/x_jobs--$(EXTVERSION).sql. The upgrade to it from the last release is written once, in
+# sql/x_jobs--$(EXTVERSION).sql. Released versions are reached from one frozen base,
+# sql/x_jobs--0.1.0.sql, through the released sql/x_jobs--A--B.sql (CREATE EXTENSION ... VERSION
+# follows the chain). The upgrade to the newest from the last release is written once, in
 # sql/src/upgrade.sql (`-- A -> B:` header, what is not a function, a `--@function x_jobs.NAME`
 # line per changed function); the build expands it into sql/x_jobs--A--B.sql and fails when a
 # function changed in sql/src is not named there. `make release` freezes it (README,
@@ -90,7 +92,7 @@ check-released:
 check-sql:
 	scripts/run-pgtap
 
-# Oldest released version + every upgrade script = a fresh install of the newest.
+# Every released version, updated to the newest, = a fresh install of the newest.
 check-upgrade:
 	scripts/check-upgrade
 
