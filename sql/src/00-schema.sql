@@ -56,3 +56,6 @@
 CREATE SCHEMA x_jobs;
 
 COMMENT ON SCHEMA x_jobs IS 'x_jobs: durable job queue (see x_jobs.error_codes() for refusals)';
+
+-- Tests: tests/pgtap/00-schema.sql, tests/pgtap/99-plpgsql-check.sql, scripts/check-upgrade,
+--        tests/python/test_install.py, tests/python/test_build_sql.py

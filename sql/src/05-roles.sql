@@ -253,3 +253,7 @@ END
 $$;
 
 SELECT x_jobs._setup_roles();
+
+-- Tests: tests/pgtap/52-health.sql, tests/pgtap/80-privileges.sql,
+--        tests/python/test_nonsuperuser_install.py, tests/python/test_install.py,
+--        scripts/check-upgrade

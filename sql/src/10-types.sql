@@ -46,3 +46,6 @@ CREATE TYPE x_jobs.enqueue_many_result AS (
     run_id uuid,
     deduped boolean
 );
+
+-- Tests: tests/pgtap/00-schema.sql, tests/pgtap/10-enqueue.sql, tests/pgtap/11-enqueue-many.sql,
+--        tests/pgtap/31-fail.sql

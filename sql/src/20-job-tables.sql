@@ -37,7 +37,7 @@ CREATE TABLE x_jobs.job (
     progress jsonb,
     last_error text,
     last_error_stack text,
-    -- Last, where ALTER TABLE ADD COLUMN put it in the 0.2.0 -> 0.3.0 update: a fresh install
+    -- Last, where the update that added it (ALTER TABLE ADD COLUMN) put it: a fresh install
     -- and an updated one have the same row type. It never changes, so it is in the common
     -- suffix of every version a claim or a settle writes.
     keep_done boolean NOT NULL DEFAULT TRUE,
@@ -50,8 +50,7 @@ CREATE TABLE x_jobs.job (
     )
 )
 -- Room on each page for the versions a claim and a settle write: a new version on the same page
--- is logged as its changed bytes only (see the column order). Measured 2026-11-29, 100 rows per
--- call: complete_many wrote 35.7 kB of WAL at fillfactor 100, 24 kB at 70.
+-- is logged as its changed bytes only (see the column order), about a third less WAL a settle.
 WITH (fillfactor = 70);
 
 COMMENT ON TABLE x_jobs.job IS 'Every job from enqueue until purge; state says where it is.';
@@ -64,9 +63,9 @@ COMMENT ON COLUMN x_jobs.job.claims IS 'How many times a claim handed the row ou
 -- `qty` entries per arm whatever the backlog. The predicates are repeated word for word in
 -- x_jobs.claim: the planner uses a partial index only when it can prove the predicate.
 --
--- Rows with a concurrency key have indexes of their own (since 0.3.8): a key at its limit can
--- hold thousands of due rows that no claim may take, and a row without a key behind them was
--- reached only by stepping over all of them (170-330 ms a claim at 100,000). The keyed ones
+-- Rows with a concurrency key have indexes of their own: a key at its limit can hold thousands
+-- of due rows that no claim may take, and a row without a key behind them in a shared index is
+-- reached only by stepping over all of them. The keyed ones
 -- carry the key and its limit, so that a claim ranks them per key without the heap.
 CREATE INDEX job_ready_idx ON x_jobs.job (queue, priority, run_at, id)
 WHERE state = 'ready' AND concurrency_key IS NULL;
@@ -86,7 +85,7 @@ WHERE state IN ('delayed', 'suspended') AND concurrency_key IS NOT NULL;
 -- id compare state as text, which does not prove this predicate: given `state = 'running'`, the
 -- planner reads every running row of every worker here whenever the statistics last saw few
 -- running rows (a backlog analyzed before a drain), and complete_many of 250 ids beside 5,000
--- running rows took 15 ms instead of 1.5 (measured 2026-11-30). By id, the cost follows the ids.
+-- running rows took ten times as long. By id, the cost follows the ids.
 CREATE INDEX job_running_idx ON x_jobs.job (queue, visible_at, id)
 WHERE state = 'running';
 
@@ -101,7 +100,7 @@ WHERE concurrency_key IS NOT NULL AND state = 'running';
 -- The due rows of each concurrency key, per queue in the claim's grant order, with what
 -- queue_demand reads of them, so that it ranks only keyed rows, without the heap. A claim whose
 -- windows are full of keys without room seeks here the first rows of each key it visits with
--- room, in each of its queues (0.3.8: by key alone, it stepped over the key's rows in other
+-- room, in each of its queues (by key alone, it would step over the key's rows in other
 -- queues). Only keyed live rows that wait are in it: a row without a key never enters it, and a
 -- claimed one leaves it.
 CREATE INDEX job_keyed_idx ON x_jobs.job (concurrency_key, queue, priority, run_at, id)
@@ -110,7 +109,7 @@ WHERE concurrency_key IS NOT NULL AND state IN ('ready', 'delayed', 'suspended')
 
 -- The keys with waiting rows in each queue, each key's limits highest first: what the claim's
 -- visit of keys walks, a seek from one key of its queues to the next, so that it never meets the
--- keys of other queues (0.3.9; it walked job_keyed_idx, every key of the table). The first entry
+-- keys of other queues (job_keyed_idx would walk every key of the table). The first entry
 -- of a key tells the highest limit its rows there carry, which bounds how many of them can run.
 -- The columns repeat row after row, which btree deduplication folds into one entry a key and
 -- limit: small, and one more insert per keyed row that enters the waiting states.
@@ -150,7 +149,7 @@ CREATE TABLE x_jobs.worker (
     seen_at timestamptz NOT NULL,
     expires_at timestamptz NOT NULL,
     draining_at timestamptz,
-    -- Last, where ALTER TABLE ADD COLUMN put it in the 0.3.9 -> 0.4.0 update.
+    -- Last, where the update that added it (ALTER TABLE ADD COLUMN) put it.
     jobs text[],
     CONSTRAINT worker_pkey PRIMARY KEY (id)
 );
@@ -199,3 +198,6 @@ SELECT pg_catalog.pg_extension_config_dump('x_jobs.job_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('x_jobs.job_error', '');
 SELECT pg_catalog.pg_extension_config_dump('x_jobs.queue_pause', '');
 SELECT pg_catalog.pg_extension_config_dump('x_jobs.counter', '');
+
+-- Tests: tests/pgtap/00-schema.sql, tests/pgtap/80-privileges.sql, tests/python/test_plan.py,
+--        scripts/check-upgrade

@@ -1,5 +1,5 @@
 ------------------------------------------------------------------------------------------------
--- Steps and events (0.2.0): durable workflows
+-- Steps and events: durable workflows
 ------------------------------------------------------------------------------------------------
 
 CREATE TYPE x_jobs.step_status AS ENUM (
@@ -72,3 +72,6 @@ WHERE key IS NOT NULL;
 SELECT pg_catalog.pg_extension_config_dump('x_jobs.step', '');
 SELECT pg_catalog.pg_extension_config_dump('x_jobs.event', '');
 SELECT pg_catalog.pg_extension_config_dump('x_jobs.event_id_seq', '');
+
+-- Tests: tests/pgtap/00-schema.sql, tests/pgtap/34-steps.sql, tests/pgtap/35-events.sql,
+--        tests/python/test_plan.py

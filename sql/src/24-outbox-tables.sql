@@ -1,5 +1,5 @@
 ------------------------------------------------------------------------------------------------
--- The transactional outbox and the webhook ledger (0.2.0)
+-- The transactional outbox and the webhook ledger
 ------------------------------------------------------------------------------------------------
 
 CREATE TYPE x_jobs.outbox_state AS ENUM (
@@ -71,3 +71,5 @@ CREATE INDEX webhook_ledger_received_idx ON x_jobs.webhook_ledger (received_at);
 SELECT pg_catalog.pg_extension_config_dump('x_jobs.outbox', '');
 SELECT pg_catalog.pg_extension_config_dump('x_jobs.outbox_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('x_jobs.webhook_ledger', '');
+
+-- Tests: tests/pgtap/00-schema.sql, tests/pgtap/36-outbox.sql, tests/python/test_outbox_sql.py

@@ -1,5 +1,5 @@
 ------------------------------------------------------------------------------------------------
--- Declarations (0.4.0): job types, and the rows no worker serves
+-- Declarations: job types, and the rows no worker serves
 ------------------------------------------------------------------------------------------------
 
 -- What a job type is, as its workers declare it at their start (x_jobs.declare_job): the options
@@ -47,3 +47,5 @@ CREATE INDEX job_parked_idx ON x_jobs.job (queue, name, id)
 WHERE state OPERATOR (pg_catalog.=) 'delayed' AND run_at OPERATOR (pg_catalog.=) 'infinity';
 
 SELECT pg_catalog.pg_extension_config_dump('x_jobs.job_type', '');
+
+-- Tests: tests/pgtap/00-schema.sql, tests/pgtap/12-declarations.sql

@@ -266,9 +266,8 @@ BEGIN
 
     -- Requests without an idempotency key cannot conflict or dedupe: each is a new row, and all
     -- of them go in one plain INSERT. ON CONFLICT would put every row through speculative
-    -- insertion, an extra WAL record and lock per row (a third of a keyless batch's throughput,
-    -- measured 2026-11-29), and matching inserted rows back to requests cost another third
-    -- (24 against 16 ms per 1,000, measured 2026-11-30).
+    -- insertion, an extra WAL record and lock per row (a third of a keyless batch's
+    -- throughput), and matching inserted rows back to requests cost another third.
     INSERT INTO x_jobs.job (
         id, run_at, created_at, updated_at, run_id, backoff_base, backoff_max, state,
         max_attempts, concurrency_limit, priority, dead_letter, name, queue, tenant_id,
@@ -584,3 +583,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT j.state::text, j.output, j.last_error FROM x_jobs.job AS j WHERE j.id = result.id
 $$;
+
+-- Tests: tests/pgtap/10-enqueue.sql, tests/pgtap/11-enqueue-many.sql,
+--        tests/pgtap/12-declarations.sql, tests/python/test_enqueue_race.py,
+--        tests/python/test_enqueue_options.py, tests/python/test_app_inputs.py,
+--        tests/python/test_notify.py, tests/python/test_producer_role.py

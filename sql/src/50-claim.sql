@@ -33,10 +33,9 @@
 -- When a window is full of rows whose keys have no room (one key backed up by thousands) and
 -- yields fewer than wanted, the claim visits the keys of its queues instead, at most as many
 -- as the window holds rows, one seek from each key to the next, starting where the session's
--- last visit ended, and takes the first due rows of those with room. Until 0.3.8 the
--- ready arm walked every row of a full key ahead of it, keyed or not behind it: 170-330 ms a
--- claim at 100,000 (measured 2026-11-30). So a claim reads about the window when keyed rows
--- are at hand, and a few seeks per key of a window's worth of keys at worst.
+-- last visit ended, and takes the first due rows of those with room, rather than walk every
+-- row of a full key ahead of the rows behind it. So a claim reads about the window when keyed
+-- rows are at hand, and a few seeks per key of a window's worth of keys at worst.
 -- The rows found are then granted under an advisory lock per key, counted again in a new
 -- statement, so two claimers cannot both take the last slot. That needs READ COMMITTED, which
 -- a claim refuses to run without.
@@ -58,12 +57,12 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 -- Every call would otherwise be planned afresh: the generic plans are costed above the custom
--- ones (LIMIT of a parameter), so the plan cache keeps re-planning, which cost 2 ms a call here
--- (measured 2026-11-29: 3.0 ms against 1.0 ms for qty 10). The generic plans are the same seeks.
+-- ones (LIMIT of a parameter), so the plan cache keeps re-planning, which costs twice the
+-- claim itself. The generic plans are the same seeks.
 SET plan_cache_mode = force_generic_plan
 -- A generic plan costs the LIMIT as if every due row were read, which is above the JIT
--- thresholds on a big table: each call then compiled its plan with LLVM (70-880 ms against 1 ms,
--- 1.1M rows). The seeks read a few rows; compiling never pays.
+-- thresholds on a big table: each call then compiles its plan with LLVM, tens to hundreds of
+-- times the cost of the claim. The seeks read a few rows; compiling never pays.
 SET jit = off
 -- Every statement is index walks and seeks from them. A generic plan costs a window as if it
 -- were thousands of rows, which invites hashing the whole table to join it back.
@@ -139,9 +138,9 @@ BEGIN
     -- is not taken as lapsed: its holder has that long to reconnect and renew it (a worker
     -- reconnects at least once a heartbeat interval). A holder that died meanwhile costs its
     -- jobs that much more wait. Counted from the end of recovery (_ready_since), not the
-    -- postmaster's start: until 0.3.9 a crash recovery longer than the lease used the grace up
-    -- before any holder could connect, and a crash of one backend (the postmaster resets every
-    -- process and recovers, without starting again) gave no grace at all. The lapsed arm asks
+    -- postmaster's start: a crash recovery longer than the lease would use the grace up before
+    -- any holder could connect, and a crash of one backend (the postmaster resets every
+    -- process and recovers, without starting again) would give no grace at all. The lapsed arm asks
     -- for it only when it meets a lapsed lease (an InitPlan runs on first use), so a claim
     -- with none pays nothing for it.
 
@@ -265,8 +264,8 @@ BEGIN
             -- The windows are mostly rows of keys without room: visit the keys instead. Only keys
             -- with waiting rows in these queues, walked in key order through job_queue_key_idx
             -- (a seek per queue from one key to the next), at most v_window of them per pass, so
-            -- that a claim costs the same beside 100 keys or 100,000 (until 0.3.9 it walked
-            -- every key of every queue: 550-900 ms a claim beside 100,000 keys of another queue).
+            -- that a claim costs the same beside 100 keys or 100,000, and never walks the keys
+            -- of other queues.
             -- The walk starts after the key the session's last visit ended on, and wraps around:
             -- successive claims reach every key. What it trades, in this fallback only: rows are
             -- taken key by key in walk order, not in (priority, run_at, id) order across keys, and
@@ -473,10 +472,10 @@ BEGIN
             -- statement's snapshot is taken after the locks, so it sees every claim that held
             -- them before. The rows not granted stay locked, unclaimed, until this call ends.
             -- It only tries, and leaves the rows of a key it cannot have now to other claims: a
-            -- claim never waits for another claimer. Until 0.3.6 the first pass waited, in key
-            -- order, which stalled every claimer of a key behind a claim made in a long
-            -- transaction, and deadlocked two claims whose keys' hashes collided (the lock is
-            -- taken on the hash, and text order is not hash order).
+            -- claim never waits for another claimer. Waiting, in key order, would stall every
+            -- claimer of a key behind a claim made in a long transaction, and deadlock two
+            -- claims whose keys' hashes collided (the lock is taken on the hash, and text order
+            -- is not hash order).
             v_busy_keys := ARRAY(
                 SELECT k.key
                 FROM unnest(v_keys) AS k (key)
@@ -696,3 +695,8 @@ BEGIN
     RETURN QUERY SELECT unnest(v_ids);
 END
 $$;
+
+-- Tests: tests/pgtap/20-claim.sql, tests/pgtap/21-claim-keys.sql, tests/pgtap/32-extend-lease.sql,
+--        tests/pgtap/33-release.sql, tests/python/test_plan.py, tests/python/test_claim_race.py,
+--        tests/python/test_lease.py, tests/python/test_restart_grace.py,
+--        tests/python/test_failover.py

@@ -17,13 +17,12 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 -- Planned once, for a batch of any size: a seek per id. A custom plan knows the batch's size,
 -- and with statistics that saw few running rows (a backlog analyzed before its workers
--- started) it read the whole table rather than seek a batch that is a tenth of it or so:
--- complete_many of 500 in a table of 20,000 rows took 52-57 ms against 7 (measured
--- 2026-11-30), so settling cost as much as the table was big.
+-- started) it reads the whole table rather than seek a batch that is a tenth of it or so, and
+-- settling would cost as much as the table is big.
 SET plan_cache_mode = force_generic_plan
 -- Rows are locked in id order, as extend_lease and release lock them: in another order a
 -- worker's settlement and its heartbeat (two connections, often the same rows) could each hold
--- a row the other waits for ("deadlock detected", once in a benchmark drain, 2026-11-30). The
+-- a row the other waits for ("deadlock detected"). The
 -- ids are sorted below and the index plans keep their order; a sequential scan would lock in
 -- the table's order, and it is only ever chosen for a table too small to matter; a bitmap scan
 -- would lock in the table's order too.
@@ -74,8 +73,8 @@ BEGIN
 
     -- In id order, the order the rows are locked in (see enable_seqscan above). Without outputs
     -- (jobs that answered nothing) the ids go as they came: `id = ANY` walks the primary key in
-    -- id order itself, and the update needs no join to an output per id (together 1.3-1.6 us of
-    -- the 8-10 us a kept row's settle cost, measured 2026-11-30).
+    -- id order itself, and the update needs no join to an output per id (together a sixth of
+    -- a kept row's settle).
     IF complete_many.outputs IS NULL THEN
         v_ids := complete_many.ids;
     ELSE
@@ -86,7 +85,7 @@ BEGIN
     -- A batch is mostly of one kind (one job's), so it is settled first the way its first job
     -- asks, kept (updated) or not (deleted), and only the ids that took no effect the other way:
     -- a row is looked up once. Trying the update first for every batch cost a deleted row a
-    -- second lookup, a third of its settle (measured 2026-11-30: 16.8 against 11.0 us per row).
+    -- second lookup, a third of its settle.
     v_keep := coalesce((SELECT j.keep_done FROM x_jobs.job AS j WHERE j.id = v_ids[1]), TRUE);
     WHILE v_turn < 2 AND coalesce(pg_catalog.cardinality(v_ids), 0) > 0 LOOP
         v_turn := v_turn + 1;
@@ -129,8 +128,7 @@ BEGIN
             FROM kept AS k;
         ELSE
             -- A delete writes no new row version and no index entry: about half the work of
-            -- the update (measured 2026-11-30: 0.63 against 1.46 ms per 100 rows, 5.8 against
-            -- 23 kB of WAL).
+            -- the update, and a quarter of its WAL.
             WITH dropped AS (
                 DELETE FROM x_jobs.job AS j
                 WHERE j.id = ANY (v_ids)
@@ -327,3 +325,7 @@ BEGIN
     RETURN v_state;
 END
 $$;
+
+-- Tests: tests/pgtap/30-complete.sql, tests/pgtap/31-fail.sql, tests/pgtap/37-keep-done.sql,
+--        tests/python/test_plan.py, tests/python/test_settle_refusals.py,
+--        tests/python/test_lease.py

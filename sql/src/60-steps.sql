@@ -1,5 +1,5 @@
 ------------------------------------------------------------------------------------------------
--- Functions: steps and events (0.2.0)
+-- Functions: steps and events
 ------------------------------------------------------------------------------------------------
 --
 -- A run records each step it reaches. `steps` answers what is recorded (the worker replays it),
@@ -718,3 +718,7 @@ BEGIN
     RETURN v_count;
 END
 $$;
+
+-- Tests: tests/pgtap/34-steps.sql, tests/pgtap/35-events.sql, tests/pgtap/60-retention.sql,
+--        tests/python/test_events.py, tests/python/test_workflows.py,
+--        tests/python/test_steps_reconnect.py, tests/python/test_plan.py

@@ -1,5 +1,5 @@
 ------------------------------------------------------------------------------------------------
--- Functions: the outbox and its relays (0.2.0)
+-- Functions: the outbox and its relays
 ------------------------------------------------------------------------------------------------
 --
 -- outbox_put / outbox_put_many  write messages in the caller's transaction (a rollback leaves
@@ -234,10 +234,9 @@ $$;
 -- until `qty` are held. When that window is full of messages waiting behind their keys (a
 -- backlog on keys whose messages are in flight, or nacked with a backoff) and yields fewer
 -- than `qty`, the relay visits every key with undelivered messages instead, one seek each, and
--- takes the oldest of their heads. Until 0.3.7 it walked the whole backlog: with
--- every key busy, a call read 500,000 pending messages to answer none (5-6 s, measured
--- 2026-11-30). So a call costs about `qty` entries when heads are at hand, and a seek per busy
--- key at worst.
+-- takes the oldest of their heads, rather than walk the whole backlog (with every key busy, a
+-- call would read every pending message to answer none). So a call costs about `qty` entries
+-- when heads are at hand, and a seek per busy key at worst.
 --
 -- The two checks of a message's key are lateral subqueries with LIMIT 1, which the planner runs
 -- per message as a seek of outbox_key_idx. As NOT EXISTS it made them anti-joins and, with
@@ -271,8 +270,8 @@ SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 -- Before the outbox has statistics (a new table, a burst after a quiet spell) the planner chose
--- a bitmap scan of every pending message and a sort: 80 ms a call at 10,000 pending against
--- 3 ms for the ordered index walk (measured 2026-11-29). The walk is right at any size.
+-- a bitmap scan of every pending message and a sort, a call at 10,000 pending some twenty-five
+-- times the ordered index walk. The walk is right at any size.
 SET enable_bitmapscan = off
 -- Every statement here is a walk of an index and seeks from it, and the window's heads are
 -- locked as they come, in order, only as many as wanted. A generic plan costs the window as
@@ -327,8 +326,8 @@ BEGIN
     -- over those another relay holds, until qty are held: the window is read as far as that
     -- takes, so relays calling at once take different heads. A head whose key another session
     -- holds (the key's advisory lock, see below) is passed over too, as it is found, so that it
-    -- takes no place among the qty: until 0.3.9 the heads were cut to qty first, and one such
-    -- key at the front left a relay of qty 1 with nothing, call after call.
+    -- takes no place among the qty: were the heads cut to qty first, one such key at the front
+    -- would leave a relay of qty 1 with nothing, call after call.
     v_heads := ARRAY(
         SELECT h.id
         FROM (
@@ -382,7 +381,7 @@ BEGIN
         -- key's lowest pending message (its head), or one in flight when none is pending. At
         -- most v_window keys a call, from the key after the one the session's last visit ended
         -- on, wrapping around, so that a call costs the same beside 1,000 keys held back or
-        -- 100,000 (until 0.3.9 it visited them all: 0.75-1.05 s a call at 100,000). What it
+        -- 100,000, rather than visit them all. What it
         -- trades: heads go out key by key in walk order, not in put order across keys (their
         -- own key's order is kept), and a session that relays once starts at the first key.
         v_cursor := coalesce(pg_catalog.current_setting('x_jobs.relay_key_cursor', TRUE), '');
@@ -506,9 +505,9 @@ BEGIN
         -- key free (two producers on one key, the lower id committing last). So: lock the keys
         -- and check them again in a statement whose snapshot comes after the locks, which sees
         -- every claim of these keys that held them before. It only tries, and leaves a key it
-        -- cannot have now to a later call, as claim does: until 0.3.8 it waited, so that one
-        -- session holding a key's lock (any login may take advisory locks) stalled every relay
-        -- call, keyless messages and other keys included.
+        -- cannot have now to a later call, as claim does: were it to wait, one session holding
+        -- a key's lock (any login may take advisory locks) would stall every relay call,
+        -- keyless messages and other keys included.
         v_busy_keys := ARRAY(
             SELECT k.key
             FROM unnest(v_keys) AS k (key)
@@ -902,3 +901,6 @@ BEGIN
     RETURN v_count;
 END
 $$;
+
+-- Tests: tests/pgtap/36-outbox.sql, tests/pgtap/60-retention.sql, tests/python/test_outbox_sql.py,
+--        tests/python/test_relay.py, tests/python/test_webhooks.py

@@ -55,9 +55,9 @@ $$;
 -- done rows, and when another live row now holds its idempotency key.
 --
 -- The steps it resumes with are those still in effect: a step its compensation undid runs again
--- (the run replayed it as done, and went on from a refunded charge to ship the order, in a
--- review), and so does a step that failed (a wait that timed out replayed its timeout at once,
--- so the workflow could never be recovered). A compensation that failed is forgotten, so that
+-- (replayed as done, the run would go on from a refunded charge to ship the order), and so does
+-- a step that failed (replayed, a wait that timed out would time out again at once, and the
+-- workflow could never be recovered). A compensation that failed is forgotten, so that
 -- the step it did not undo can be undone if this run fails for good.
 CREATE FUNCTION x_jobs.retry(id bigint)
 RETURNS boolean
@@ -547,11 +547,11 @@ $$;
 -- Planned for each call's values (see plan_cache_mode below), so the planner sees the state as
 -- a constant and may use a partial index whose predicate it implies: dead, failed and cancelled
 -- rows walk job_ended_idx newest first, so a listing of 50 dead rows beside a million done ones
--- reads them and no more (a Parallel Seq Scan of the whole table until 0.3.7: 290-460 ms at
--- 1.1M rows). A live state may read its claim arm index and sort what it found, or walk the
--- primary key, whichever costs lower: live rows are bounded by the backlog, not the history.
--- Done rows, and all rows, walk the primary key. A name is a filter on what these read: no
--- index leads with it, and one would cost every enqueue and purge for the operator's reads.
+-- reads them and no more, not the whole table. A live state may read its claim arm index and
+-- sort what it found, or walk the primary key, whichever costs lower: live rows are bounded by
+-- the backlog, not the history. Done rows, and all rows, walk the primary key. A name is a
+-- filter on what these read: no index leads with it, and one would cost every enqueue and purge
+-- for the operator's reads.
 CREATE FUNCTION x_jobs.list_jobs(
     state text DEFAULT NULL,
     queue text DEFAULT NULL,
@@ -650,3 +650,6 @@ BEGIN
     RETURN FALSE;
 END
 $$;
+
+-- Tests: tests/pgtap/40-operator.sql, tests/pgtap/41-list-jobs.sql, tests/pgtap/42-bulk.sql,
+--        tests/python/test_bulk.py, tests/python/test_cli.py, tests/python/test_plan.py

@@ -113,12 +113,11 @@ $$;
 -- the claim's arm indexes, in their queue order (no sort, no heap), and a pause drops a queue's
 -- counts, not its rows one by one. Keyed rows alone are ranked, read key by key from
 -- job_keyed_idx (and sorted within a key whose rows are in several queues), and count what
--- their keys grant (the plain counts hold no keyed row since the claim's keyed rows got indexes
--- of their own in 0.3.8). The rows a
--- lease holds need claimed_by from the heap only while a live worker drains. Until 0.3.7 one
--- CTE of every due row was materialised, fetched from the heap and sorted: at 100k ready rows
--- over 50 queues 183 ms against 24 now, at 500k 1.0 s against 0.18 (measured 2026-11-30, pages
--- all-visible). Pages vacuum has not marked yet cost a heap visit per row still (154 ms, 100k).
+-- their keys grant (the plain counts hold no keyed row: the claim's keyed rows have indexes of
+-- their own). The rows a lease holds need claimed_by from the heap only while a live worker
+-- drains. So the cost follows the queues and the keys, not the due rows: a CTE of every due
+-- row, fetched from the heap and sorted, would cost five to eight times as much at 100k to
+-- 500k ready rows. Pages vacuum has not marked yet cost a heap visit per row still.
 --
 -- SECURITY DEFINER: monitoring roles (pg_monitor, an autoscaler's login) get counts without
 -- being able to read job inputs. It reads only; search_path is pinned.
@@ -332,3 +331,7 @@ BEGIN
     ORDER BY coalesce(r.queue, w.queue) COLLATE "C";
 END
 $$;
+
+-- Tests: tests/pgtap/50-workers-demand.sql, tests/pgtap/51-queue-stats.sql,
+--        tests/pgtap/52-queue-gauges.sql, tests/python/test_metrics.py, tests/python/test_plan.py,
+--        tests/python/test_worker_observability.py

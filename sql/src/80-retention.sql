@@ -130,3 +130,5 @@ BEGIN
     RETURN pg_catalog.cardinality(v_ids)::bigint;
 END
 $$;
+
+-- Tests: tests/pgtap/60-retention.sql

@@ -145,3 +145,6 @@ AS $$
     ) AS c (n, check_name, ok, detail, hint)
     ORDER BY c.n
 $$;
+
+-- Tests: tests/pgtap/52-health.sql, tests/python/test_nonsuperuser_install.py,
+--        tests/python/test_failover.py

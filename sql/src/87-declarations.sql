@@ -552,3 +552,6 @@ BEGIN
     ORDER BY h.id;
 END
 $$;
+
+-- Tests: tests/pgtap/12-declarations.sql, tests/python/test_declarations.py,
+--        tests/python/test_plan.py, tests/python/test_worker_start_race.py

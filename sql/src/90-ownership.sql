@@ -3,3 +3,6 @@
 ------------------------------------------------------------------------------------------------
 
 SELECT x_jobs._adopt();
+
+-- Tests: tests/pgtap/52-health.sql, tests/pgtap/80-privileges.sql,
+--        tests/python/test_nonsuperuser_install.py, scripts/check-upgrade

@@ -11,8 +11,7 @@ GRANT USAGE ON SCHEMA x_jobs TO x_jobs_producer, pg_monitor;
 -- Producers: enqueue and read a job's result. Those functions run as their owner (SECURITY
 -- DEFINER), as do the outbox's and publish below, so a producer holds no right on any table: it
 -- can neither read other jobs' inputs nor insert a row that skips enqueue's checks (one already
--- running, a forged claimed_by, an input past the size limit). Until 0.3.6 it held SELECT and
--- INSERT on x_jobs.job, x_jobs.outbox and x_jobs.webhook_ledger.
+-- running, a forged claimed_by, an input past the size limit).
 GRANT EXECUTE ON FUNCTION x_jobs.now() TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs._fake_now() TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs.error_codes() TO x_jobs_producer;
@@ -24,8 +23,8 @@ GRANT EXECUTE ON FUNCTION x_jobs.enqueue(
 GRANT EXECUTE ON FUNCTION x_jobs.enqueue_many(jsonb) TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs.result(bigint) TO x_jobs_producer;
 
--- Workers: claim, heartbeat, settle, announce, read demand. These functions run as their owner
--- (since 0.3.6), so a worker writes no table but through them: it can settle only what it
+-- Workers: claim, heartbeat, settle, announce, read demand. These functions run as their owner,
+-- so a worker writes no table but through them: it can settle only what it
 -- claimed, and cannot rewrite or delete other rows. It reads the jobs (the Python worker asks
 -- its jobs' states after a lost connection). The helpers below are granted for the admins'
 -- functions, which run as the caller.
@@ -48,7 +47,7 @@ GRANT EXECUTE ON FUNCTION x_jobs.queue_demand() TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.queue_gauges(interval, text[]) TO x_jobs_worker;
 
 -- Admins: operate the queues and run retention. These functions run as the caller: an admin
--- holds the rights on the rows they change (before 0.3.6 some came through x_jobs_worker).
+-- holds the rights on the rows they change.
 GRANT EXECUTE ON FUNCTION x_jobs.cancel(bigint) TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs.retry(bigint) TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs.list_jobs(text, text, bigint, integer, text) TO x_jobs_admin;
@@ -83,10 +82,10 @@ GRANT EXECUTE ON FUNCTION x_jobs._fake_now() TO pg_monitor;
 -- helpers and _adopt are the scripts' own: nobody is granted them.
 GRANT EXECUTE ON FUNCTION x_jobs.health(), x_jobs._role_problems() TO x_jobs_worker, pg_monitor;
 
--- Steps and events (0.2.0). A producer publishes; publish runs as its owner (see there).
+-- Steps and events. A producer publishes; publish runs as its owner (see there).
 GRANT EXECUTE ON FUNCTION x_jobs.publish(text, jsonb, text) TO x_jobs_producer;
 -- Workers replay, record and suspend the steps of the runs they hold, through functions that
--- run as their owner (since 0.3.6: they held every right on x_jobs.step, and read x_jobs.event).
+-- run as their owner: they hold no right on x_jobs.step or x_jobs.event.
 GRANT EXECUTE ON FUNCTION x_jobs._clock() TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs._require_event(text) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs._require_held(bigint, text, text) TO x_jobs_worker;
@@ -106,7 +105,7 @@ GRANT EXECUTE ON FUNCTION x_jobs.purge_events(interval, integer) TO x_jobs_admin
 GRANT SELECT, UPDATE, DELETE ON x_jobs.step TO x_jobs_admin;
 GRANT SELECT, DELETE ON x_jobs.event TO x_jobs_admin;
 
--- The outbox (0.2.0). Producers put messages and receive webhooks (which enqueue jobs), through
+-- The outbox. Producers put messages and receive webhooks (which enqueue jobs), through
 -- functions that run as their owner.
 GRANT EXECUTE ON FUNCTION x_jobs.outbox_put(text, jsonb, text, jsonb, integer) TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs.outbox_put_many(jsonb) TO x_jobs_producer;
@@ -124,7 +123,7 @@ GRANT EXECUTE ON FUNCTION x_jobs.purge_webhook_ledger(interval, integer) TO x_jo
 GRANT UPDATE, DELETE ON x_jobs.outbox TO x_jobs_admin;
 GRANT SELECT, DELETE ON x_jobs.webhook_ledger TO x_jobs_admin;
 
--- Declarations (0.4.0). Workers declare the jobs they run, read the declarations and hand back
+-- Declarations. Workers declare the jobs they run, read the declarations and hand back
 -- the jobs they have no handler for, through functions that run as their owner. Admins forget a
 -- declaration: drop_job_type runs as the admin, who holds what it deletes.
 GRANT EXECUTE ON FUNCTION x_jobs.declare_job(
@@ -135,3 +134,6 @@ GRANT EXECUTE ON FUNCTION x_jobs.job_types() TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.hand_back(bigint[], text, interval) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.drop_job_type(text) TO x_jobs_admin;
 GRANT SELECT, DELETE ON x_jobs.job_type TO x_jobs_admin;
+
+-- Tests: tests/pgtap/80-privileges.sql, tests/pgtap/00-schema.sql,
+--        tests/python/test_producer_role.py, tests/python/test_permission_denied.py
