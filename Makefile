@@ -13,22 +13,44 @@
 MODULEDIR  = extension
 EXTVERSION = $(shell sed -n "s/^default_version *= *'\(.*\)'/\1/p" sql/x_jobs.control)
 
-# sql/x_jobs.sql is the one editable source of the newest version; released versions are frozen
-# as sql/x_jobs--A.sql and moved forward by sql/x_jobs--A--B.sql (see README, "Releasing").
-DATA_built = sql/x_jobs--$(EXTVERSION).sql
-DATA       = sql/x_jobs.control $(wildcard sql/x_jobs--*.control) \
-             $(filter-out sql/x_jobs--$(EXTVERSION).sql,$(wildcard sql/x_jobs--*.sql))
-EXTRA_CLEAN = sql/x_jobs--$(EXTVERSION).sql
+# sql/src/ is the editable source of the newest version, in parts that sql/src/MANIFEST lists in
+# order; scripts/build-sql (Python 3 standard library, no virtualenv) concatenates them into
+# sql/x_jobs--$(EXTVERSION).sql. Released versions are reached from one frozen base,
+# sql/x_jobs--0.1.0.sql, through the released sql/x_jobs--A--B.sql (CREATE EXTENSION ... VERSION
+# follows the chain). The upgrade to the newest from the last release is written once, in
+# sql/src/upgrade.sql (`-- A -> B:` header, what is not a function, a `--@function x_jobs.NAME`
+# line per changed function); the build expands it into sql/x_jobs--A--B.sql and fails when a
+# function changed in sql/src is not named there. `make release` freezes it (README,
+# "Releasing"). `make` (PGXS's all) builds both; the Python package ships them (python/x_jobs/sql
+# is sql/), so an editable install of the package wants `make` run once before `x-jobs install`.
+SQL_PARTS    = $(addprefix sql/src/,$(shell sed -n 's/^\([0-9][^ ]*\.sql\).*/\1/p' sql/src/MANIFEST))
+OPEN_FROM    = $(shell sed -n 's/^-- \([^ ]*\) -> $(EXTVERSION):.*/\1/p' sql/src/upgrade.sql)
+OPEN_UPGRADE = $(if $(OPEN_FROM),sql/x_jobs--$(OPEN_FROM)--$(EXTVERSION).sql)
+BUILT_SQL    = sql/x_jobs--$(EXTVERSION).sql $(OPEN_UPGRADE)
+DATA_built   = $(BUILT_SQL)
+DATA         = sql/x_jobs.control $(wildcard sql/x_jobs--*.control) \
+               $(filter-out $(BUILT_SQL),$(wildcard sql/x_jobs--*.sql))
+EXTRA_CLEAN  = $(BUILT_SQL)
 
 VENV        ?= .venv
 VENV_PYTHON  = $(VENV)/bin/python
-SQL_SOURCES  = sql/x_jobs.sql $(wildcard sql/x_jobs--*--*.sql)
+SQL_SOURCES  = $(wildcard sql/src/*.sql) $(wildcard sql/x_jobs--*--*.sql)
 
-.PHONY: demo demo-sql test bench deps lint check-all check-sql check-upgrade check-python check-released
+.PHONY: demo demo-sql test bench deps lint release check-all check-sql check-upgrade check-python check-released
 
-# Build the newest version's full script from the editable source.
-sql/x_jobs--$(EXTVERSION).sql: sql/x_jobs.sql
-	cp $< $@
+# Build the newest version's full script and the open upgrade script from the editable source
+# (one run writes both).
+sql/x_jobs--$(EXTVERSION).sql: sql/src/MANIFEST $(SQL_PARTS) sql/src/upgrade.sql sql/x_jobs.control \
+                               sql/RELEASED scripts/build-sql
+	python3 scripts/build-sql
+ifneq ($(OPEN_UPGRADE),)
+$(OPEN_UPGRADE): sql/x_jobs--$(EXTVERSION).sql
+	@test -f $@ || python3 scripts/build-sql
+endif
+
+# Freeze the open upgrade as released (run by the lead when the version lands; README, "Releasing").
+release:
+	python3 scripts/build-sql release
 
 # Install what is missing: Debian packages (pgTAP, plpgsql_check) and the virtualenv.
 deps:
@@ -50,14 +72,16 @@ test: deps
 bench: deps
 	scripts/throwaway-pg --durable -- $(VENV_PYTHON) bench/bench.py
 
-# All suites against the server in PGHOST; stops at the first that fails.
+# All suites against the server in PGHOST; stops at the first that fails. Each suite installs
+# or reads the built script, so each depends on it.
 check-all: lint check-released check-sql check-upgrade check-python
+check-released check-sql check-upgrade check-python: $(BUILT_SQL)
 
 # sqlfluff over the DDL, ruff and mypy over the Python.
 lint:
 	$(VENV)/bin/sqlfluff lint --disable-progress-bar $(SQL_SOURCES) tests/pgtap
-	$(VENV)/bin/ruff check python tests/python bench demo
-	$(VENV)/bin/ruff format --check python tests/python bench demo
+	$(VENV)/bin/ruff check python tests/python bench demo scripts/build-sql
+	$(VENV)/bin/ruff format --check python tests/python bench demo scripts/build-sql
 	$(VENV)/bin/mypy
 
 # A released version's script must never change: compare with the recorded checksums.
@@ -68,7 +92,7 @@ check-released:
 check-sql:
 	scripts/run-pgtap
 
-# Oldest released version + every upgrade script = a fresh install of the newest.
+# Every released version, updated to the newest, = a fresh install of the newest.
 check-upgrade:
 	scripts/check-upgrade
 

@@ -59,7 +59,7 @@ logger = logging.getLogger(__name__)
 #: relay_outbox inside; 0.4.0 adds functions, which this client calls only on 0.4.0 and later.
 SUPPORTED_VERSIONS = frozenset(
     {"0.3.0", "0.3.1", "0.3.2", "0.3.3", "0.3.4", "0.3.5", "0.3.6", "0.3.7", "0.3.8", "0.3.9"}
-    | {"0.4.0"}
+    | {"0.4.0", "0.4.1"}
 )
 
 I = TypeVar("I")  # noqa: E741 - the input type, as in Job[I]

@@ -5,8 +5,9 @@ versioned scripts that ``CREATE EXTENSION x_jobs`` and ``ALTER EXTENSION x_jobs 
 shipped inside the package (``x_jobs/sql`` is the repository's ``sql/``), so that the result is
 the same schema:
 
-* nothing installed (no ``x_jobs.version()``): the newest full script, ``sql/x_jobs.sql``, whose
-  version is ``default_version`` in ``sql/x_jobs.control``;
+* nothing installed (no ``x_jobs.version()``): the newest full script, ``sql/x_jobs--V.sql``
+  for V the ``default_version`` of ``sql/x_jobs.control`` (``make`` builds it from ``sql/src/``:
+  in a checkout, run ``make`` once before installing);
 * an older version installed: the upgrade scripts ``sql/x_jobs--A--B.sql`` along the shortest
   chain to the newest, as ALTER EXTENSION would pick it;
 * the newest installed: nothing.
@@ -43,7 +44,6 @@ from x_jobs.errors import ClientError, RolesMissing, RoleUnsafe, translate
 
 logger = logging.getLogger(__name__)
 
-FULL_SCRIPT = "x_jobs.sql"
 CONTROL_FILE = "x_jobs.control"
 
 # Two installers at once would both find nothing installed and both run the full script; the
@@ -158,6 +158,11 @@ class Installed:
 def bundled_scripts() -> Traversable:
     """The SQL scripts shipped in the package (in a checkout: the repository's ``sql/``)."""
     return importlib.resources.files("x_jobs") / "sql"
+
+
+def full_script(version: str) -> str:
+    """The file name of ``version``'s full script, as CREATE EXTENSION names it."""
+    return f"x_jobs--{version}.sql"
 
 
 def read_control(scripts: Traversable) -> Control:
@@ -284,7 +289,13 @@ def install(conn: psycopg.Connection[Any], scripts: Traversable | None = None) -
                     hint="It was not made by x_jobs, or by an interrupted manual install: "
                     "rename or drop it, then run x-jobs install again.",
                 )
-            plan = [(FULL_SCRIPT, newest)]
+            if not (scripts / full_script(newest)).is_file():
+                raise InstallRefused(
+                    f"X_INSTALL_REFUSED: the package has no {full_script(newest)}",
+                    hint="In a checkout, run make first: it builds the script from sql/src/. "
+                    "Otherwise reinstall x_jobs.",
+                )
+            plan = [(full_script(newest), newest)]
         else:
             path = upgrade_path(scripts, before, newest)
             if path is None:

@@ -25,6 +25,8 @@ logger = logging.getLogger(__name__)
 
 NEWEST = install.read_control(install.bundled_scripts()).default_version
 SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
+# The newest full script, built by make from sql/src/.
+FULL = install.full_script(NEWEST)
 
 # Everything schema x_jobs holds, as the catalogs describe it, in an order independent of oids.
 CATALOG: dict[str, LiteralString] = {
@@ -166,7 +168,7 @@ def test_install_gives_the_schema_create_extension_gives(plain_dsn: str, dsn: st
     assert catalog(plain_dsn)["relations"] == []
 
     result = succeeded(x_jobs("install", "--dsn", plain_dsn))
-    assert result.stdout.strip() == f"installed x_jobs {NEWEST} (x_jobs.sql)"
+    assert result.stdout.strip() == f"installed x_jobs {NEWEST} ({FULL})"
 
     installed, extension = catalog(plain_dsn), catalog(dsn)
     for name in CATALOG:
@@ -231,7 +233,7 @@ def test_the_installed_schema_serves_jobs(plain_dsn: str, plain: Connect) -> Non
     assert doc == {
         "before": None,
         "after": NEWEST,
-        "scripts": ["x_jobs.sql"],
+        "scripts": [FULL],
         "changed": True,
         "failing": [],
     }
@@ -301,7 +303,7 @@ def test_two_installs_at_once_install_once(plain_dsn: str, plain: Connect) -> No
     thread.start()
     wait_for_lock_waiters(plain(), [second.info.backend_pid])
     path_before = first.execute("SHOW search_path").fetchone()
-    assert install.install(first) == install.Installed(None, NEWEST, ("x_jobs.sql",))
+    assert install.install(first) == install.Installed(None, NEWEST, (FULL,))
     # The caller's transaction goes on with its own settings, not the scripts'.
     assert first.execute("SHOW search_path").fetchone() == path_before
     first.commit()
@@ -315,7 +317,9 @@ def write_scripts(directory: Path, newest: str, scripts: dict[str, str]) -> Path
     (directory / "x_jobs.control").write_text(
         f"default_version = '{newest}'\nrelocatable = false\nrequires = 'plpgsql'\n"
     )
-    (directory / "x_jobs.sql").write_text("SELECT 1/0;  -- never run: only upgrades here\n")
+    (directory / install.full_script(newest)).write_text(
+        "SELECT 1/0;  -- never run: only upgrades here\n"
+    )
     for name, text in scripts.items():
         (directory / name).write_text(text)
     return directory
@@ -432,8 +436,8 @@ def test_a_failing_upgrade_changes_nothing(plain_dsn: str, plain: Connect, tmp_p
 
 
 def test_scripts_lose_only_what_create_extension_alone_can_run() -> None:
-    source = (SQL_DIR / "x_jobs.sql").read_text()
-    plain_text = install.plain_sql(source, "x_jobs.sql")
+    source = (SQL_DIR / FULL).read_text()
+    plain_text = install.plain_sql(source, FULL)
     assert source.startswith("\\echo Use")
     assert "\\echo" not in plain_text
     assert re.search(r"^SELECT pg_catalog.pg_extension_config_dump", source, re.MULTILINE)
@@ -451,16 +455,14 @@ def test_scripts_lose_only_what_create_extension_alone_can_run() -> None:
     # @extowner@ is the calling role, as CREATE EXTENSION substitutes it (a quoted identifier);
     # without a caller to put there, it is refused like the others.
     owned = "GRANT x_jobs_admin TO @extowner@;\n"
-    assert install.plain_sql(owned, "x_jobs.sql", '"Web Owner"') == (
-        'GRANT x_jobs_admin TO "Web Owner";\n'
-    )
+    assert install.plain_sql(owned, FULL, '"Web Owner"') == ('GRANT x_jobs_admin TO "Web Owner";\n')
     with pytest.raises(install.InstallRefused, match="@extowner@"):
-        install.plain_sql(owned, "x_jobs.sql")
+        install.plain_sql(owned, FULL)
 
 
 def test_the_package_ships_the_repositorys_scripts() -> None:
     shipped = install.bundled_scripts()
-    for name in ("x_jobs.sql", "x_jobs.control"):
+    for name in (FULL, "x_jobs.control"):
         assert (shipped / name).read_text() == (SQL_DIR / name).read_text()
     control = (SQL_DIR / "x_jobs.control").read_text()
     assert re.findall(r"^default_version = '(.*)'$", control, re.MULTILINE) == [NEWEST]

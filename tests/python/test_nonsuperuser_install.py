@@ -331,7 +331,9 @@ def test_x_jobs_install_by_an_owner_names_what_an_administrator_runs_first(
     done = succeeded(x_jobs("install", "--dsn", dsn))
     # Printed after the outcome (the console wraps long lines: compared as words).
     said = " ".join(done.stdout.split())
-    assert said.startswith(f"installed x_jobs {NEWEST} (x_jobs.sql) warning: restart_grace: ")
+    assert said.startswith(
+        f"installed x_jobs {NEWEST} ({install.full_script(NEWEST)}) warning: restart_grace: "
+    )
     assert said.endswith('hint: An administrator runs: GRANT pg_read_all_stats TO "Shop Owner";')
     again = json.loads(succeeded(x_jobs("install", "--json", "--dsn", dsn)).stdout)
     assert again["changed"] is False

@@ -1,0 +1,203 @@
+------------------------------------------------------------------------------------------------
+-- Tables
+------------------------------------------------------------------------------------------------
+
+-- Column order is for the write path. What enqueue sets once comes first, what claims and
+-- settlements change comes last: an update whose new version lands on the same page is logged
+-- as the bytes that differ between the common prefix and suffix of the two versions, so the
+-- name, input and the rest are not written to WAL again on each claim and settle.
+CREATE TABLE x_jobs.job (
+    id bigint GENERATED ALWAYS AS IDENTITY,
+    run_id uuid NOT NULL,
+    created_at timestamptz NOT NULL,
+    backoff_base interval NOT NULL,
+    backoff_max interval NOT NULL,
+    max_attempts integer NOT NULL,
+    concurrency_limit integer,
+    priority smallint NOT NULL DEFAULT 0,
+    dead_letter boolean NOT NULL DEFAULT TRUE,
+    name text NOT NULL, -- noqa: RF04
+    queue text NOT NULL,
+    tenant_id text NOT NULL,
+    idempotency_key text,
+    concurrency_key text,
+    traceparent text,
+    enqueued_by text,
+    input jsonb NOT NULL, -- noqa: RF04
+    state x_jobs.job_state NOT NULL,
+    attempt integer NOT NULL DEFAULT 0,
+    claims integer NOT NULL DEFAULT 0,
+    run_at timestamptz NOT NULL,
+    visible_at timestamptz,
+    started_at timestamptz,
+    finished_at timestamptz,
+    updated_at timestamptz NOT NULL,
+    claimed_by text,
+    output jsonb,
+    progress jsonb,
+    last_error text,
+    last_error_stack text,
+    -- Last, where the update that added it (ALTER TABLE ADD COLUMN) put it: a fresh install
+    -- and an updated one have the same row type. It never changes, so it is in the common
+    -- suffix of every version a claim or a settle writes.
+    keep_done boolean NOT NULL DEFAULT TRUE,
+    CONSTRAINT job_pkey PRIMARY KEY (id),
+    CONSTRAINT job_attempt_in_range CHECK (attempt >= 0 AND attempt <= max_attempts),
+    CONSTRAINT job_max_attempts_positive CHECK (max_attempts >= 1),
+    CONSTRAINT job_concurrency_limit_positive CHECK (concurrency_limit >= 1),
+    CONSTRAINT job_running_is_held CHECK (
+        state <> 'running' OR (claimed_by IS NOT NULL AND visible_at IS NOT NULL)
+    )
+)
+-- Room on each page for the versions a claim and a settle write: a new version on the same page
+-- is logged as its changed bytes only (see the column order), about a third less WAL a settle.
+WITH (fillfactor = 70);
+
+COMMENT ON TABLE x_jobs.job IS 'Every job from enqueue until purge; state says where it is.';
+COMMENT ON COLUMN x_jobs.job.visible_at IS 'Lease expiry of a running row: from then on, a claim may take the row.';
+COMMENT ON COLUMN x_jobs.job.keep_done IS 'false: completing the job deletes its row, steps and errors.';
+COMMENT ON COLUMN x_jobs.job.claims IS 'How many times a claim handed the row out (lapsed leases included).';
+
+-- The claim's arms, one index each, every one partial so that done rows (the bulk of the table)
+-- are in none of them. Each is scanned per queue in the claim's order, so a claim reads about
+-- `qty` entries per arm whatever the backlog. The predicates are repeated word for word in
+-- x_jobs.claim: the planner uses a partial index only when it can prove the predicate.
+--
+-- Rows with a concurrency key have indexes of their own: a key at its limit can hold thousands
+-- of due rows that no claim may take, and a row without a key behind them in a shared index is
+-- reached only by stepping over all of them. The keyed ones
+-- carry the key and its limit, so that a claim ranks them per key without the heap.
+CREATE INDEX job_ready_idx ON x_jobs.job (queue, priority, run_at, id)
+WHERE state = 'ready' AND concurrency_key IS NULL;
+
+CREATE INDEX job_waiting_idx ON x_jobs.job (queue, run_at, id)
+WHERE state IN ('delayed', 'suspended') AND concurrency_key IS NULL;
+
+CREATE INDEX job_ready_keyed_idx ON x_jobs.job (queue, priority, run_at, id)
+INCLUDE (concurrency_key, concurrency_limit)
+WHERE state = 'ready' AND concurrency_key IS NOT NULL;
+
+CREATE INDEX job_waiting_keyed_idx ON x_jobs.job (queue, run_at, id)
+INCLUDE (priority, concurrency_key, concurrency_limit)
+WHERE state IN ('delayed', 'suspended') AND concurrency_key IS NOT NULL;
+
+-- Only the claim's lapsed arm should read it. The statements that settle or heartbeat rows by
+-- id compare state as text, which does not prove this predicate: given `state = 'running'`, the
+-- planner reads every running row of every worker here whenever the statistics last saw few
+-- running rows (a backlog analyzed before a drain), and complete_many of 250 ids beside 5,000
+-- running rows took ten times as long. By id, the cost follows the ids.
+CREATE INDEX job_running_idx ON x_jobs.job (queue, visible_at, id)
+WHERE state = 'running';
+
+-- An idempotency key is unique among live rows only: once its row settles, the key is free.
+CREATE UNIQUE INDEX job_idempotency_key_idx ON x_jobs.job (idempotency_key)
+WHERE idempotency_key IS NOT NULL AND state IN ('ready', 'delayed', 'suspended', 'running');
+
+-- How many rows of a concurrency key run now: the claim counts here before it takes one.
+CREATE INDEX job_concurrency_idx ON x_jobs.job (concurrency_key)
+WHERE concurrency_key IS NOT NULL AND state = 'running';
+
+-- The due rows of each concurrency key, per queue in the claim's grant order, with what
+-- queue_demand reads of them, so that it ranks only keyed rows, without the heap. A claim whose
+-- windows are full of keys without room seeks here the first rows of each key it visits with
+-- room, in each of its queues (by key alone, it would step over the key's rows in other
+-- queues). Only keyed live rows that wait are in it: a row without a key never enters it, and a
+-- claimed one leaves it.
+CREATE INDEX job_keyed_idx ON x_jobs.job (concurrency_key, queue, priority, run_at, id)
+INCLUDE (concurrency_limit)
+WHERE concurrency_key IS NOT NULL AND state IN ('ready', 'delayed', 'suspended');
+
+-- The keys with waiting rows in each queue, each key's limits highest first: what the claim's
+-- visit of keys walks, a seek from one key of its queues to the next, so that it never meets the
+-- keys of other queues (job_keyed_idx would walk every key of the table). The first entry
+-- of a key tells the highest limit its rows there carry, which bounds how many of them can run.
+-- The columns repeat row after row, which btree deduplication folds into one entry a key and
+-- limit: small, and one more insert per keyed row that enters the waiting states.
+CREATE INDEX job_queue_key_idx ON x_jobs.job (queue, concurrency_key, concurrency_limit DESC)
+WHERE concurrency_key IS NOT NULL AND state IN ('ready', 'delayed', 'suspended');
+
+-- The rows that ended badly, for list_jobs to page newest first: few beside the done ones, and
+-- a row enters only when it ends that way, so the claim and settle path pays nothing for it.
+CREATE INDEX job_ended_idx ON x_jobs.job (id)
+WHERE state IN ('dead', 'failed', 'cancelled');
+
+-- One row per failed attempt (and per lapsed lease), so an operator sees every error, not only
+-- the last one the job row keeps.
+CREATE TABLE x_jobs.job_error (
+    job_id bigint NOT NULL,
+    attempt integer NOT NULL,
+    failed_at timestamptz NOT NULL,
+    worker text,
+    error text NOT NULL,
+    error_stack text
+);
+
+CREATE INDEX job_error_job_idx ON x_jobs.job_error (job_id, attempt);
+
+CREATE TABLE x_jobs.queue_pause (
+    queue text NOT NULL,
+    paused_at timestamptz NOT NULL,
+    paused_by text NOT NULL,
+    CONSTRAINT queue_pause_pkey PRIMARY KEY (queue)
+);
+
+CREATE TABLE x_jobs.worker (
+    id text NOT NULL,
+    queues text[] NOT NULL,
+    build text,
+    started_at timestamptz NOT NULL,
+    seen_at timestamptz NOT NULL,
+    expires_at timestamptz NOT NULL,
+    draining_at timestamptz,
+    -- Last, where the update that added it (ALTER TABLE ADD COLUMN) put it.
+    jobs text[],
+    CONSTRAINT worker_pkey PRIMARY KEY (id)
+);
+
+COMMENT ON COLUMN x_jobs.worker.draining_at IS
+'Set by the first draining announce and kept: queue_demand leaves what a draining worker holds out.';
+COMMENT ON COLUMN x_jobs.worker.jobs IS
+'The job names the worker has handlers for; NULL: it did not say, and is taken to serve every job of its queues.';
+
+-- The last count queue_gauges took, in one row: when, and what queue_stats answered then (a JSON
+-- array of its rows). A cache, not data: pg_dump leaves its row out, and a restored database
+-- counts afresh at its first read.
+CREATE TABLE x_jobs.queue_snapshot (
+    only_row boolean NOT NULL DEFAULT TRUE,
+    taken_at timestamptz NOT NULL,
+    stats jsonb NOT NULL,
+    CONSTRAINT queue_snapshot_pkey PRIMARY KEY (only_row),
+    CONSTRAINT queue_snapshot_one_row CHECK (only_row)
+);
+
+-- Per job name and bucket: what settled and how. Settling statements add to the current minute;
+-- rollup_counters folds old minutes into hours and old hours into days, so the rows per job name
+-- stay bounded whatever the throughput. `shard` spreads concurrent settlers over several rows of
+-- one bucket: with one row, every settling transaction would queue behind the previous one's
+-- commit on its row lock. Readers sum over shards.
+CREATE TABLE x_jobs.counter (
+    job text NOT NULL,
+    bucket_seconds integer NOT NULL,
+    bucket_start timestamptz NOT NULL,
+    shard smallint NOT NULL,
+    completed bigint NOT NULL DEFAULT 0,
+    retried bigint NOT NULL DEFAULT 0,
+    failed bigint NOT NULL DEFAULT 0,
+    dead bigint NOT NULL DEFAULT 0,
+    cancelled bigint NOT NULL DEFAULT 0,
+    run_ms bigint NOT NULL DEFAULT 0,
+    CONSTRAINT counter_pkey PRIMARY KEY (job, bucket_seconds, bucket_start, shard)
+);
+
+COMMENT ON COLUMN x_jobs.counter.run_ms IS
+'Sum of the durations (claim to settle) of the attempts counted in this bucket.';
+
+-- pg_dump keeps the rows of these tables (and the id sequence, so restored ids do not collide).
+SELECT pg_catalog.pg_extension_config_dump('x_jobs.job', '');
+SELECT pg_catalog.pg_extension_config_dump('x_jobs.job_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('x_jobs.job_error', '');
+SELECT pg_catalog.pg_extension_config_dump('x_jobs.queue_pause', '');
+SELECT pg_catalog.pg_extension_config_dump('x_jobs.counter', '');
+
+-- Tests: tests/pgtap/00-schema.sql, tests/pgtap/80-privileges.sql, tests/python/test_plan.py,
+--        scripts/check-upgrade

@@ -1,0 +1,139 @@
+------------------------------------------------------------------------------------------------
+-- Grants
+------------------------------------------------------------------------------------------------
+
+-- Nothing is left to PUBLIC: new functions are executable by PUBLIC unless revoked.
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA x_jobs FROM public;
+REVOKE ALL ON ALL TABLES IN SCHEMA x_jobs FROM public;
+
+GRANT USAGE ON SCHEMA x_jobs TO x_jobs_producer, pg_monitor;
+
+-- Producers: enqueue and read a job's result. Those functions run as their owner (SECURITY
+-- DEFINER), as do the outbox's and publish below, so a producer holds no right on any table: it
+-- can neither read other jobs' inputs nor insert a row that skips enqueue's checks (one already
+-- running, a forged claimed_by, an input past the size limit).
+GRANT EXECUTE ON FUNCTION x_jobs.now() TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs._fake_now() TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs.error_codes() TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs.version() TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs.enqueue(
+    text, jsonb, text, timestamptz, text, integer, integer, text, text, text, text, integer, boolean, interval,
+    interval, boolean
+) TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs.enqueue_many(jsonb) TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs.result(bigint) TO x_jobs_producer;
+
+-- Workers: claim, heartbeat, settle, announce, read demand. These functions run as their owner,
+-- so a worker writes no table but through them: it can settle only what it
+-- claimed, and cannot rewrite or delete other rows. It reads the jobs (the Python worker asks
+-- its jobs' states after a lost connection). The helpers below are granted for the admins'
+-- functions, which run as the caller.
+GRANT SELECT ON x_jobs.job TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs._max_payload_bytes() TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs._max_payload_setting() TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs._payload_bytes(jsonb) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs._minute(timestamptz) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs._require_worker(text, text) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs._require_lease(interval, text) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs._shard() TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.claim(text[], text, interval, integer) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.extend_lease(bigint[], text, interval) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.release(bigint[], text) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.complete(bigint, text, jsonb) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.complete_many(bigint[], text, jsonb[]) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.fail(bigint, text, text, text, interval, boolean) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.announce_worker(text, text[], text, boolean, interval, text[]) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.queue_demand() TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.queue_gauges(interval, text[]) TO x_jobs_worker;
+
+-- Admins: operate the queues and run retention. These functions run as the caller: an admin
+-- holds the rights on the rows they change.
+GRANT EXECUTE ON FUNCTION x_jobs.cancel(bigint) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.retry(bigint) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.list_jobs(text, text, bigint, integer, text) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs._bulk_states(
+    text, text, x_jobs.job_state[], x_jobs.job_state[], text, timestamptz, timestamptz, integer
+) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.cancel_jobs(
+    text, text, text, text, timestamptz, timestamptz, integer, boolean
+) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.retry_jobs(
+    text, text, text, text, timestamptz, timestamptz, integer, boolean
+) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.queue_stats() TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.pause_queue(text) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.resume_queue(text) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.rollup_counters(interval, interval, interval) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.purge(interval, integer) TO x_jobs_admin;
+GRANT UPDATE, DELETE ON x_jobs.job TO x_jobs_admin;
+GRANT SELECT, DELETE ON x_jobs.job_error TO x_jobs_admin;
+GRANT SELECT, INSERT, UPDATE, DELETE ON x_jobs.counter TO x_jobs_admin;
+GRANT SELECT, INSERT, DELETE ON x_jobs.queue_pause TO x_jobs_admin;
+GRANT SELECT ON x_jobs.worker TO x_jobs_admin;
+
+-- Monitoring: counts only (queue_demand and queue_gauges are SECURITY DEFINER, see above).
+GRANT EXECUTE ON FUNCTION x_jobs.queue_demand(), x_jobs.queue_gauges(interval, text[]), x_jobs.now(), x_jobs.version()
+TO pg_monitor;
+-- Whoever may read the clock may reach its refusal (a monitor's session cannot move it).
+GRANT EXECUTE ON FUNCTION x_jobs._fake_now() TO pg_monitor;
+
+-- The health of the installation: to workers (which log it when they start), so admins, and
+-- monitors. It reads catalogs only, as its caller, and so does the helper it calls. The role
+-- helpers and _adopt are the scripts' own: nobody is granted them.
+GRANT EXECUTE ON FUNCTION x_jobs.health(), x_jobs._role_problems() TO x_jobs_worker, pg_monitor;
+
+-- Steps and events. A producer publishes; publish runs as its owner (see there).
+GRANT EXECUTE ON FUNCTION x_jobs.publish(text, jsonb, text) TO x_jobs_producer;
+-- Workers replay, record and suspend the steps of the runs they hold, through functions that
+-- run as their owner: they hold no right on x_jobs.step or x_jobs.event.
+GRANT EXECUTE ON FUNCTION x_jobs._clock() TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs._require_event(text) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs._require_held(bigint, text, text) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs._suspend(bigint, timestamptz) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.steps(bigint, text) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.step_record(bigint, text, text, jsonb, text, boolean) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.step_sleep(bigint, text, text, interval) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.step_wait(
+    bigint, text, text, text, text, jsonb, interval, timestamptz
+) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.progress(bigint, text, double precision, double precision, text)
+TO x_jobs_worker;
+-- Admins resolve steps by hand and purge old events (and the steps of purged jobs).
+GRANT EXECUTE ON FUNCTION x_jobs.resolve_step(bigint, text, jsonb) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs._require_retention(text, interval, integer, text) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.purge_events(interval, integer) TO x_jobs_admin;
+GRANT SELECT, UPDATE, DELETE ON x_jobs.step TO x_jobs_admin;
+GRANT SELECT, DELETE ON x_jobs.event TO x_jobs_admin;
+
+-- The outbox. Producers put messages and receive webhooks (which enqueue jobs), through
+-- functions that run as their owner.
+GRANT EXECUTE ON FUNCTION x_jobs.outbox_put(text, jsonb, text, jsonb, integer) TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs.outbox_put_many(jsonb) TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs.receive_webhook(text, text, text, jsonb, text, jsonb) TO x_jobs_producer;
+-- Workers relay: they claim, deliver and settle messages.
+GRANT EXECUTE ON FUNCTION x_jobs.relay_outbox(text, integer, interval, text[]) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.outbox_ack(bigint[], text) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.outbox_extend_lease(bigint[], text, interval) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.outbox_nack(bigint, text, text, timestamptz, boolean) TO x_jobs_worker;
+GRANT SELECT ON x_jobs.outbox TO x_jobs_worker;
+-- Admins redrive dead messages, purge delivered ones and old ledger rows.
+GRANT EXECUTE ON FUNCTION x_jobs.outbox_redrive(bigint[], text, integer) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.purge_outbox(interval, integer) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.purge_webhook_ledger(interval, integer) TO x_jobs_admin;
+GRANT UPDATE, DELETE ON x_jobs.outbox TO x_jobs_admin;
+GRANT SELECT, DELETE ON x_jobs.webhook_ledger TO x_jobs_admin;
+
+-- Declarations. Workers declare the jobs they run, read the declarations and hand back
+-- the jobs they have no handler for, through functions that run as their owner. Admins forget a
+-- declaration: drop_job_type runs as the admin, who holds what it deletes.
+GRANT EXECUTE ON FUNCTION x_jobs.declare_job(
+    text, text, integer, interval, interval, boolean, interval, integer, text, boolean, integer, text, text
+) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.declare_jobs(jsonb, text, text) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.job_types() TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.hand_back(bigint[], text, interval) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.drop_job_type(text) TO x_jobs_admin;
+GRANT SELECT, DELETE ON x_jobs.job_type TO x_jobs_admin;
+
+-- Tests: tests/pgtap/80-privileges.sql, tests/pgtap/00-schema.sql,
+--        tests/python/test_producer_role.py, tests/python/test_permission_denied.py
