@@ -20,8 +20,8 @@ EXTVERSION = $(shell sed -n "s/^default_version *= *'\(.*\)'/\1/p" sql/x_jobs.co
 # follows the chain). The upgrade to the newest from the last release is written once, in
 # sql/src/upgrade.sql (`-- A -> B:` header, what is not a function, a `--@function x_jobs.NAME`
 # line per changed function); the build expands it into sql/x_jobs--A--B.sql and fails when a
-# function changed in sql/src is not named there. `make release` freezes it (README,
-# "Releasing"). `make` (PGXS's all) builds both; the Python package ships them (python/x_jobs/sql
+# function changed in sql/src is not named there. `make release` freezes it (docs/releasing.md).
+# `make` (PGXS's all) builds both; the Python package ships them (python/x_jobs/sql
 # is sql/), so an editable install of the package wants `make` run once before `x-jobs install`.
 SQL_PARTS    = $(addprefix sql/src/,$(shell sed -n 's/^\([0-9][^ ]*\.sql\).*/\1/p' sql/src/MANIFEST))
 OPEN_FROM    = $(shell sed -n 's/^-- \([^ ]*\) -> $(EXTVERSION):.*/\1/p' sql/src/upgrade.sql)
@@ -48,7 +48,7 @@ $(OPEN_UPGRADE): sql/x_jobs--$(EXTVERSION).sql
 	@test -f $@ || python3 scripts/build-sql
 endif
 
-# Freeze the open upgrade as released (run by the lead when the version lands; README, "Releasing").
+# Freeze the open upgrade as released (run by the lead when the version lands; docs/releasing.md).
 release:
 	python3 scripts/build-sql release
 

@@ -317,7 +317,7 @@ class ResultTimeout(ClientError, TimeoutError):
     code = "X_RESULT_TIMEOUT"
 
 
-#: What each of the three roles is for (README, "Roles"); the hint of a refused privilege.
+#: What each of the three roles is for (docs/roles.md); the hint of a refused privilege.
 PRIVILEGE_HINT = (
     "Grant this login the x_jobs role for the call: x_jobs_producer to enqueue, read results "
     "and write the outbox; x_jobs_worker to claim and settle jobs and relay the outbox; "

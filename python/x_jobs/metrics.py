@@ -7,7 +7,7 @@ No label is named ``job`` or ``instance``: Prometheus attaches those to every se
 target, and renames a scraped label of the same name to ``exported_job``; a job's name is the
 label ``job_name``. The queue gauges are the same on every worker (each reads the same
 snapshot, see :class:`QueueGauges`), so queries take ``max by (queue, state)`` over them and
-``sum by (job_name)`` over the counters. The README's "Metrics" section has the queries.
+``sum by (job_name)`` over the counters. docs/operations.md has the queries.
 """
 
 from __future__ import annotations
