@@ -2,11 +2,11 @@
 
 A wait checks the published events, then suspends its run; a publish records its event, then
 resolves the open waits. Both first take an advisory lock on the event (see "The wait and the
-publish, without a lost wake-up" in sql/src/60-steps.sql), so whichever comes second sees what
-the first committed. The race below runs them over real connections and checks that every run
-is woken exactly once, by its publish or by its own wait; the others check that a publish acts only when
-(and if) its transaction commits, only at READ COMMITTED, that a wait times out, and that an
-operator's resolve_step and a publish cannot deadlock.
+publish, without a lost wake-up" in sql/src/60-steps.sql), so whichever comes second sees what the
+first committed. The race below runs them over real connections and checks that every run is woken
+exactly once, by its publish or by its own wait; the others check that a publish acts only when (and
+if) its transaction commits, only at READ COMMITTED, that a wait times out, and that an operator's
+resolve_step and a publish cannot deadlock.
 
 To show that an action sent no notification without sleeping, the producer sends a sentinel
 notification after it: notifications reach a listener in commit order (as in test_notify.py).
