@@ -49,4 +49,4 @@ __all__ = [
     "XJobsError",
     "translate",
 ]
-__version__ = "0.4.0"
+__version__ = "0.4.1"
