@@ -6365,8 +6365,7 @@ CREATE TYPE x_jobs.outbox_entry AS (
     relay text,
     delivered_at timestamptz,
     last_error text
-)
-;
+);
 
 -- The operator's listing of the outbox: messages newest first, optionally of one state, one
 -- topic and one key, one page at a time, paged as list_jobs pages jobs (the last id of a page as
