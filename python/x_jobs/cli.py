@@ -725,16 +725,14 @@ LIST_JOBS_NAMED: LiteralString = (
     ORDER BY id DESC
 """
 )
-# The API has no reader of one job; the admin role reads the table (list_jobs does the same).
-SHOW_JOB: LiteralString = "SELECT " + JOB_COLUMNS + " FROM x_jobs.job WHERE id = %(id)s"
+SHOW_JOB: LiteralString = "SELECT " + JOB_COLUMNS + " FROM x_jobs.job_detail(id => %(id)s)"
 # Oldest first: after a retry, attempts count from 1 again, so the time orders them.
 JOB_ERRORS: LiteralString = """
     SELECT attempt, failed_at, worker, error, error_stack
-    FROM x_jobs.job_error
-    WHERE job_id = %(id)s
+    FROM x_jobs.job_errors(id => %(id)s)
     ORDER BY failed_at, attempt
 """
-JOB_STATE: LiteralString = "SELECT state::text FROM x_jobs.job WHERE id = %(id)s"
+JOB_STATE: LiteralString = "SELECT state FROM x_jobs.result(id => %(id)s)"
 RETRY: LiteralString = "SELECT x_jobs.retry(id => %(id)s)"
 CANCEL: LiteralString = "SELECT x_jobs.cancel(id => %(id)s)"
 # The bulk forms (0.4.0): every job that matches the filters, NULL matching any.
@@ -780,14 +778,13 @@ STEP_COLUMNS: LiteralString = """
     job_id, name, compensation, kind, created_at, event, event_key, match, since, timeout_at,
     status::text AS status, attempt, output, error, event_id, resolved_by, resolved_at
 """
-# x_jobs.steps answers only the worker that holds the run; the operator reads the table, in the
+# x_jobs.steps answers only the worker that holds the run; the operator reads job_steps, in the
 # order x_jobs.steps answers: when the run reached each step, a step before its compensation.
 JOB_STEPS: LiteralString = (
     "SELECT "
     + STEP_COLUMNS
     + """
-    FROM x_jobs.step
-    WHERE job_id = %(id)s
+    FROM x_jobs.job_steps(id => %(id)s)
     ORDER BY created_at, compensation, name
 """
 )
@@ -808,23 +805,20 @@ OUTBOX_COLUMNS: LiteralString = """
     available_at, relay, delivered_at, last_error
 """
 OUTBOX_STATES: LiteralString = "SELECT pg_catalog.enum_range(NULL::x_jobs.outbox_state)::text[]"
-# The API has no lister of the outbox; the admin role reads the table, newest first and paged by
-# id as x_jobs.list_jobs pages jobs (here the primary key, read backwards, serves every filter). The
-# state is checked against OUTBOX_STATES first, so the cast cannot fail.
+# Newest first, paged by id as x_jobs.list_jobs pages jobs. The state is checked against
+# OUTBOX_STATES first, as list_outbox itself would refuse it.
 LIST_OUTBOX: LiteralString = (
     "SELECT "
     + OUTBOX_COLUMNS
     + """
-    FROM x_jobs.outbox
-    WHERE (%(state)s::text IS NULL OR state = %(state)s::x_jobs.outbox_state)
-        AND (%(topic)s::text IS NULL OR topic = %(topic)s)
-        AND (%(key)s::text IS NULL OR key = %(key)s)
-        AND (%(before)s::bigint IS NULL OR id < %(before)s)
+    FROM x_jobs.list_outbox(state => %(state)s, topic => %(topic)s, key => %(key)s,
+                            before_id => %(before)s::bigint, max_rows => %(limit)s::integer)
     ORDER BY id DESC
-    LIMIT %(limit)s
 """
 )
-SHOW_OUTBOX: LiteralString = "SELECT " + OUTBOX_COLUMNS + " FROM x_jobs.outbox WHERE id = %(id)s"
+SHOW_OUTBOX: LiteralString = (
+    "SELECT " + OUTBOX_COLUMNS + " FROM x_jobs.outbox_message(id => %(id)s)"
+)
 # NULL ids or topic: no restriction there (the command refuses to pass both NULL).
 REDRIVE: LiteralString = """
     SELECT x_jobs.outbox_redrive(
