@@ -181,9 +181,13 @@ CREATE TYPE x_jobs.outbox_entry AS (
 
 -- The operator's listing of the outbox: messages newest first, optionally of one state, one
 -- topic and one key, one page at a time, paged as list_jobs pages jobs (the last id of a page as
--- before_id gives the next). Planned for each call's values, as list_jobs is: a key with an
--- undelivered state seeks outbox_key_idx; otherwise the primary key is read backwards from
--- before_id, the filters applied on that walk.
+-- before_id gives the next). Planned for each call's values, as list_jobs is, so that the
+-- undelivered states read the relays' partial indexes, bounded by the backlog: pending messages
+-- those with a key and those without (each arm proves its index's predicate, which
+-- `state = 'pending'` alone does not), in-flight ones outbox_inflight_idx, a key of either
+-- outbox_key_idx; each sorted by id. Otherwise the primary key is read backwards from
+-- before_id, the filters applied on that walk: a page of all messages reads its page, a
+-- listing of a rare state or topic (dead, say) reads the history newer than its rows.
 CREATE FUNCTION x_jobs.list_outbox(
     state text DEFAULT NULL,
     topic text DEFAULT NULL,
@@ -198,6 +202,9 @@ SET search_path = pg_catalog, pg_temp
 -- A generic plan proves no partial index's predicate from `state = $1`, and reads
 -- `before_id IS NULL OR id < $4` as a filter, not a bound of the walk.
 SET plan_cache_mode = force_custom_plan
+-- A parallel walk of the primary key splits the index among workers, each reading its share to
+-- the end: a page of 20 pending messages read the million delivered ones.
+SET max_parallel_workers_per_gather = 0
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -219,6 +226,30 @@ BEGIN
             HINT = 'Ask for a page of 1 to 1000 rows and page on with before_id.';
     END IF;
     v_state := list_outbox.state::x_jobs.outbox_state;
+
+    IF v_state = 'pending' THEN
+        RETURN QUERY
+        SELECT p.* FROM (
+            SELECT o.id, o.created_at, o.max_attempts, o.topic, o.key, o.headers, o.payload,
+                   o.state::text, o.attempt, o.available_at, o.relay, o.delivered_at, o.last_error
+            FROM x_jobs.outbox AS o
+            WHERE o.state = 'pending' AND o.key IS NULL
+                AND list_outbox.key IS NULL
+                AND (list_outbox.topic IS NULL OR o.topic = list_outbox.topic)
+                AND (list_outbox.before_id IS NULL OR o.id < list_outbox.before_id)
+            UNION ALL
+            SELECT o.id, o.created_at, o.max_attempts, o.topic, o.key, o.headers, o.payload,
+                   o.state::text, o.attempt, o.available_at, o.relay, o.delivered_at, o.last_error
+            FROM x_jobs.outbox AS o
+            WHERE o.state = 'pending' AND o.key IS NOT NULL
+                AND (list_outbox.key IS NULL OR o.key = list_outbox.key)
+                AND (list_outbox.topic IS NULL OR o.topic = list_outbox.topic)
+                AND (list_outbox.before_id IS NULL OR o.id < list_outbox.before_id)
+        ) AS p
+        ORDER BY p.id DESC
+        LIMIT list_outbox.max_rows;
+        RETURN;
+    END IF;
 
     RETURN QUERY
     SELECT o.id, o.created_at, o.max_attempts, o.topic, o.key, o.headers, o.payload, o.state::text,

@@ -967,6 +967,7 @@ SELECT set_eq(
         ('release', 'enable_bitmapscan=off'),
         ('list_jobs', 'plan_cache_mode=force_custom_plan'),
         ('list_outbox', 'plan_cache_mode=force_custom_plan'),
+        ('list_outbox', 'max_parallel_workers_per_gather=0'),
         ('cancel_jobs', 'plan_cache_mode=force_custom_plan'),
         ('cancel_jobs', 'enable_seqscan=off'),
         ('cancel_jobs', 'enable_bitmapscan=off'),
