@@ -6390,8 +6390,8 @@ SET search_path = pg_catalog, pg_temp
 -- A generic plan proves no partial index's predicate from `state = $1`, and reads
 -- `before_id IS NULL OR id < $4` as a filter, not a bound of the walk.
 SET plan_cache_mode = force_custom_plan
--- A parallel walk of the primary key splits the index among workers, each reading its share to
--- the end: a page of 20 pending messages read the million delivered ones.
+-- A parallel walk of the primary key splits the index among workers, and each reads its share
+-- to the end when its share holds too few of the page's rows: the whole history, for a page.
 SET max_parallel_workers_per_gather = 0
 AS $$
 #variable_conflict use_column
