@@ -2,7 +2,7 @@
 
 It declares two jobs, enqueues 10,000 of them in batches (one in fifty fails its first attempt,
 to show a retry), runs a worker in this process with a progress bar, then prints the throughput
-and where every job ended. Then a durable workflow: a run that waits for an approval without
+and how the jobs settled. Then a durable workflow: a run that waits for an approval without
 holding a worker, woken by a publish made in the same transaction as an outbox message.
 """
 
@@ -59,7 +59,7 @@ def workflow(conn: psycopg.Connection[Any]) -> None:
     state = None
     while state != "suspended":
         time.sleep(0.05)
-        row = conn.execute("SELECT state::text FROM x_jobs.job WHERE id = %s", [job.id]).fetchone()
+        row = conn.execute("SELECT state FROM x_jobs.result(id => %s)", [job.id]).fetchone()
         state = row[0] if row else None
     console.print(f"job {job.id} is [cyan]suspended[/] on its wait: no worker holds it")
     with conn.transaction():  # the approving application's own transaction
@@ -69,8 +69,7 @@ def workflow(conn: psycopg.Connection[Any]) -> None:
     console.print(f"result: {app.result(job.id, timeout=30)}")
     table = Table("step", "kind", "status", "attempt", title=f"The steps of job {job.id}")
     for name, kind, status, attempt in conn.execute(
-        "SELECT name, kind, status::text, attempt FROM x_jobs.step WHERE job_id = %s"
-        " ORDER BY created_at",
+        "SELECT name, kind, status, attempt FROM x_jobs.job_steps(id => %s)",
         [job.id],
     ):
         table.add_row(name, kind, status, str(attempt))
@@ -109,11 +108,12 @@ def main() -> None:
     ):
         bar = progress.add_task("jobs", total=TOTAL)
         while True:
+            # Every job is enqueued before the worker starts: what is no longer live settled.
             row = conn.execute(
-                "SELECT count(*) FROM x_jobs.job WHERE state IN ('done', 'dead', 'failed')"
-                " AND queue <> 'flows'"
+                "SELECT coalesce(sum(ready + delayed + suspended + running), 0)"
+                " FROM x_jobs.queue_stats() WHERE queue IN ('media', 'mail')"
             ).fetchone()
-            settled = int(row[0]) if row else 0
+            settled = TOTAL - (int(row[0]) if row else 0)
             progress.update(bar, completed=settled)
             if settled >= TOTAL:
                 break
@@ -121,16 +121,12 @@ def main() -> None:
         elapsed = time.perf_counter() - started
 
         console.print(f"drained {TOTAL:,} jobs in {elapsed:.2f} s: {TOTAL / elapsed:,.0f} jobs/s")
-        table = Table("job", "state", "jobs", "attempts", title="Where every job ended")
-        for name, state, jobs, attempts in conn.execute(
-            "SELECT name, state::text, count(*), sum(attempt) FROM x_jobs.job"
-            " GROUP BY 1, 2 ORDER BY 1, 2"
+        table = Table("job", "completed", "retried", "failed", "dead", title="How the jobs settled")
+        for name, completed, retried, failed, dead in conn.execute(
+            "SELECT job, completed, retried, failed, dead FROM x_jobs.job_counters()"
         ):
-            table.add_row(name, state, f"{jobs:,}", f"{attempts:,}")
+            table.add_row(name, f"{completed:,}", f"{retried:,}", f"{failed:,}", f"{dead:,}")
         console.print(table)
-        row = conn.execute("SELECT sum(completed), sum(retried) FROM x_jobs.counter").fetchone()
-        assert row is not None
-        console.print(f"counters: {row[0]:,} completed, {row[1]:,} retried (x_jobs.counter)")
 
     with psycopg.connect(autocommit=True) as conn:
         workflow(conn)

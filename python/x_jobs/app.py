@@ -46,21 +46,11 @@ from x_jobs.outbox import Outbox
 
 logger = logging.getLogger(__name__)
 
-#: The SQL API versions this client speaks to (``x_jobs.version()``). 0.3.1 and 0.3.2 changed
-#: how some functions work inside (enqueue, the settling ones), not what any of them takes or
-#: answers; 0.3.3 fixes some and refuses more (the test clock outside a superuser's session,
-#: step_wait at REPEATABLE READ, an outbox message's unknown field), none that this client sends;
-#: 0.3.4 changed claim and complete_many inside; 0.3.5 refuses a run_at or retry_at that is
-#: infinite or past the year 9999 (which this client cannot send); 0.3.6 takes producers' rights
-#: on the tables (enqueue and the outbox run as their owner) and adds x_jobs.result, which
-#: ``App.result`` reads through from 0.3.6 on (a producer may no longer read x_jobs.job); 0.3.7
-#: changed relay_outbox and the operator's reads inside, and indexes, not what they take; 0.3.8
-#: changed how claim finds rows of concurrency keys, and indexes; 0.3.9 changed claim and
-#: relay_outbox inside; 0.4.0 adds functions, which this client calls only on 0.4.0 and later.
-SUPPORTED_VERSIONS = frozenset(
-    {"0.3.0", "0.3.1", "0.3.2", "0.3.3", "0.3.4", "0.3.5", "0.3.6", "0.3.7", "0.3.8", "0.3.9"}
-    | {"0.4.0", "0.4.1"}
-)
+#: The SQL API versions this client speaks to (``x_jobs.version()``): it reads nothing of the
+#: tables but through the reader functions (x_jobs.job_detail, job_states, held_jobs, ...),
+#: which 0.4.1 brings. An older database is refused with a hint to update it (ALTER EXTENSION
+#: x_jobs UPDATE); an older client keeps speaking to a newer database as it did.
+SUPPORTED_VERSIONS = frozenset({"0.4.1"})
 
 I = TypeVar("I")  # noqa: E741 - the input type, as in Job[I]
 
@@ -295,10 +285,6 @@ DB_NOW: LiteralString = """
         THEN pg_catalog.clock_timestamp() ELSE x_jobs.now() END
 """
 RESULT: LiteralString = "SELECT state, output, last_error FROM x_jobs.result(%s)"
-#: Before 0.3.6 there was no x_jobs.result, and producers could read the row itself.
-RESULT_FROM_ROW: LiteralString = (
-    "SELECT state::text, output, last_error FROM x_jobs.job WHERE id = %s"
-)
 NOT_INSTALLED_HINT = (
     "Run CREATE EXTENSION x_jobs (or `x-jobs install` where extensions are not allowed), "
     "then start again."
@@ -317,7 +303,7 @@ class App:
         self.jobs: dict[str, Job[Any]] = {}
         self._pool_size = pool_size
         self._pool: ConnectionPool | None = None
-        self._result_query: LiteralString | None = None  # by the installed version, once
+        self._result_query: LiteralString | None = None  # once the version is checked
         #: Put messages in the outbox, and register the sinks a relay delivers them to.
         self.outbox = Outbox(self)
         self._lock = threading.Lock()
@@ -544,19 +530,12 @@ class App:
     # --- results ------------------------------------------------------------------------------
 
     def _read_result(self, db: psycopg.Connection[Any], job_id: int) -> Any:
-        """The job's (state, output, last_error), or None: through x_jobs.result from 0.3.6
-        on, from the row before it."""
+        """The job's (state, output, last_error), or None, through x_jobs.result; the first
+        read checks the version (VersionUnsupported)."""
         if self._result_query is None:
-            version = tuple(int(part) for part in self.check_version(db).split("."))
-            self._result_query = RESULT if version >= (0, 3, 6) else RESULT_FROM_ROW
-        try:
-            return db.execute(self._result_query, [job_id]).fetchone()
-        except psycopg.errors.InsufficientPrivilege:
-            if self._result_query == RESULT:
-                raise
-            # The database was updated to 0.3.6 under this App: producers lost the row.
+            self.check_version(db)
             self._result_query = RESULT
-            return db.execute(RESULT, [job_id]).fetchone()
+        return db.execute(self._result_query, [job_id]).fetchone()
 
     def result(self, job_id: int, *, timeout: Seconds | None = None) -> Any:
         """Wait for the job to settle and answer its output; :class:`JobFailed` when it ended

@@ -98,14 +98,13 @@ EXTEND: LiteralString = (
     "SELECT e FROM x_jobs.extend_lease(ids => %s::bigint[], worker => %s, lease => %s) AS e"
 )
 RELEASE: LiteralString = "SELECT r FROM x_jobs.release(ids => %s::bigint[], worker => %s) AS r"
-ROW_STATES: LiteralString = "SELECT id, state::text FROM x_jobs.job WHERE id = ANY(%s::bigint[])"
+ROW_STATES: LiteralString = "SELECT id, state FROM x_jobs.job_states(ids => %s::bigint[])"
 #: The rows this worker holds in the database, less those it knows of (see _sweep_unknown).
 UNKNOWN_HELD: LiteralString = (
-    "SELECT id FROM x_jobs.job"
-    " WHERE state = 'running' AND claimed_by = %s AND NOT id = ANY(%s::bigint[])"
+    "SELECT id FROM x_jobs.held_jobs(worker => %s) WHERE NOT id = ANY(%s::bigint[])"
 )
 HELD_AT: LiteralString = (
-    "SELECT id, state::text, attempt, claimed_by FROM x_jobs.job WHERE id = ANY(%s::bigint[])"
+    "SELECT id, state, attempt, claimed_by FROM x_jobs.job_states(ids => %s::bigint[])"
 )
 #: How long ``x-jobs worker`` goes on, once its drain's grace has run out (or a second stop
 #: came), handing back what it holds and settling what finished (at the grace, the handlers it

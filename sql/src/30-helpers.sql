@@ -67,7 +67,7 @@ AS $$
         ('XJ013', 'X_QTY_INVALID', 'qty or a page size is outside 1..1000 (outbox_redrive max_rows: 1..100000; cancel_jobs and retry_jobs max_rows: 1 or more).'),
         ('XJ014', 'X_JOB_NOT_FOUND', 'No job has this id.'),
         ('XJ015', 'X_JOB_NOT_RETRYABLE', 'retry was asked of a row that is live or done.'),
-        ('XJ016', 'X_STATE_UNKNOWN', 'A state name is not one of the job states.'),
+        ('XJ016', 'X_STATE_UNKNOWN', 'A state name is not one of the job states (list_outbox: of the outbox states).'),
         ('XJ017', 'X_IDEMPOTENCY_CONFLICT', 'A live row already holds the idempotency key.'),
         ('XJ018', 'X_DELAY_INVALID', 'A retry delay is negative, or a hand-back delay is negative or longer than 1000 years.'),
         ('XJ019', 'X_TTL_INVALID', 'A worker announce ttl is missing, not positive, or longer than 1000 years.'),

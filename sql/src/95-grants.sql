@@ -135,5 +135,17 @@ GRANT EXECUTE ON FUNCTION x_jobs.hand_back(bigint[], text, interval) TO x_jobs_w
 GRANT EXECUTE ON FUNCTION x_jobs.drop_job_type(text) TO x_jobs_admin;
 GRANT SELECT, DELETE ON x_jobs.job_type TO x_jobs_admin;
 
+-- Readers. They run as their caller, who holds SELECT on what each reads: admins (through
+-- x_jobs_worker, and their own grants on job_error, step and counter) read a job, its errors and
+-- steps, the outbox and the counters; workers ask their jobs' states and what they hold.
+GRANT EXECUTE ON FUNCTION x_jobs.job_detail(bigint) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.job_errors(bigint) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.job_steps(bigint) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.list_outbox(text, text, text, bigint, integer) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.outbox_message(bigint) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.job_counters(timestamptz) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.job_states(bigint[]) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.held_jobs(text) TO x_jobs_worker;
+
 -- Tests: tests/pgtap/80-privileges.sql, tests/pgtap/00-schema.sql,
 --        tests/python/test_producer_role.py, tests/python/test_permission_denied.py

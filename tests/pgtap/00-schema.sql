@@ -2,7 +2,7 @@
 -- volatile it is, whose rights it runs with, which settings it pins, and who may use what.
 -- A change to any of these is a change to the API: it shows up here first, on purpose.
 BEGIN;
-SELECT plan(792);
+SELECT plan(864);
 
 -- The functions of the API, one row each, with what 00-schema pins about them. `args` is how
 -- pgTAP's catalog view spells the argument types (regtype output: 'timestamp with time zone',
@@ -197,7 +197,16 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
 (
     'hand_back', '{bigint[],text,interval}', 'setof record', 'VOLATILE',
     'so a worker settles only what it claimed, with no right to write the tables'
-);
+),
+-- Readers (0.4.1): what clients read of the tables, as their caller.
+('job_detail', '{bigint}', 'setof record', 'STABLE', NULL),
+('job_errors', '{bigint}', 'setof record', 'STABLE', NULL),
+('job_steps', '{bigint}', 'setof record', 'STABLE', NULL),
+('job_states', '{bigint[]}', 'setof record', 'STABLE', NULL),
+('held_jobs', '{text}', 'setof record', 'STABLE', NULL),
+('list_outbox', '{text,text,text,bigint,integer}', 'setof x_jobs.outbox_entry', 'STABLE', NULL),
+('outbox_message', '{bigint}', 'setof x_jobs.outbox_entry', 'STABLE', NULL),
+('job_counters', '{timestamp with time zone}', 'setof record', 'STABLE', NULL);
 
 -- Who may execute what, as the Grants section states it: the lowest x_jobs role granted
 -- EXECUTE (a worker is a member of producer and an admin of worker, and has_function_privilege,
@@ -294,7 +303,17 @@ INSERT INTO api_grant (fn, lowest_role, to_pg_monitor) VALUES
 ('declare_jobs', 'x_jobs_worker', FALSE),
 ('job_types', 'x_jobs_worker', FALSE),
 ('drop_job_type', 'x_jobs_admin', FALSE),
-('hand_back', 'x_jobs_worker', FALSE);
+('hand_back', 'x_jobs_worker', FALSE),
+-- Readers (0.4.1): an admin reads a job, its errors and steps, the outbox and the counters; a
+-- worker asks its jobs' states and what it holds.
+('job_detail', 'x_jobs_admin', FALSE),
+('job_errors', 'x_jobs_admin', FALSE),
+('job_steps', 'x_jobs_admin', FALSE),
+('list_outbox', 'x_jobs_admin', FALSE),
+('outbox_message', 'x_jobs_admin', FALSE),
+('job_counters', 'x_jobs_admin', FALSE),
+('job_states', 'x_jobs_worker', FALSE),
+('held_jobs', 'x_jobs_worker', FALSE);
 
 -- The roles a grant is checked for, in the order of their membership chain.
 CREATE TEMP TABLE grant_role (grantee name PRIMARY KEY, chain_rank integer);
@@ -342,9 +361,12 @@ SELECT functions_are(
 
 SELECT types_are(
     'x_jobs',
-    ARRAY['job_state', 'enqueue_request', 'enqueue_result', 'enqueue_many_result', 'step_status', 'outbox_state'],
+    ARRAY[
+        'job_state', 'enqueue_request', 'enqueue_result', 'enqueue_many_result', 'step_status', 'outbox_state',
+        'outbox_entry'
+    ],
     'The x_jobs schema should define exactly the types job_state, enqueue_request, enqueue_result, '
-    'enqueue_many_result, step_status and outbox_state'
+    'enqueue_many_result, step_status, outbox_state and outbox_entry'
 );
 
 SELECT enum_has_labels(
@@ -944,6 +966,8 @@ SELECT set_eq(
         ('release', 'enable_seqscan=off'),
         ('release', 'enable_bitmapscan=off'),
         ('list_jobs', 'plan_cache_mode=force_custom_plan'),
+        ('list_outbox', 'plan_cache_mode=force_custom_plan'),
+        ('list_outbox', 'max_parallel_workers_per_gather=0'),
         ('cancel_jobs', 'plan_cache_mode=force_custom_plan'),
         ('cancel_jobs', 'enable_seqscan=off'),
         ('cancel_jobs', 'enable_bitmapscan=off'),
@@ -951,7 +975,8 @@ SELECT set_eq(
         ('retry_jobs', 'enable_seqscan=off'),
         ('retry_jobs', 'enable_bitmapscan=off')
     $$,
-    'Only claim, relay_outbox, the batch settlers, list_jobs and the bulk operations should pin settings besides '
+    'Only claim, relay_outbox, the batch settlers, list_jobs, list_outbox and the bulk operations should pin '
+    'settings besides '
     'search_path'
 );
 
@@ -1098,7 +1123,19 @@ INSERT INTO api_param (fn, arguments) VALUES
 ('declare_jobs', 'jobs jsonb, declared_by text DEFAULT NULL::text, build text DEFAULT NULL::text'),
 ('job_types', ''),
 ('drop_job_type', 'name text'),
-('hand_back', 'ids bigint[], worker text, delay interval DEFAULT ''00:00:01''::interval');
+('hand_back', 'ids bigint[], worker text, delay interval DEFAULT ''00:00:01''::interval'),
+('job_detail', 'id bigint'),
+('job_errors', 'id bigint'),
+('job_steps', 'id bigint'),
+('job_states', 'ids bigint[]'),
+('held_jobs', 'worker text'),
+(
+    'list_outbox',
+    'state text DEFAULT NULL::text, topic text DEFAULT NULL::text, key text DEFAULT NULL::text, '
+    'before_id bigint DEFAULT NULL::bigint, max_rows integer DEFAULT 50'
+),
+('outbox_message', 'id bigint'),
+('job_counters', 'since timestamp with time zone DEFAULT NULL::timestamp with time zone');
 
 SELECT set_eq(
     $$ SELECT e.fn FROM api_param AS e $$,

@@ -7,7 +7,7 @@
 -- the test; each block runs under SET ROLE and ends with RESET ROLE. The clock is moved with
 -- SET LOCAL "x_jobs.fake_now", which only a superuser's session may do (the last block).
 BEGIN;
-SELECT plan(140);
+SELECT plan(154);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
@@ -1112,6 +1112,102 @@ SELECT throws_ok(
     '42501',
     'permission denied for function job_types',
     'A pg_monitor member should not be able to read the declarations'
+);
+
+RESET ROLE;
+
+------------------------------------------------------------------------------------------------
+-- Readers (0.4.1): an admin reads a job, its errors and steps, the outbox and the counters; a
+-- worker asks its jobs' states and what it holds; each runs as its caller.
+------------------------------------------------------------------------------------------------
+
+SET ROLE t80_admin;
+
+SELECT lives_ok($$SELECT x_jobs.enqueue('t80_r1', queue => 't80-r')$$, 'An admin should be able to enqueue');
+
+SELECT is(
+    (SELECT d.name FROM x_jobs.job_detail((SELECT max(j.id) FROM x_jobs.list_jobs(name => 't80_r1') AS j)) AS d),
+    't80_r1',
+    'An admin should be able to read a job''s detail'
+);
+
+SELECT lives_ok(
+    $$SELECT * FROM x_jobs.job_errors(1) UNION ALL SELECT * FROM x_jobs.job_errors(2)$$,
+    'An admin should be able to read a job''s errors'
+);
+
+SELECT lives_ok($$SELECT * FROM x_jobs.job_steps(1)$$, 'An admin should be able to read a job''s steps');
+
+SELECT lives_ok(
+    $$SELECT * FROM x_jobs.list_outbox(max_rows => 5) UNION ALL SELECT * FROM x_jobs.outbox_message(1)$$,
+    'An admin should be able to list the outbox and read one message'
+);
+
+SELECT lives_ok($$SELECT * FROM x_jobs.job_counters()$$, 'An admin should be able to read the counters');
+
+RESET ROLE;
+
+SET ROLE t80_worker;
+
+SELECT is(
+    (SELECT count(*)::integer FROM x_jobs.job_states(ARRAY[1, 2]::bigint[])),
+    (
+        SELECT count(*)::integer FROM x_jobs.job
+        WHERE id IN (1, 2)
+    ),
+    'A worker should be able to ask the states of jobs by id'
+);
+
+SELECT lives_ok($$SELECT * FROM x_jobs.held_jobs('t80-w')$$, 'A worker should be able to ask what it holds');
+
+SELECT throws_ok(
+    $$SELECT * FROM x_jobs.job_detail(1)$$,
+    '42501',
+    'permission denied for function job_detail',
+    'A worker should not be able to read a job''s detail (its input), an operator''s read'
+);
+
+SELECT throws_ok(
+    $$SELECT * FROM x_jobs.list_outbox()$$,
+    '42501',
+    'permission denied for function list_outbox',
+    'A worker should not be able to list the outbox, an operator''s read'
+);
+
+RESET ROLE;
+
+SET ROLE t80_producer;
+
+SELECT throws_ok(
+    $$SELECT * FROM x_jobs.job_states(ARRAY[1]::bigint[])$$,
+    '42501',
+    'permission denied for function job_states',
+    'A producer should not be able to ask the states of jobs (it reads its own through result)'
+);
+
+SELECT throws_ok(
+    $$SELECT * FROM x_jobs.job_errors(1)$$,
+    '42501',
+    'permission denied for function job_errors',
+    'A producer should not be able to read a job''s errors'
+);
+
+RESET ROLE;
+
+SET ROLE t80_monitor;
+
+SELECT throws_ok(
+    $$SELECT * FROM x_jobs.job_counters()$$,
+    '42501',
+    'permission denied for function job_counters',
+    'A pg_monitor member should not be able to read the counters through job_counters'
+);
+
+SELECT throws_ok(
+    $$SELECT * FROM x_jobs.held_jobs('t80-w')$$,
+    '42501',
+    'permission denied for function held_jobs',
+    'A pg_monitor member should not be able to ask what a worker holds'
 );
 
 RESET ROLE;

@@ -875,28 +875,47 @@ def test_jobs_list_by_name(dsn: str) -> None:
 
 @pytest.fixture
 def old_dsn(admin: Conn) -> Iterator[str]:
-    """A database of this test's own with x_jobs 0.3.9, the last version without bulk
-    operations."""
+    """A database of this test's own with x_jobs 0.4.0, the last version without the readers
+    this client reads through."""
     with fresh_database(admin, "template1", prefix="x_jobs_old") as conninfo:
         with psycopg.connect(conninfo, autocommit=True) as old:
-            old.execute("CREATE EXTENSION x_jobs VERSION '0.3.9'")
+            old.execute("CREATE EXTENSION x_jobs VERSION '0.4.0'")
         yield conninfo
 
 
-def test_bulk_forms_on_a_0_3_database_are_refused_and_ids_still_work(old_dsn: str) -> None:
-    job_id = enqueue(old_dsn, "old")
-    for args in (
-        ["jobs", "list", "--name", "old"],
-        ["jobs", "cancel", "--queue", "default", "--yes"],
-        ["jobs", "retry", "--state", "dead", "--yes"],
-    ):
-        result = failed(x_jobs(*args, "--dsn", old_dsn), 2)
-        line, hint = one_line_and_hint(result)
-        assert line.startswith("x-jobs: X_VERSION_UNSUPPORTED: "), args
-        assert "needs x_jobs 0.4.0 or later, the database has 0.3.9" in line
-        assert "ALTER EXTENSION x_jobs UPDATE" in hint
-    listing = succeeded(x_jobs("jobs", "list", "--dsn", old_dsn))
+def test_commands_on_a_database_before_0_4_1_are_refused_until_it_is_updated(
+    old_dsn: str,
+) -> None:
+    """Each command, bulk forms and manifest included, is refused (exit 2) with the update in
+    its hint, before it sends anything; updated in place, the database serves them all, the
+    job enqueued before the update included."""
+    with psycopg.connect(old_dsn, autocommit=True) as old:
+        row = old.execute("SELECT id FROM x_jobs.enqueue('old')").fetchone()
+        assert row is not None
+        job_id = int(row[0])
+        for args in (
+            ["jobs", "list", "--name", "old"],
+            ["jobs", "show", str(job_id)],
+            ["jobs", "cancel", str(job_id)],
+            ["jobs", "retry", "--state", "dead", "--yes"],
+            ["outbox", "list"],
+            ["manifest"],
+        ):
+            result = failed(x_jobs(*args, "--dsn", old_dsn), 2)
+            line, hint = one_line_and_hint(result)
+            assert line == (
+                "x-jobs: X_VERSION_UNSUPPORTED: this client speaks x_jobs ['0.4.1'], the"
+                " database has 0.4.0"
+            ), args
+            assert "ALTER EXTENSION x_jobs UPDATE" in hint
+        assert old.execute("SELECT state::text FROM x_jobs.result(%s)", [job_id]).fetchone() == (
+            "ready",
+        )
+        old.execute("ALTER EXTENSION x_jobs UPDATE TO '0.4.1'")
+    listing = succeeded(x_jobs("jobs", "list", "--name", "old", "--dsn", old_dsn))
     assert listed_ids(listing.stdout) == [job_id]
+    shown = as_json(x_jobs("jobs", "show", str(job_id), "--json", "--dsn", old_dsn))
+    assert (shown["job"]["id"], shown["job"]["state"]) == (job_id, "ready")
     cancelled = succeeded(x_jobs("jobs", "cancel", str(job_id), "--dsn", old_dsn))
     assert cancelled.stdout.strip() == f"job {job_id} cancelled"
 
@@ -2268,15 +2287,3 @@ def test_manifest_lists_the_declarations_who_serves_them_and_the_parked_jobs(
         r"deploy\.report\s+deploy\s+3\s.*2 per key from the input.*host:1:new \(v2\)", table
     )
     assert re.search(r"mystery\s.*not declared\s+-\s+1$", table, re.M)
-
-
-def test_manifest_of_a_database_before_0_4_0_says_it_has_no_declarations(admin: Conn) -> None:
-    with (
-        fresh_database(admin, "template1", prefix="x_jobs_old") as old_dsn,
-        psycopg.connect(old_dsn, autocommit=True) as conn,
-    ):
-        conn.execute("CREATE EXTENSION x_jobs VERSION '0.3.9'")
-        line, hint = one_line_and_hint(failed(x_jobs("manifest", "--dsn", old_dsn), 2))
-    assert line.startswith("x-jobs: X_VERSION_UNSUPPORTED: declarations are recorded from")
-    assert "0.3.9" in line
-    assert "MODULE:APP" in hint

@@ -212,30 +212,38 @@ def test_rolling_deploy_the_new_jobs_run_on_the_new_worker_on_their_first_attemp
     assert old.alive() and new.alive()
 
 
-def test_on_a_database_before_0_4_0_the_worker_fails_an_unknown_job_as_before(
+def test_on_a_database_before_0_4_1_the_worker_refuses_to_start_until_it_is_updated(
     admin: Conn,
 ) -> None:
-    """No hand_back there: the worker keeps 0.3.9's behaviour (and calls nothing new)."""
+    """This worker reads its jobs' states through 0.4.1's readers: on 0.4.0 it stops at its
+    start, before it declares or claims anything; updated in place, the database's jobs run."""
     with (
         fresh_database(admin, "template1", prefix="x_jobs_old") as old_dsn,
         psycopg.connect(old_dsn, autocommit=True) as conn,
     ):
-        conn.execute("CREATE EXTENSION x_jobs VERSION '0.3.9'")
+        conn.execute("CREATE EXTENSION x_jobs VERSION '0.4.0'")
         app = x_jobs.App(old_dsn)
 
         @app.job(name="known", queue="q")
         def known(input: dict[str, Any]) -> None: ...
 
         row = conn.execute(
-            "SELECT id FROM x_jobs.enqueue(name => 'stranger', queue => 'q', max_attempts => 2,"
-            " backoff_base => '0', backoff_max => '0')"
+            "SELECT id FROM x_jobs.enqueue(name => 'known', queue => 'q')"
         ).fetchone()
         assert row is not None
-        with serving(app):
-            wait_for(lambda: row_of(conn, int(row[0]))["state"] == "dead", "the unknown job to die")
-        found = row_of(conn, int(row[0]))
-        assert found["attempt"] == 2
-        assert found["last_error"] == "no handler for job 'stranger' in this worker", found
+        job_id = int(row[0])
+        try:
+            worker = x_jobs.Worker(app, queues=["q"], poll_interval=0.05)
+            with pytest.raises(errors.VersionUnsupported, match=r"the database has 0\.4\.0"):
+                worker.run(install_signals=False)
+            assert row_of(conn, job_id)["state"] == "ready"
+            assert conn.execute("SELECT count(*) FROM x_jobs.job_type").fetchone() == (0,)
+
+            conn.execute("ALTER EXTENSION x_jobs UPDATE TO '0.4.1'")
+            with serving(app):
+                wait_for(lambda: row_of(conn, job_id)["state"] == "done", "the job to run")
+        finally:
+            app.close()
 
 
 def test_a_worker_whose_app_declares_what_enqueue_refuses_does_not_start(dsn: str) -> None:

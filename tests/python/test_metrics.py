@@ -184,39 +184,6 @@ def test_a_workers_gauges_are_what_the_database_holds(dsn: str, conn: Conn) -> N
     promtool_check(text)
 
 
-def test_a_worker_on_a_database_before_0_4_0_has_no_queue_gauges(dsn: str, conn: Conn) -> None:
-    """The client speaks to 0.3.x databases: there it reads no gauges (queue_gauges does not
-    exist there) and serves the rest."""
-    conn.execute("DROP EXTENSION x_jobs")
-    conn.execute("CREATE EXTENSION x_jobs VERSION '0.3.9'")
-    app = x_jobs.App(dsn)
-
-    @app.job(name="old", queue="oq")
-    def old(input: dict[str, int]) -> None:
-        pass
-
-    old.enqueue({"n": 1})
-    port = free_port()
-    worker = x_jobs.Worker(app, poll_interval=0.05, metrics_port=port, gauge_interval=0.05)
-    try:
-        with running(worker):
-            wait_for(
-                lambda: scrape(port).get('x_jobs_settled_total{job_name="old",state="done"}') == 1,
-                "the job to be done",
-            )
-            gauges_thread = worker.metrics.gauges
-            assert gauges_thread is not None
-            # Its thread asked the version and ended: no read, no gauge.
-            wait_for(
-                lambda: not any(t.name == "x_jobs-gauges" for t in threading.enumerate()),
-                "the gauges thread to end",
-            )
-            assert gauges_thread.reads == 0
-            assert gauges(port) == {}
-    finally:
-        app.close()
-
-
 def test_a_blocked_gauge_read_holds_up_no_claim_and_gives_up_at_its_timeout(
     dsn: str, connect: Connect, caplog: pytest.LogCaptureFixture
 ) -> None:

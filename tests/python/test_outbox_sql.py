@@ -577,6 +577,50 @@ def test_the_outbox_checker_rejects_a_scan_of_the_history(outbox_connect: Connec
     logger.info("the naive lookup: %s", problems)
 
 
+#: A page of the operator's listing.
+PAGE = 20
+LIST_OUTBOX: LiteralString = """
+    SELECT id FROM x_jobs.list_outbox(state => %(state)s, key => %(key)s,
+                                      before_id => %(before_id)s::bigint, max_rows => %(page)s)
+"""
+
+
+def test_the_outbox_listing_reads_its_page_and_no_more(outbox_connect: Connect) -> None:
+    """list_outbox walks the primary key backwards from before_id (planned for its values, so
+    the bound is a bound of the walk, not a filter, and never split among parallel workers);
+    the undelivered states read the relays' partial indexes: each reads about its page or the
+    backlog, not the million delivered messages."""
+    conn = outbox_connect(name="operator")
+    log = PlanLog(conn)
+    pending = {"outbox_pending_keyless_idx", "outbox_pending_keyed_idx"}
+    calls: list[tuple[dict[str, Any], set[str]]] = [
+        ({}, {"outbox_pkey"}),
+        ({"before_id": DELIVERED // 2}, {"outbox_pkey"}),
+        ({"state": "pending"}, pending),
+        ({"state": "pending", "key": "key-5"}, pending | {"outbox_key_idx"}),
+        ({"state": "inflight"}, {"outbox_inflight_idx"}),
+        ({"state": "inflight", "key": "busy-3"}, {"outbox_key_idx", "outbox_inflight_idx"}),
+    ]
+    for params, indexes in calls:
+        log.take()
+        args = {"state": None, "key": None, "before_id": None, "page": PAGE, **params}
+        ids = [int(row[0]) for row in conn.execute(LIST_OUTBOX, args)]
+        assert ids == sorted(ids, reverse=True), params
+        assert ids or params.get("key") == "key-5", params  # its pending ones may be relayed
+        if "before_id" in params:
+            assert ids == list(range(DELIVERED // 2 - 1, DELIVERED // 2 - 1 - PAGE, -1))
+        reading = [
+            p
+            for p in log.take()
+            if "x_jobs.list_outbox(" not in str(p.get("Query Text", "")) and _reads_outbox(p)
+        ]
+        assert reading, f"{params}: auto_explain logged no statement that reads the outbox"
+        for plan in reading:
+            assert outbox_problems(plan, PENDING + INFLIGHT + SLACK) == [], params
+            used = {str(n.get("Index Name")) for n in nodes(plan["Plan"]) if _on_outbox(n)}
+            assert used and used <= indexes, (params, used)
+
+
 def test_relays_claiming_at_once_each_get_free_keys(conn: Conn, connect: Connect) -> None:
     """Relays whose calls overlap pass over the heads the others hold and take the next free
     ones. 0.3.7's first draft locked only the first 2 x qty heads its window found: the third

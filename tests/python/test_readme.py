@@ -277,7 +277,9 @@ def test_the_workflow_example_runs_in_a_worker(
     example = page_blocks("docs/workflows.md", "python")[0]
     (tmp_path / "readme_flow.py").write_text(example)
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-    env.update(PGDATABASE=conn.info.dbname, PYTHONPATH=str(tmp_path))
+    # The checkout's package under test (PYTHONPATH) stays importable after the example.
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    env.update(PGDATABASE=conn.info.dbname, PYTHONPATH=path)
     enqueued = subprocess.run(
         [sys.executable, "readme_flow.py"],
         cwd=tmp_path,

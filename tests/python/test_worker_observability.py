@@ -79,7 +79,9 @@ def test_metrics_count_what_the_worker_did(dsn: str, conn: Conn) -> None:
 
 def test_json_logs_and_the_announcement(dsn: str, conn: Conn) -> None:
     dbname = conn.info.dbname
-    env = dict(os.environ, PGDATABASE=dbname, PYTHONPATH=str(TESTS))
+    # The checkout's package under test (PYTHONPATH) stays importable after the apps.
+    path = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PGDATABASE=dbname, PYTHONPATH=path)
     proc = subprocess.Popen(
         [
             sys.executable,

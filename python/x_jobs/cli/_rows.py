@@ -85,4 +85,4 @@ STEP_COLUMNS: LiteralString = """
     status::text AS status, attempt, output, error, event_id, resolved_by, resolved_at
 """
 
-JOB_STATE: LiteralString = "SELECT state::text FROM x_jobs.job WHERE id = %(id)s"
+JOB_STATE: LiteralString = "SELECT state FROM x_jobs.result(id => %(id)s)"

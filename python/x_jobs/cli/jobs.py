@@ -87,27 +87,24 @@ LIST_JOBS_NAMED: LiteralString = (
     ORDER BY id DESC
 """
 )
-# The API has no reader of one job; the admin role reads the table (list_jobs does the same).
-SHOW_JOB: LiteralString = "SELECT " + JOB_COLUMNS + " FROM x_jobs.job WHERE id = %(id)s"
+SHOW_JOB: LiteralString = "SELECT " + JOB_COLUMNS + " FROM x_jobs.job_detail(id => %(id)s)"
 # Oldest first: after a retry, attempts count from 1 again, so the time orders them.
 JOB_ERRORS: LiteralString = """
     SELECT attempt, failed_at, worker, error, error_stack
-    FROM x_jobs.job_error
-    WHERE job_id = %(id)s
+    FROM x_jobs.job_errors(id => %(id)s)
     ORDER BY failed_at, attempt
 """
 
 RETRY: LiteralString = "SELECT x_jobs.retry(id => %(id)s)"
 CANCEL: LiteralString = "SELECT x_jobs.cancel(id => %(id)s)"
 
-# x_jobs.steps answers only the worker that holds the run; the operator reads the table, in the
+# x_jobs.steps answers only the worker that holds the run; the operator reads job_steps, in the
 # order x_jobs.steps answers: when the run reached each step, a step before its compensation.
 JOB_STEPS: LiteralString = (
     "SELECT "
     + STEP_COLUMNS
     + """
-    FROM x_jobs.step
-    WHERE job_id = %(id)s
+    FROM x_jobs.job_steps(id => %(id)s)
     ORDER BY created_at, compensation, name
 """
 )

@@ -68,23 +68,20 @@ OUTBOX_COLUMNS: LiteralString = """
     available_at, relay, delivered_at, last_error
 """
 OUTBOX_STATES: LiteralString = "SELECT pg_catalog.enum_range(NULL::x_jobs.outbox_state)::text[]"
-# The API has no lister of the outbox; the admin role reads the table, newest first and paged by
-# id as x_jobs.list_jobs pages jobs (here the primary key, read backwards, serves every filter). The
-# state is checked against OUTBOX_STATES first, so the cast cannot fail.
+# Newest first, paged by id as x_jobs.list_jobs pages jobs. The state is checked against
+# OUTBOX_STATES first, as list_outbox itself would refuse it.
 LIST_OUTBOX: LiteralString = (
     "SELECT "
     + OUTBOX_COLUMNS
     + """
-    FROM x_jobs.outbox
-    WHERE (%(state)s::text IS NULL OR state = %(state)s::x_jobs.outbox_state)
-        AND (%(topic)s::text IS NULL OR topic = %(topic)s)
-        AND (%(key)s::text IS NULL OR key = %(key)s)
-        AND (%(before)s::bigint IS NULL OR id < %(before)s)
+    FROM x_jobs.list_outbox(state => %(state)s, topic => %(topic)s, key => %(key)s,
+                            before_id => %(before)s::bigint, max_rows => %(limit)s::integer)
     ORDER BY id DESC
-    LIMIT %(limit)s
 """
 )
-SHOW_OUTBOX: LiteralString = "SELECT " + OUTBOX_COLUMNS + " FROM x_jobs.outbox WHERE id = %(id)s"
+SHOW_OUTBOX: LiteralString = (
+    "SELECT " + OUTBOX_COLUMNS + " FROM x_jobs.outbox_message(id => %(id)s)"
+)
 # NULL ids or topic: no restriction there (the command refuses to pass both NULL).
 REDRIVE: LiteralString = """
     SELECT x_jobs.outbox_redrive(
