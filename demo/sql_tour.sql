@@ -48,8 +48,7 @@ SELECT * FROM x_jobs.claim(queues => ARRAY['default'], worker => 'demo-worker', 
 
 \echo '== The jobs now'
 SELECT id, name, queue, state, attempt, priority, run_at > now() AS in_future, last_error
-FROM x_jobs.job ORDER BY id;
+FROM x_jobs.list_jobs(max_rows => 100) ORDER BY id;
 
 \echo '== Counters for this minute (what the settling statements added)'
-SELECT job, sum(completed) AS completed, sum(retried) AS retried, sum(dead) AS dead
-FROM x_jobs.counter GROUP BY job ORDER BY job;
+SELECT job, completed, retried, dead FROM x_jobs.job_counters();
