@@ -5,8 +5,9 @@ by the newest client's App and by plain SQL, and every job run exactly once by t
 The previous release, its commit and its client come from tests/python/previous.py (the tag
 ``v<version>`` or the commit that recorded its update script in sql/RELEASED; ``git archive`` of
 its python/). The worker is ``python -m x_jobs worker apps.upgrade:app`` with that client first on
-PYTHONPATH; every run records ``x_jobs.__version__`` as the worker process saw it, so the test
-knows the runs were the previous client's.
+PYTHONPATH, logged in as a role granted x_jobs_worker alone (as a deployment runs it, so the
+update must keep what that client calls granted); every run records ``x_jobs.__version__`` as
+the worker process saw it, so the test knows the runs were the previous client's.
 
 What the previous client does against a newer database: its worker checks the version once, when
 it starts (``App.check_version``: ``x_jobs.version()`` must be one of its SUPPORTED_VERSIONS,
@@ -22,6 +23,7 @@ from __future__ import annotations
 import collections
 import json
 import signal
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,7 @@ from apps.workers import Fleet
 from conftest import Conn, fresh_database
 from previous import Client, PreviousUnavailable, newest_version, previous_client
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 import x_jobs
 
@@ -67,6 +70,20 @@ def previous_dsn(admin: Conn, previous: Client) -> Iterator[str]:
         yield conninfo
 
 
+@pytest.fixture
+def worker_login(admin: Conn) -> Iterator[str]:
+    """A LOGIN role granted x_jobs_worker alone, as a deployment runs its workers: the update
+    must keep what the previous client calls granted to it."""
+    role = f"x_jobs_test_worker_{uuid.uuid4().hex[:8]}"
+    admin.execute(
+        sql.SQL("CREATE ROLE {} LOGIN IN ROLE x_jobs_worker").format(sql.Identifier(role))
+    )
+    try:
+        yield role
+    finally:
+        admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
 def _jobs(name: str, numbers: range) -> str:
     return json.dumps([{"name": name, "queue": upgrade.QUEUE, "input": {"n": n}} for n in numbers])
 
@@ -79,6 +96,7 @@ def _extversion(conn: Conn) -> Any:
 def test_a_worker_of_the_previous_client_drains_through_an_update_in_place(
     previous: Client,
     previous_dsn: str,
+    worker_login: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -93,7 +111,13 @@ def test_a_worker_of_the_previous_client_drains_through_an_update_in_place(
         assert _extversion(conn) == (previous.version,)
         conn.execute(ENQUEUE_MANY, [_jobs("hold", range(1))])
         conn.execute(ENQUEUE_MANY, [_jobs("record", range(1, BEFORE))])
-        worker = fleet.start(target="apps.upgrade:app", concurrency=4, lease=LEASE, poll=0.1)
+        worker = fleet.start(
+            target="apps.upgrade:app",
+            concurrency=4,
+            lease=LEASE,
+            poll=0.1,
+            via=make_conninfo(previous_dsn, user=worker_login),
+        )
 
         def runs() -> int:
             return int(fleet.scalar("SELECT count(*) FROM public.upgrade_run"))
