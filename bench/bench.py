@@ -22,6 +22,9 @@ from the issues as a ratio measured in the same run, because the machines are sh
                  call, `x-jobs jobs cancel --queue ... --yes` (batches of 10,000, each its
                  own transaction), retry_jobs of them all, against one cancel(id) per row
                  on a sample, each its own transaction (extrapolated)
+  previous       the newest version against the previous release on the same server: the
+                 enqueue, the claim latency and the drain, each database served by its own
+                 version's client, in interleaved rounds (bench/previous_release.py)
 
 Run it by hand against any server with `python bench/bench.py` (PGHOST etc. name the server;
 it creates and drops its own database). `--quick` shrinks every size for a smoke run.
@@ -50,6 +53,7 @@ from typing import Any
 import psycopg
 from peers.peerlib import alive, wait_drained
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
 BENCH_DB = "x_jobs_bench"
 
@@ -450,11 +454,19 @@ WORKER_ARGS = [
 
 
 def drain_with_workers(
-    dsn: str, jobs: int, workers: int, keep_done: bool = True, job: str = "noop"
+    dsn: str,
+    jobs: int,
+    workers: int,
+    keep_done: bool = True,
+    job: str = "noop",
+    *,
+    client: Path = ROOT / "python",
 ) -> float:
     """jobs/s of `workers` x-jobs worker processes draining `jobs` no-op jobs (enqueued with
     keep_done => false when keep_done is False: completing them deletes them). `job` names the
-    handler in bench/apps/noop.py: "noop" (sync) or "noop_async".
+    handler in bench/apps/noop.py: "noop" (sync) or "noop_async". `client` is the directory
+    holding the x_jobs package the workers import (this checkout's, or the previous release's
+    for bench/previous_release.py); `dsn` names the database.
 
     The queue is paused while the workers start and resumed once all of them have announced
     themselves, so start-up is outside the clock, as in the peers' runners.
@@ -465,7 +477,11 @@ def drain_with_workers(
         conn.execute("VACUUM ANALYZE x_jobs.job")
         conn.execute("CHECKPOINT")
         conn.execute("SELECT x_jobs.pause_queue('bench')")
-        env = dict(os.environ, PYTHONPATH=str(ROOT / "bench"), PGDATABASE=BENCH_DB)
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join([str(client), str(ROOT / "bench")]),
+            PGDATABASE=str(conninfo_to_dict(dsn)["dbname"]),
+        )
         procs = [
             subprocess.Popen(
                 [sys.executable, "-m", "x_jobs", "worker", "apps.noop:app", *WORKER_ARGS],
@@ -894,14 +910,24 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     parser.add_argument(
         "--only",
-        choices=["enqueue", "latency", "throughput", "drain", "events", "outbox", "bulk"],
+        choices=[
+            "enqueue",
+            "latency",
+            "throughput",
+            "drain",
+            "events",
+            "outbox",
+            "bulk",
+            "previous",
+        ],
         action="append",
         help="run only these parts (repeatable)",
     )
     args = parser.parse_args()
     sizes = QUICK if args.quick else FULL
     parts = set(
-        args.only or ["enqueue", "latency", "throughput", "drain", "events", "outbox", "bulk"]
+        args.only
+        or ["enqueue", "latency", "throughput", "drain", "events", "outbox", "bulk", "previous"]
     )
 
     with bench_database() as dsn:
@@ -1108,6 +1134,13 @@ def main() -> int:
                 )
             )
             lines.append(("cancel(id) per row / cancel_jobs", f"{per_row / one_call:.0f}x", "", ""))
+
+        if "previous" in parts:
+            # The newest against the previous release, on databases of its own (it imports
+            # this module's measures, so it is imported only here).
+            from previous_release import compare_with_previous  # noqa: PLC0415
+
+            lines.extend(compare_with_previous(sizes))
 
     width = max(len(line[0]) for line in lines)
     value_width = max(len(line[1]) for line in lines)
