@@ -24,13 +24,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import TYPE_CHECKING, Any, LiteralString, Protocol, runtime_checkable
 
 import psycopg
 from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
+from x_jobs.errors import DeliveryError as DeliveryError  # noqa: PLC0414 - re-exported here
 from x_jobs.errors import InputInvalid, InvalidArgument, MessageInvalid, unstorable_as
 
 if TYPE_CHECKING:
@@ -58,19 +58,6 @@ class OutboxMessage:
     #: The payload as jsonb wrote it, every number with all its digits (``payload`` reads them
     #: as floats); set by the relay, None for a message made by hand.
     payload_json: str | None = None
-
-
-class DeliveryError(Exception):
-    """A sink's failure. ``retryable=False`` sends the message to dead at once (kept for
-    ``x-jobs outbox redrive``); ``retry_at`` asks for the next attempt no sooner than then
-    (an HTTP Retry-After, say); else the outbox's backoff applies."""
-
-    def __init__(
-        self, message: str, *, retryable: bool = True, retry_at: datetime | None = None
-    ) -> None:
-        super().__init__(message)
-        self.retryable = retryable
-        self.retry_at = retry_at
 
 
 class Sink(Protocol):
