@@ -29,7 +29,7 @@ from x_jobs._watch import CallWatch
 
 logger = logging.getLogger(__name__)
 
-#: The longest wait between two reconnects.
+#: The longest wait between two reconnects (and, for the relay, after a refusal).
 MAX_BACKOFF_SECONDS = 5.0
 
 
