@@ -480,6 +480,7 @@ class Worker:
             self._link.lost(err)
             self._claims_in_doubt_until = time.monotonic() + self.lease
             return None
+        executors = self._executors
         claimed = 0
         per_job: dict[str, int] = {}
         async_runs: list[_Run] = []
@@ -509,7 +510,7 @@ class Worker:
             if old is not None and (
                 not old.done or any(o.run is old for o in self._settler.pending)
             ):
-                self._drop_stale(old)
+                self._settler.pending = self._leases.drop_stale(old, self._settler.pending)
             job = self.app.jobs.get(name)
             if job is None and self._declares:
                 unknown[job_id] = name
@@ -530,49 +531,33 @@ class Worker:
             run = _Run(job or unknown_job(self.app, name), ctx, payload, checked=sent)
             self._held[job_id] = run
             if job is not None and job.timeout is not None:
-                self._executors.timed[job_id] = run
+                executors.timed[job_id] = run
             per_job[name] = per_job.get(name, 0) + 1
             if job is None:
-                self._executors.outbox.put(
+                executors.outbox.put(
                     _Outcome(run, ok=False, error=f"no handler for job {name!r} in this worker")
                 )
             elif job.is_async:
                 async_runs.append(run)
             else:
-                self._executors.inbox.put(run)
+                executors.inbox.put(run)
         if async_runs:
-            assert self._executors.loop is not None
+            assert executors.loop is not None
             # One wake-up of the event loop for the claim's async runs: one each (a thread-safe
             # call, a future chained to each task) cost four times the worker's CPU per job.
-            self._executors.loop.call_soon_threadsafe(self._executors.start_async, async_runs)
+            executors.loop.call_soon_threadsafe(executors.start_async, async_runs)
         for name, count in per_job.items():
             self.metrics.claimed(name, count)
         if unknown:
             self._unknown.hand_back(unknown)
         return claimed
 
-    def _drop_stale(self, old: _Run) -> None:
-        """This worker claimed a job it still ran, or whose outcome it had yet to send: its
-        lease had lapsed (the database was away past it), or an operator cancelled and retried
-        it before a heartbeat told this worker of the cancel. The old attempt is over: its
-        handler is told to stop, and its outcome must not settle the new attempt. (A failed
-        attempt whose settlement is out, made due again at once, is claimed again in the normal
-        way.)"""
-        with self._leases.start_lock:
-            old.done = True
-        self._tell_stop(old, "lost")
-        self._settler.pending = [o for o in self._settler.pending if o.run is not old]
-        logger.warning(
-            "job claimed again by this worker while it still held an earlier attempt (its lease "
-            "lapsed, or it was cancelled and retried); the earlier attempt is dropped",
-            extra={"job_id": old.ctx.id, "job": old.job.name, "attempt": old.ctx.attempt},
-        )
-
     def _collect(self, now: float) -> None:
         """Take the outcomes the handlers left, and queue each one for its settlement."""
+        outbox, settler = self._executors.outbox, self._settler
         while True:
             try:
-                outcome = self._executors.outbox.get_nowait()
+                outcome = outbox.get_nowait()
             except queue.Empty:
                 return
             run = self._held.get(outcome.id)
@@ -595,23 +580,9 @@ class Worker:
                 # timeout that came first fails the attempt as timed out, as it would have.
                 self._leases.release([run])
                 continue
-            if not self._settler.pending:
-                self._settler.pending_since = now
-            self._settler.pending.append(outcome)
-
-    def _finish_settlements(self, until: float) -> None:
-        """Before exiting: settle what is pending and wait for the settler, until ``until``
-        (monotonic). A settler waiting out its backoff tries again at once."""
-        self._settler.wake_up.set()
-        while time.monotonic() < until:
-            self._take_settled()
-            self._collect(time.monotonic())
-            if not self._settler.settling and self._settler.pending:
-                self._settler.submit()
-            if not self._settler.settling:
-                return
-            self._wake.wait(0.05)
-            self._wake.clear()
+            if not settler.pending:
+                settler.pending_since = now
+            settler.pending.append(outcome)
 
     def _announce(self) -> None:
         if self._conn is None:
@@ -663,13 +634,13 @@ class Worker:
         logger.warning("second stop: stopping at once")
         self._hand_back(started=True, reason="shutdown")
         if self._conn is not None:
-            self._finish_settlements(until=self._stopping.exit_by)
-        self._left_to_leases()
+            self._settler.finish(self._stopping.exit_by, self._collect)
+        self._leases.left_to_leases()
 
     def _exit_at_grace(self) -> None:
         """The drain's grace ran out in a process that ends with the worker (and its handlers):
         hand back every job still held and settle what finished. Without the database (away,
-        or lost now) the worker exits all the same: see _left_to_leases. It does so by
+        or lost now) the worker exits all the same: see Leases.left_to_leases. It does so by
         Stopping.exit_by at the latest, the watch abandoning a call that waits past it. The
         handlers get the first half of that time to return before their jobs go back (see
         Leases.hand_back)."""
@@ -684,25 +655,8 @@ class Worker:
         )
         self._hand_back(started=True, reason="shutdown", returned_by=returned_by)
         if self._conn is not None:
-            self._finish_settlements(until=self._stopping.exit_by)
-        self._left_to_leases()
-
-    def _left_to_leases(self) -> None:
-        """Exiting: say what the worker leaves behind without handing it back or settling it
-        (the database did not answer). Each job stays claimed until its lease lapses; then
-        another worker runs it again (an outcome not settled is lost, not the job)."""
-        unsettled = len(self._held)  # finished, their outcomes not settled
-        left = unsettled + len(self._leases.unreleased)
-        if left:
-            logger.warning(
-                "exiting without the database: jobs left to their leases (other workers run "
-                "them again once the leases lapse)",
-                extra={
-                    "left_to_leases": left,
-                    "unsettled": unsettled,
-                    "not_handed_back": len(self._leases.unreleased),
-                },
-            )
+            self._settler.finish(self._stopping.exit_by, self._collect)
+        self._leases.left_to_leases()
 
     # --- the database connection -------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from x_jobs._leased import Link
 from x_jobs._listen import DB_GONE
 from x_jobs.app import interval
 from x_jobs.metrics import WorkerMetrics
-from x_jobs.worker._run import _ids, _Run
+from x_jobs.worker._run import _ids, _Outcome, _Run
 
 logger = logging.getLogger(__name__)
 
@@ -297,6 +297,40 @@ class Leases:
                 "the database is silent and these jobs' leases went unrenewed; their handlers "
                 "are told to stop before another worker may take the jobs",
                 extra={"job_ids": [run.ctx.id for run in stopped], "lease_s": self.lease},
+            )
+
+    def drop_stale(self, old: _Run, pending: list[_Outcome]) -> list[_Outcome]:
+        """This worker claimed a job it still ran, or whose outcome it had yet to send: its
+        lease had lapsed (the database was away past it), or an operator cancelled and retried
+        it before a heartbeat told this worker of the cancel. The old attempt is over: its
+        handler is told to stop, and its outcome must not settle the new attempt. (A failed
+        attempt whose settlement is out, made due again at once, is claimed again in the normal
+        way.) Answers ``pending`` without the old attempt's outcome."""
+        with self.start_lock:
+            old.done = True
+        self._tell_stop(old, "lost")
+        logger.warning(
+            "job claimed again by this worker while it still held an earlier attempt (its lease "
+            "lapsed, or it was cancelled and retried); the earlier attempt is dropped",
+            extra={"job_id": old.ctx.id, "job": old.job.name, "attempt": old.ctx.attempt},
+        )
+        return [o for o in pending if o.run is not old]
+
+    def left_to_leases(self) -> None:
+        """Exiting: say what the worker leaves behind without handing it back or settling it
+        (the database did not answer). Each job stays claimed until its lease lapses; then
+        another worker runs it again (an outcome not settled is lost, not the job)."""
+        unsettled = len(self._held)  # finished, their outcomes not settled
+        left = unsettled + len(self.unreleased)
+        if left:
+            logger.warning(
+                "exiting without the database: jobs left to their leases (other workers run "
+                "them again once the leases lapse)",
+                extra={
+                    "left_to_leases": left,
+                    "unsettled": unsettled,
+                    "not_handed_back": len(self.unreleased),
+                },
             )
 
 

@@ -14,6 +14,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, LiteralString
 
 import psycopg
@@ -171,6 +172,21 @@ class Settler:
                 self.metrics.settled(name, state, n=count)
             for name, durations in run_seconds.items():
                 self.metrics.observe(name, durations)
+
+    def finish(self, until: float, collect: Callable[[float], None]) -> None:
+        """Before exiting: settle what is pending and wait for the settler, until ``until``
+        (monotonic), ``collect`` (the dispatcher's) taking the outcomes that come meanwhile. A
+        settler waiting out its backoff tries again at once."""
+        self.wake_up.set()
+        while time.monotonic() < until:
+            self.take_settled()
+            collect(time.monotonic())
+            if not self.settling and self.pending:
+                self.submit()
+            if not self.settling:
+                return
+            self._dispatcher_wake.wait(0.05)
+            self._dispatcher_wake.clear()
 
     def run(self) -> None:
         """The settler thread: each batch in one transaction (all completions in one
