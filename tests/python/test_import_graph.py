@@ -17,9 +17,9 @@ PACKAGE = Path(__file__).resolve().parents[2] / "python" / "x_jobs"
 #: The most lines a module may have: past it, a concern has outgrown its file.
 MAX_LINES = 800
 
-#: Modules being split elsewhere, checked by name once they are: the CLI becomes a package of a
-#: module per command group (x_jobs/cli/), whose modules this test then counts like any other.
-BEING_SPLIT = {"x_jobs.cli"}
+#: Files being split elsewhere: cli.py becomes a package of a module per command group
+#: (x_jobs/cli/), whose modules this test counts like any other once it lands.
+BEING_SPLIT = {PACKAGE / "cli.py"}
 
 
 def _module_name(path: Path) -> str:
@@ -127,6 +127,6 @@ def test_no_module_is_over_the_line_limit() -> None:
     long = {
         name: lines
         for name, path in _modules().items()
-        if name not in BEING_SPLIT and (lines := len(path.read_text().splitlines())) > MAX_LINES
+        if path not in BEING_SPLIT and (lines := len(path.read_text().splitlines())) > MAX_LINES
     }
     assert not long, f"modules over {MAX_LINES} lines: {long}"

@@ -30,7 +30,9 @@ from x_jobs.steps import AsyncSteps
 from x_jobs.worker._run import _Outcome, _Run
 from x_jobs.worker.leases import Leases
 
-logger = logging.getLogger(__name__)
+# The worker's log, whichever part writes it: its records are named x_jobs.worker, as log
+# filters and pipelines match them.
+logger = logging.getLogger("x_jobs.worker")
 
 
 class Executors:

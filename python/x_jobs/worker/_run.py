@@ -14,7 +14,9 @@ from typing import Any
 from x_jobs.app import App, Job
 from x_jobs.context import JobContext
 
-logger = logging.getLogger(__name__)
+# The worker's log, whichever part writes it: its records are named x_jobs.worker, as log
+# filters and pipelines match them.
+logger = logging.getLogger("x_jobs.worker")
 
 
 @dataclass(slots=True)

@@ -28,7 +28,9 @@ from x_jobs.app import interval
 from x_jobs.metrics import WorkerMetrics
 from x_jobs.worker._run import _ids, _Outcome, _Run
 
-logger = logging.getLogger(__name__)
+# The worker's log, whichever part writes it: its records are named x_jobs.worker, as log
+# filters and pipelines match them.
+logger = logging.getLogger("x_jobs.worker")
 
 EXTEND: LiteralString = (
     "SELECT e FROM x_jobs.extend_lease(ids => %s::bigint[], worker => %s, lease => %s) AS e"

@@ -30,7 +30,9 @@ from x_jobs.metrics import WorkerMetrics
 from x_jobs.worker._run import _ids, _Outcome, _Run, _Settlement
 from x_jobs.worker.leases import EXTEND
 
-logger = logging.getLogger(__name__)
+# The worker's log, whichever part writes it: its records are named x_jobs.worker, as log
+# filters and pipelines match them.
+logger = logging.getLogger("x_jobs.worker")
 
 # The input comes as JSON text, which the handler's run parses and validates in one step
 # (pydantic's validate_json): parsing it in the dispatcher would cost it a tenth of its time.
