@@ -51,17 +51,9 @@ from x_jobs.outbox import Outbox
 
 logger = logging.getLogger(__name__)
 
-#: The SQL API versions this client speaks to (``x_jobs.version()``). 0.3.1 and 0.3.2 changed
-#: how some functions work inside (enqueue, the settling ones), not what any of them takes or
-#: answers; 0.3.3 fixes some and refuses more (the test clock outside a superuser's session,
-#: step_wait at REPEATABLE READ, an outbox message's unknown field), none that this client sends;
-#: 0.3.4 changed claim and complete_many inside; 0.3.5 refuses a run_at or retry_at that is
-#: infinite or past the year 9999 (which this client cannot send); 0.3.6 takes producers' rights
-#: on the tables (enqueue and the outbox run as their owner) and adds x_jobs.result, which
-#: ``App.result`` reads through from 0.3.6 on (a producer may no longer read x_jobs.job); 0.3.7
-#: changed relay_outbox and the operator's reads inside, and indexes, not what they take; 0.3.8
-#: changed how claim finds rows of concurrency keys, and indexes; 0.3.9 changed claim and
-#: relay_outbox inside; 0.4.0 adds functions, which this client calls only on 0.4.0 and later.
+#: The SQL API versions this client speaks to (``x_jobs.version()``): each takes what this client
+#: sends and answers as it reads (what each changed is in CHANGELOG.md). A function a version
+#: adds (``x_jobs.result``, the declarations, ``x_jobs.health``) is called only where it exists.
 SUPPORTED_VERSIONS = frozenset(
     {"0.3.0", "0.3.1", "0.3.2", "0.3.3", "0.3.4", "0.3.5", "0.3.6", "0.3.7", "0.3.8", "0.3.9"}
     | {"0.4.0"}

@@ -21,7 +21,7 @@ _CANCEL_LOCK = threading.Lock()
 
 class CancelEvent(threading.Event):
     """The Event of ``ctx.cancelled``, true once set: a plain Event, an object like any other,
-    is always true, so ``if ctx.cancelled: raise ...`` failed every attempt."""
+    is always true, and ``if ctx.cancelled: raise ...`` would fail every attempt."""
 
     def __bool__(self) -> bool:
         return self.is_set()
@@ -76,8 +76,8 @@ class JobContext:
         """Set, and true, when the job must stop: ``if ctx.cancelled:`` in a loop, or
         ``ctx.cancelled.wait(timeout)`` to sleep until then.
 
-        Made on first use: an Event per claimed job cost the dispatcher a third of its time on
-        short jobs, and most handlers never ask."""
+        Made on first use: an Event per claimed job is a large share of the dispatcher's work
+        on short jobs, and most handlers never ask."""
         if self._event is None:
             with _CANCEL_LOCK:
                 if self._event is None:

@@ -40,7 +40,7 @@ from x_jobs.sinks import JobSink as JobSink  # noqa: PLC0414
 from x_jobs.sinks import OutboxMessage as OutboxMessage  # noqa: PLC0414
 from x_jobs.sinks import Sink as Sink  # noqa: PLC0414
 
-# key as text: an int key (an order id) went as a smallint, and no outbox_put takes one.
+# key as text: psycopg sends an int key (an order id) as a smallint, which no outbox_put takes.
 PUT: LiteralString = """
     SELECT x_jobs.outbox_put(topic => %s, payload => %s, key => %s::text, headers => %s,
                              max_attempts => %s)

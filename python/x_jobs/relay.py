@@ -185,9 +185,9 @@ class Relay:
             raise ValueError(f"concurrency must be 1 or more, not {concurrency}")
         self.app = app
         self.concurrency = concurrency
-        # No check of the lease against the sinks' timeouts any more: the heartbeat extends the
-        # lease of a delivery however long it runs, so the lease only has to outlast a few
-        # heartbeats (lease / 3 apart), whatever the sinks' timeouts.
+        # The lease is not checked against the sinks' timeouts: the heartbeat extends the lease
+        # of a delivery however long it runs, so the lease only has to outlast a few heartbeats
+        # (lease / 3 apart), whatever the sinks' timeouts.
         self.lease = seconds(lease)
         # Well before the lease lapses, as the worker's heartbeat.
         self.heartbeat_interval = (

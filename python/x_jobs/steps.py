@@ -178,7 +178,8 @@ class StepStore:
         #: How long its connections wait on a silent network (see network_settings).
         self._patience = patience
         self._pool: ConnectionPool | None = None
-        # Handler threads take their first steps at once: one pool, not one each (leaked).
+        # Handler threads take their first steps at once: one pool, not one each (which would
+        # leak the others).
         self._pool_lock = threading.Lock()
 
     def _connections(self) -> ConnectionPool:
@@ -459,7 +460,7 @@ def _duration(value: Seconds | timedelta | None) -> timedelta | None:
 def _event_key(key: str | int | None) -> str | None:
     """An event key as ``step_wait`` takes it: text. An int is its decimal text (so ``key=42``
     matches ``publish(..., key => '42')``); anything else is refused here, before the database
-    is asked (an int went as a smallint, and no step_wait took one)."""
+    is asked (psycopg sends an int as a smallint, which no step_wait takes)."""
     if key is None or isinstance(key, str):
         return key
     # bool is an int, and str(True) would quietly wait for the key 'True'.

@@ -544,7 +544,7 @@ class Worker:
         if async_runs:
             assert executors.loop is not None
             # One wake-up of the event loop for the claim's async runs: one each (a thread-safe
-            # call, a future chained to each task) cost four times the worker's CPU per job.
+            # call, a future chained to each task) costs several times the job's own CPU.
             executors.loop.call_soon_threadsafe(executors.start_async, async_runs)
         for name, count in per_job.items():
             self.metrics.claimed(name, count)

@@ -139,7 +139,7 @@ class Executors:
         try:
             self.loop.run_forever()
         finally:
-            # A Worker.run() embedded in a process that lives on left the loop open, its
+            # A Worker.run() embedded in a process that lives on would leave the loop open, its
             # selector and self-pipe sockets leaked (ResourceWarnings at garbage collection).
             self.loop.close()
 

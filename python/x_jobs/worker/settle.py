@@ -340,7 +340,7 @@ class Settler:
                 # Every row of the transaction first, in id order, as the heartbeat takes them:
                 # complete_many and then fail one by one would lock a failure after completions
                 # with higher ids, and the heartbeat holding the one and waiting for the others
-                # deadlocked (a second's stall, then one side aborted).
+                # would deadlock with it (a second's stall, then one side aborts).
                 conn.execute(
                     EXTEND, [_ids(o.id for o in batch), self.worker_id, interval(self.lease)]
                 )
