@@ -58,11 +58,7 @@ from x_jobs.errors import PermissionDenied, translate
 from x_jobs.metrics import DEFAULT_HOST, GAUGE_INTERVAL, WorkerMetrics
 from x_jobs.steps import StepStore
 from x_jobs.worker._handlers import Executors
-from x_jobs.worker._run import _ids as _ids
-from x_jobs.worker._run import _Outcome as _Outcome
-from x_jobs.worker._run import _Run as _Run
-from x_jobs.worker._run import _Settlement as _Settlement
-from x_jobs.worker._run import unknown_job
+from x_jobs.worker._run import Outcome, Run, Settlement, ids_array, unknown_job
 from x_jobs.worker.leases import EXTEND as EXTEND
 from x_jobs.worker.leases import RELEASE as RELEASE
 from x_jobs.worker.leases import ROW_STATES as ROW_STATES
@@ -75,6 +71,9 @@ from x_jobs.worker.settle import HELD_AT as HELD_AT
 from x_jobs.worker.settle import Settler
 
 logger = logging.getLogger(__name__)
+
+# The run records under the names x_jobs.worker gave them (tests and bench/prepared.py use them).
+_Run, _Outcome, _Settlement, _ids = Run, Outcome, Settlement, ids_array
 
 #: How long ``x-jobs worker`` goes on, once its drain's grace has run out (or a second stop
 #: came), handing back what it holds and settling what finished (at the grace, the handlers it
@@ -175,7 +174,7 @@ class Worker:
 
         #: Every job claimed and not yet settled (or dropped), running or waiting to run: the
         #: dispatcher's, shared with the leases and the settler's accounting (its thread only).
-        self._held: dict[int, _Run] = {}
+        self._held: dict[int, Run] = {}
         self._wake = threading.Event()
         self._notified = threading.Event()
         self._stopped = threading.Event()
@@ -314,24 +313,24 @@ class Worker:
         self._stopping.on_signal(signum, frame)
 
     @property
-    def _inbox(self) -> queue.SimpleQueue[_Run | None]:
+    def _inbox(self) -> queue.SimpleQueue[Run | None]:
         return self._executors.inbox
 
     @property
-    def _outbox(self) -> queue.SimpleQueue[_Outcome]:
+    def _outbox(self) -> queue.SimpleQueue[Outcome]:
         return self._executors.outbox
 
     @property
-    def _settled(self) -> queue.SimpleQueue[_Settlement]:
+    def _settled(self) -> queue.SimpleQueue[Settlement]:
         return self._settler.settled
 
     def _execute_sync(self) -> None:
         self._executors.execute_sync()
 
-    def _settle_batch(self, conn: psycopg.Connection[Any], batch: list[_Outcome]) -> _Settlement:
+    def _settle_batch(self, conn: psycopg.Connection[Any], batch: list[Outcome]) -> Settlement:
         return self._settler.settle_batch(conn, batch)
 
-    def _settle_together(self, conn: psycopg.Connection[Any], batch: list[_Outcome]) -> _Settlement:
+    def _settle_together(self, conn: psycopg.Connection[Any], batch: list[Outcome]) -> Settlement:
         return self._settler.settle_together(conn, batch)
 
     def _take_settled(self) -> None:
@@ -340,7 +339,7 @@ class Worker:
     def _hand_back(self, *, started: bool, reason: str, returned_by: float | None = None) -> int:
         return self._leases.hand_back(started=started, reason=reason, returned_by=returned_by)
 
-    def _tell_stop(self, run: _Run, reason: str) -> None:
+    def _tell_stop(self, run: Run, reason: str) -> None:
         self._executors.tell_stop(run, reason)
 
     # --- the dispatcher -----------------------------------------------------------------------
@@ -483,7 +482,7 @@ class Worker:
         executors = self._executors
         claimed = 0
         per_job: dict[str, int] = {}
-        async_runs: list[_Run] = []
+        async_runs: list[Run] = []
         unknown: dict[int, str] = {}
         for (
             job_id,
@@ -528,14 +527,14 @@ class Worker:
                 created_at=created_at,
                 _store=self._step_store,
             )
-            run = _Run(job or unknown_job(self.app, name), ctx, payload, checked=sent)
+            run = Run(job or unknown_job(self.app, name), ctx, payload, checked=sent)
             self._held[job_id] = run
             if job is not None and job.timeout is not None:
                 executors.timed[job_id] = run
             per_job[name] = per_job.get(name, 0) + 1
             if job is None:
                 executors.outbox.put(
-                    _Outcome(run, ok=False, error=f"no handler for job {name!r} in this worker")
+                    Outcome(run, ok=False, error=f"no handler for job {name!r} in this worker")
                 )
             elif job.is_async:
                 async_runs.append(run)

@@ -27,7 +27,7 @@ from x_jobs._executor import DaemonExecutor
 from x_jobs.app import App
 from x_jobs.errors import InputInvalid, JobNotHeld, OutputInvalid, PermanentError, Suspended
 from x_jobs.steps import AsyncSteps
-from x_jobs.worker._run import _Outcome, _Run
+from x_jobs.worker._run import Outcome, Run
 from x_jobs.worker.leases import Leases
 
 # The worker's log, whichever part writes it: its records are named x_jobs.worker, as log
@@ -54,21 +54,21 @@ class Executors:
         self.grace = grace
         #: The held jobs that have a timeout: the only ones whose deadline is checked (by the
         #: dispatcher, on its thread).
-        self.timed: dict[int, _Run] = {}
+        self.timed: dict[int, Run] = {}
         self._leases = leases
         self._wake = wake
         #: Claimed runs for the executor threads; None ends a thread.
-        self.inbox: queue.SimpleQueue[_Run | None] = queue.SimpleQueue()
+        self.inbox: queue.SimpleQueue[Run | None] = queue.SimpleQueue()
         #: The outcomes the handlers left, for the dispatcher.
-        self.outbox: queue.SimpleQueue[_Outcome] = queue.SimpleQueue()
+        self.outbox: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
         self.loop: asyncio.AbstractEventLoop | None = None
         #: The async runs' tasks not yet done, at most `concurrency`, and the claimed runs
         #: waiting for a slot among them (no task yet); both touched on the event loop only.
         self._async_live: set[asyncio.Task[None]] = set()
-        self._async_waiting: deque[_Run] = deque()
+        self._async_waiting: deque[Run] = deque()
         self._last_nudge = 0.0
 
-    def dispatch(self, runs: list[_Run]) -> None:
+    def dispatch(self, runs: list[Run]) -> None:
         """Put claimed runs in the local queue of their executors (threads, or the event loop)."""
         async_runs = [run for run in runs if run.job.is_async]
         for run in runs:
@@ -78,7 +78,7 @@ class Executors:
             assert self.loop is not None
             self.loop.call_soon_threadsafe(self.start_async, async_runs)
 
-    def check_deadlines(self, now: float, held: dict[int, _Run]) -> float | None:
+    def check_deadlines(self, now: float, held: dict[int, Run]) -> float | None:
         """Tell the handlers whose timeout passed to stop, and answer the next deadline (for
         the loop's wake-up). The attempt is settled as timed out when the handler returns, not
         now: a sync body cannot be killed, and a job failed (or handed back) while its body runs
@@ -111,7 +111,7 @@ class Executors:
             self.tell_stop(run, "timeout")
         return upcoming
 
-    def tell_stop(self, run: _Run, reason: str) -> None:
+    def tell_stop(self, run: Run, reason: str) -> None:
         run.ctx._stop(reason)
         # The task is made on the loop (start_async), which cancels it itself if the stop came
         # first; either it sees the stop or this sees the task.
@@ -160,7 +160,7 @@ class Executors:
             self._last_nudge = now
             self._wake.set()
 
-    def begin(self, run: _Run) -> bool:
+    def begin(self, run: Run) -> bool:
         """Mark a run started (its timeout starts now), unless it was dropped meanwhile, or it
         waited in the local queue so long that a cancel may have come unseen: then it goes back
         to the dispatcher, which starts it again once extend_lease answers that the worker still
@@ -201,7 +201,7 @@ class Executors:
             self.outbox.put(outcome)
             self._nudge(queued=not self.inbox.empty())
 
-    def start_async(self, runs: list[_Run]) -> None:
+    def start_async(self, runs: list[Run]) -> None:
         """On the event loop: the runs of a claim wait their turn; a task is made for one only
         when a slot is free. A task each at once, waiting on a semaphore, cost a future and a
         wake-up per waiting run (the prefetched ones are most of a claim)."""
@@ -225,7 +225,7 @@ class Executors:
         self._async_live.discard(task)
         self._fill_async()
 
-    async def _run_async(self, run: _Run) -> None:
+    async def _run_async(self, run: Run) -> None:
         if not self.begin(run):
             return
         try:
@@ -234,7 +234,7 @@ class Executors:
             # As in _execute_sync: the worker's own failure around the handler. The job fails
             # with it rather than stay held, unsettled, for as long as the worker runs.
             logger.exception("running a job failed", extra={"job_id": run.ctx.id})
-            outcome = _Outcome(run, ok=False, error=f"the worker failed running it: {err!r}")
+            outcome = Outcome(run, ok=False, error=f"the worker failed running it: {err!r}")
         run.returned = True
         self.outbox.put(outcome)
         # This task is done: its slot goes to the next waiting run now, not when its done
@@ -245,14 +245,14 @@ class Executors:
         self._fill_async()
         self._nudge(queued=bool(self._async_waiting) or len(self._async_live) >= self.concurrency)
 
-    async def _call_async(self, run: _Run) -> _Outcome:
+    async def _call_async(self, run: Run) -> Outcome:
         try:
             output = await self._invoke_async(run)
             outcome = self._success(run, output)
         except Suspended:
-            return _Outcome(run, ok=False, suspended=True)
+            return Outcome(run, ok=False, suspended=True)
         except asyncio.CancelledError:
-            outcome = _Outcome(run, ok=False, error=f"stopped: {run.ctx.reason}")
+            outcome = Outcome(run, ok=False, error=f"stopped: {run.ctx.reason}")
         except BaseException as err:
             # Whatever a handler raises (SystemExit included) is its job's outcome, and never
             # stops the worker.
@@ -268,11 +268,11 @@ class Executors:
                 outcome = self._compensations_stopped(outcome, err)
         return outcome
 
-    def _invoke(self, run: _Run) -> Any:
+    def _invoke(self, run: Run) -> Any:
         value = self._input(run)
         return run.job.fn(value, run.ctx) if run.job.takes_ctx else run.job.fn(value)
 
-    async def _invoke_async(self, run: _Run) -> Any:
+    async def _invoke_async(self, run: Run) -> Any:
         value = self._input(run)
         call: Coroutine[Any, Any, Any] = (
             run.job.fn(value, run.ctx) if run.job.takes_ctx else run.job.fn(value)
@@ -280,7 +280,7 @@ class Executors:
         return await call
 
     @staticmethod
-    def _input(run: _Run) -> Any:
+    def _input(run: Run) -> Any:
         """The handler's input, validated against the job's declaration. A row enqueued past
         App.enqueue (x-jobs enqueue, SQL, another language) may not fit it: no attempt would
         run it, so it fails for good at once, where each of its 25 attempts failed alike."""
@@ -294,11 +294,11 @@ class Executors:
                 "before it reaches the database).",
             ) from err
 
-    def _call(self, run: _Run) -> _Outcome:
+    def _call(self, run: Run) -> Outcome:
         try:
             outcome = self._success(run, self._invoke(run))
         except Suspended:
-            return _Outcome(run, ok=False, suspended=True)
+            return Outcome(run, ok=False, suspended=True)
         except BaseException as err:
             # As in _run_async: the job's outcome, never the worker's end.
             outcome = self._failure(run, err)
@@ -312,13 +312,13 @@ class Executors:
         return outcome
 
     @staticmethod
-    def _timed_out(run: _Run, outcome: _Outcome) -> _Outcome:
+    def _timed_out(run: Run, outcome: Outcome) -> Outcome:
         """A handler stopped by its timeout failed as timed out, whatever it answered: for good
         when it undoes its steps (its final attempt), else to be retried."""
         if not run.timed_out or outcome.lost:
             return outcome
         assert run.job.timeout is not None
-        return _Outcome(
+        return Outcome(
             run,
             ok=False,
             error=f"timed out after {run.job.timeout:g} s",
@@ -326,7 +326,7 @@ class Executors:
             retryable=not run.undoing,
         )
 
-    def _final(self, run: _Run, outcome: _Outcome) -> bool:
+    def _final(self, run: Run, outcome: Outcome) -> bool:
         """Does this failure end the run for good, so that its compensations run and the steps
         of earlier attempts it did not reach are named? Asked of every such failure, steps or
         none: a final attempt that failed before its first step reached none, and the step rows
@@ -345,7 +345,7 @@ class Executors:
             return not run.done
 
     @staticmethod
-    def _compensations_stopped(outcome: _Outcome, err: BaseException) -> _Outcome:
+    def _compensations_stopped(outcome: Outcome, err: BaseException) -> Outcome:
         """The compensations could not go on: the job was no longer held (nothing to settle
         here), or recording one failed (the job fails, saying so)."""
         if isinstance(err, JobNotHeld):
@@ -356,14 +356,14 @@ class Executors:
         return outcome
 
     @staticmethod
-    def _add_compensation_errors(outcome: _Outcome, failures: list[str]) -> None:
+    def _add_compensation_errors(outcome: Outcome, failures: list[str]) -> None:
         """Keep both: the run's error first, then each compensation that failed (and the steps
         of earlier attempts whose compensations could not run, see Steps.compensate)."""
         if failures:
             outcome.error = "; ".join([outcome.error, *failures])
             outcome.stack = "\n".join([outcome.stack or "", *failures])
 
-    def _success(self, run: _Run, output: Any) -> _Outcome:
+    def _success(self, run: Run, output: Any) -> Outcome:
         # An int is checked too: one past Python's 4300 digits has no JSON text.
         if output is not None and not isinstance(output, str | bool):
             try:
@@ -377,10 +377,10 @@ class Executors:
                         hint="Return JSON values (dict, list, str, int, float, bool, None).",
                     ),
                 )
-        return _Outcome(run, ok=True, output=output)
+        return Outcome(run, ok=True, output=output)
 
     @staticmethod
-    def _failure(run: _Run, err: BaseException) -> _Outcome:
+    def _failure(run: Run, err: BaseException) -> Outcome:
         # Whatever the exception's __str__ raises: describing it must not fail its job's outcome.
         try:
             error = f"{type(err).__name__}: {err}"
@@ -390,7 +390,7 @@ class Executors:
             stack = "".join(traceback.format_exception(err))
         except Exception:
             stack = None
-        return _Outcome(
+        return Outcome(
             run,
             ok=False,
             error=error,

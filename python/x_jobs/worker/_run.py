@@ -1,6 +1,6 @@
-"""A claimed job as the worker tracks it, from its claim to its settlement (``_Run``), the
-outcome its handler left (``_Outcome``), and what a settlement did with a batch of them
-(``_Settlement``): the records the worker's dispatcher, executors, leases and settler share.
+"""A claimed job as the worker tracks it, from its claim to its settlement (``Run``), the
+outcome its handler left (``Outcome``), and what a settlement did with a batch of them
+(``Settlement``): the records the worker's dispatcher, executors, leases and settler share.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ logger = logging.getLogger("x_jobs.worker")
 
 
 @dataclass(slots=True)
-class _Run:
+class Run:
     """A claimed job, from its claim to its settlement, as the dispatcher tracks it."""
 
     job: Job[Any]
@@ -53,10 +53,10 @@ class _Run:
 
 
 @dataclass(slots=True)
-class _Outcome:
+class Outcome:
     #: The run it is the outcome of: a late outcome of an attempt the dispatcher gave up on
     #: (timed out, lost) must not settle a later attempt of the same job this worker holds.
-    run: _Run
+    run: Run
     ok: bool
     output: Any = None
     error: str = ""
@@ -74,16 +74,16 @@ class _Outcome:
 
 
 @dataclass
-class _Settlement:
+class Settlement:
     """What the settler did with a batch: the completions the database took (the others were no
     longer held by this worker) and the state each failure left its row in."""
 
-    batch: list[_Outcome]
+    batch: list[Outcome]
     completed: set[int]
     states: dict[int, str | None]
 
 
-def _ids(ids: Iterable[int]) -> str:
+def ids_array(ids: Iterable[int]) -> str:
     """Job ids as a bigint[] literal, for a parameter cast to bigint[]: psycopg's list dumper
     looks at each element in Python (about 5% of a worker's CPU on no-op jobs)."""
     return "{" + ",".join(map(str, ids)) + "}"

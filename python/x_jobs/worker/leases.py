@@ -26,7 +26,7 @@ from x_jobs._leased import Link
 from x_jobs._listen import DB_GONE
 from x_jobs.app import interval
 from x_jobs.metrics import WorkerMetrics
-from x_jobs.worker._run import _ids, _Outcome, _Run
+from x_jobs.worker._run import Outcome, Run, ids_array
 
 # The worker's log, whichever part writes it: its records are named x_jobs.worker, as log
 # filters and pipelines match them.
@@ -57,9 +57,9 @@ class Leases:
         worker_id: str,
         lease: float,
         heartbeat_interval: float,
-        held: dict[int, _Run],
+        held: dict[int, Run],
         metrics: WorkerMetrics,
-        tell_stop: Callable[[_Run, str], None],
+        tell_stop: Callable[[Run, str], None],
         dispatcher_wake: threading.Event,
     ) -> None:
         self._link = link
@@ -79,10 +79,10 @@ class Leases:
         #: When the last heartbeat that was answered was sent: every job held then was held.
         self.confirmed_at = 0.0
         #: The runs an executor found waiting past confirm_after, for the dispatcher to confirm.
-        self.unconfirmed: queue.SimpleQueue[_Run] = queue.SimpleQueue()
+        self.unconfirmed: queue.SimpleQueue[Run] = queue.SimpleQueue()
         #: Jobs to hand back (release) once the database answers: their runs are over (never
         #: started, or stopped); if the worker exits first, they are left to their leases.
-        self.unreleased: list[_Run] = []
+        self.unreleased: list[Run] = []
         #: A running handler whose lease this worker has not renewed for this long (the
         #: database away, or its calls hanging) is told to stop: the lease may lapse soon, and
         #: another worker could then run the job beside it. A heartbeat interval or a quarter of
@@ -114,7 +114,7 @@ class Leases:
         not answer (the connection is dropped, for the loop to reconnect)."""
         assert self._link.conn is not None
         try:
-            rows = self._link.query(EXTEND, [_ids(ids), self.worker_id, interval(self.lease)])
+            rows = self._link.query(EXTEND, [ids_array(ids), self.worker_id, interval(self.lease)])
         except DB_GONE as err:
             self._link.lost(err)
             return None
@@ -127,10 +127,12 @@ class Leases:
         without having run. Asked at each heartbeat for a lease after such a loss."""
         known = [*self._held, *(run.ctx.id for run in self.unreleased), *handing_back]
         try:
-            ids = [row[0] for row in self._link.query(UNKNOWN_HELD, [self.worker_id, _ids(known)])]
+            ids = [
+                row[0] for row in self._link.query(UNKNOWN_HELD, [self.worker_id, ids_array(known)])
+            ]
             if not ids:
                 return
-            released = self._link.query(RELEASE, [_ids(ids), self.worker_id])
+            released = self._link.query(RELEASE, [ids_array(ids), self.worker_id])
         except DB_GONE as err:
             self._link.lost(err)
             return
@@ -139,13 +141,13 @@ class Leases:
             extra={"job_ids": ids, "released": len(released)},
         )
 
-    def drop_gone(self, runs: list[_Run]) -> None:
+    def drop_gone(self, runs: list[Run]) -> None:
         """The held runs that extend_lease did not answer: none starts from now on, a running
         handler is told to stop, and the worker forgets them (nothing to settle)."""
         assert self._link.conn is not None
         # Say why: an operator's cancel, or a lease another worker took over.
         try:
-            states = dict(self._link.query(ROW_STATES, [_ids(run.ctx.id for run in runs)]))
+            states = dict(self._link.query(ROW_STATES, [ids_array(run.ctx.id for run in runs)]))
         except DB_GONE as err:
             self._link.lost(err)
             states = {}
@@ -170,13 +172,13 @@ class Leases:
             )
             self.metrics.settled(run.job.name, reason)
 
-    def confirm(self, dispatch: Callable[[list[_Run]], None]) -> bool:
+    def confirm(self, dispatch: Callable[[list[Run]], None]) -> bool:
         """Start the runs that an executor found waiting past confirm_after (see
         Executors.begin) once extend_lease answers that this worker still holds them, all of
         them in one call (``dispatch`` puts them in their executors' queue); drop
         the others, cancelled or lost while they waited (they never ran: nothing to settle).
         False when the database did not answer: they wait for the reconnect."""
-        runs: list[_Run] = []
+        runs: list[Run] = []
         with contextlib.suppress(queue.Empty):
             while True:
                 runs.append(self.unconfirmed.get_nowait())
@@ -201,7 +203,7 @@ class Leases:
         dispatch([run for run in runs if not run.done])
         return self._link.conn is not None  # lost by drop_gone's question, maybe
 
-    def fresh(self, run: _Run, now: float) -> bool:
+    def fresh(self, run: Run, now: float) -> bool:
         """Did this worker know it held the job a short while ago (see confirm_after)?"""
         return now - max(run.checked, self.confirmed_at) <= self.confirm_after
 
@@ -236,7 +238,7 @@ class Leases:
                     self._dispatcher_wake.clear()
         return self.release(runs)
 
-    def release(self, runs: list[_Run]) -> int:
+    def release(self, runs: list[Run]) -> int:
         """x_jobs.release the jobs of `runs` (marked done): due again at once, the attempt not
         counted. Answers how many the database released."""
         ids = [run.ctx.id for run in runs]
@@ -245,7 +247,7 @@ class Leases:
         try:
             if self._link.conn is None:
                 raise psycopg.OperationalError("no connection to the database")
-            rows = self._link.query(RELEASE, [_ids(ids), self.worker_id])
+            rows = self._link.query(RELEASE, [ids_array(ids), self.worker_id])
         except DB_GONE as err:
             # Handed back once the database answers (they run no more here, and are not
             # extended meanwhile); if the worker exits first, they are left to their leases.
@@ -301,7 +303,7 @@ class Leases:
                 extra={"job_ids": [run.ctx.id for run in stopped], "lease_s": self.lease},
             )
 
-    def drop_stale(self, old: _Run, pending: list[_Outcome]) -> list[_Outcome]:
+    def drop_stale(self, old: Run, pending: list[Outcome]) -> list[Outcome]:
         """This worker claimed a job it still ran, or whose outcome it had yet to send: its
         lease had lapsed (the database was away past it), or an operator cancelled and retried
         it before a heartbeat told this worker of the cancel. The old attempt is over: its

@@ -27,7 +27,7 @@ from x_jobs._watch import CallWatch
 from x_jobs.app import interval
 from x_jobs.errors import ascii_only, storable
 from x_jobs.metrics import WorkerMetrics
-from x_jobs.worker._run import _ids, _Outcome, _Run, _Settlement
+from x_jobs.worker._run import Outcome, Run, Settlement, ids_array
 from x_jobs.worker.leases import EXTEND
 
 # The worker's log, whichever part writes it: its records are named x_jobs.worker, as log
@@ -41,7 +41,7 @@ CLAIM: LiteralString = """
            tenant_id, created_at
     FROM x_jobs.claim(queues => %s, worker => %s, lease => %s, qty => %s)
 """
-# Id lists go as bigint[] literals (see _run._ids).
+# Id lists go as bigint[] literals (see _run.ids_array).
 COMPLETE_MANY: LiteralString = (
     "SELECT c FROM x_jobs.complete_many(ids => %s::bigint[], worker => %s, outputs => %s::jsonb[])"
     " AS c"
@@ -75,7 +75,7 @@ class Settler:
         patience: float,
         watch: CallWatch,
         stopping: Stopping,
-        held: dict[int, _Run],
+        held: dict[int, Run],
         metrics: WorkerMetrics,
         dispatcher_wake: threading.Event,
     ) -> None:
@@ -91,13 +91,13 @@ class Settler:
         self.metrics = metrics
         self._dispatcher_wake = dispatcher_wake
         #: Outcomes waiting for the next batch, since pending_since (the dispatcher's).
-        self.pending: list[_Outcome] = []
+        self.pending: list[Outcome] = []
         self.pending_since = 0.0
         #: A batch is in flight, of settling_size outcomes.
         self.settling = False
         self.settling_size = 0
-        self._batches: queue.SimpleQueue[list[_Outcome] | None] = queue.SimpleQueue()
-        self.settled: queue.SimpleQueue[_Settlement] = queue.SimpleQueue()
+        self._batches: queue.SimpleQueue[list[Outcome] | None] = queue.SimpleQueue()
+        self.settled: queue.SimpleQueue[Settlement] = queue.SimpleQueue()
         #: Set to cut a retry's backoff short: the database answers again, or the worker exits
         #: and its last settlement is tried now.
         self.wake_up = threading.Event()
@@ -202,7 +202,7 @@ class Settler:
         while (batch := self._batches.get()) is not None:
             delay = 0.1
             in_doubt = False
-            result: _Settlement | None = None
+            result: Settlement | None = None
             while True:
                 self.wake_up.clear()  # set from now on: try again without waiting
                 try:
@@ -223,7 +223,7 @@ class Settler:
                     # its commit: the retry first reads which of its jobs are still held.
                     in_doubt = True
                     if self._stopping.requests >= 2:
-                        result = _Settlement(batch, set(), {})
+                        result = Settlement(batch, set(), {})
                         break
                     now = time.monotonic()
                     if now >= self._stopping.exit_by:
@@ -242,7 +242,7 @@ class Settler:
                     # _settle_batch answers for each outcome what the database refuses; this is
                     # the worker's own fault. The jobs' leases will lapse, and they run again.
                     logger.exception("settling a batch failed", extra={"jobs": len(batch)})
-                    result = _Settlement(batch, set(), {})
+                    result = Settlement(batch, set(), {})
                     break
             if result is not None:
                 self.settled.put(result)
@@ -250,14 +250,15 @@ class Settler:
         if conn is not None:
             conn.close()
 
-    def settle_in_doubt(self, conn: psycopg.Connection[Any], batch: list[_Outcome]) -> _Settlement:
+    def settle_in_doubt(self, conn: psycopg.Connection[Any], batch: list[Outcome]) -> Settlement:
         """Settle a batch whose last try lost its connection, maybe once committed: only the
         outcomes whose job this worker still holds at that attempt. Sent again as it was, a
         failure that did commit would fail the job's next attempt, if this worker claimed it
         meanwhile. A job no longer held is taken as settled when its row says so (done, or
         gone after a complete for keep_done=false; failed at that attempt); otherwise lost."""
         rows = {
-            row[0]: row[1:] for row in conn.execute(HELD_AT, [_ids(o.id for o in batch)]).fetchall()
+            row[0]: row[1:]
+            for row in conn.execute(HELD_AT, [ids_array(o.id for o in batch)]).fetchall()
         }
         held, completed, states = [], set(), {}
         for outcome in batch:
@@ -270,11 +271,11 @@ class Settler:
             elif not outcome.ok and same and state in {"ready", "delayed", "dead", "failed"}:
                 states[outcome.id] = state
         if not held:
-            return _Settlement(batch, completed, states)
+            return Settlement(batch, completed, states)
         settled = self.settle_batch(conn, held)
-        return _Settlement(batch, completed | settled.completed, {**states, **settled.states})
+        return Settlement(batch, completed | settled.completed, {**states, **settled.states})
 
-    def settle_batch(self, conn: psycopg.Connection[Any], batch: list[_Outcome]) -> _Settlement:
+    def settle_batch(self, conn: psycopg.Connection[Any], batch: list[Outcome]) -> Settlement:
         """Settle a batch together; when one of its values is refused (an output over
         x_jobs.max_payload_bytes, text the database cannot store, a value psycopg cannot send),
         one by one, so that one outcome cannot stop the others, nor this thread. The refused
@@ -298,9 +299,9 @@ class Settler:
                 continue
             completed |= settled.completed
             states.update(settled.states)
-        return _Settlement(batch, completed, states)
+        return Settlement(batch, completed, states)
 
-    def settle_alone(self, conn: psycopg.Connection[Any], outcome: _Outcome) -> _Settlement | None:
+    def settle_alone(self, conn: psycopg.Connection[Any], outcome: Outcome) -> Settlement | None:
         """One outcome: a refused output fails its job for good, saying why; a refused error
         text is sent again in ASCII (a LATIN1 database cannot store a euro sign). None (logged)
         when even that is refused: the job's lease will lapse. Only a refusal of a value does
@@ -327,7 +328,7 @@ class Settler:
                     )
                     return None
 
-    def settle_together(self, conn: psycopg.Connection[Any], batch: list[_Outcome]) -> _Settlement:
+    def settle_together(self, conn: psycopg.Connection[Any], batch: list[Outcome]) -> Settlement:
         """One transaction: a refusal, or a connection lost before the commit, leaves none of
         the batch settled, so that it can be sent again. A batch of completions alone is one
         statement, atomic as it is: no BEGIN and COMMIT round trips on the common path."""
@@ -342,13 +343,13 @@ class Settler:
                 # with higher ids, and the heartbeat holding the one and waiting for the others
                 # would deadlock with it (a second's stall, then one side aborts).
                 conn.execute(
-                    EXTEND, [_ids(o.id for o in batch), self.worker_id, interval(self.lease)]
+                    EXTEND, [ids_array(o.id for o in batch), self.worker_id, interval(self.lease)]
                 )
             if completions:
                 rows = conn.execute(
                     COMPLETE_MANY,
                     [
-                        _ids(o.id for o in completions),
+                        ids_array(o.id for o in completions),
                         self.worker_id,
                         # Outputs NULL when every handler answered None (no-op jobs): no array.
                         None
@@ -372,4 +373,4 @@ class Settler:
                     ],
                 ).fetchone()
                 states[outcome.id] = row[0] if row else None
-        return _Settlement(batch, completed, states)
+        return Settlement(batch, completed, states)
