@@ -1,10 +1,12 @@
-"""The application object: job declarations and enqueueing.
+"""The application object: the wiring of a database, its jobs and its outbox.
 
-An :class:`App` knows the database (a DSN, or libpq's environment) and the jobs declared with
-``@app.job(...)``. Enqueueing validates the input against the handler's type annotation first, so
-a bad input is refused here with :class:`~x_jobs.errors.InputInvalid`, never discovered by a
-worker, and then calls ``x_jobs.enqueue`` / ``x_jobs.enqueue_many``: deduplication, defaults and
-the wake-up all happen in SQL.
+An :class:`App` knows the database (a DSN, or libpq's environment, and a pool of connections),
+the jobs declared with ``@app.job(...)`` (:mod:`x_jobs.jobs`) and its outbox; it checks the
+database's version, enqueues and reads results. Enqueueing validates the input against the
+handler's type annotation first, so a bad input is refused here with
+:class:`~x_jobs.errors.InputInvalid`, never discovered by a worker, and then sends it with
+``x_jobs.enqueue_many`` (:mod:`x_jobs.enqueue`): deduplication, defaults and the wake-up all
+happen in SQL.
 """
 
 from __future__ import annotations
@@ -15,30 +17,29 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timedelta
-from typing import Any, LiteralString, cast, overload
+from typing import Any, LiteralString, overload
 
 import psycopg
-from psycopg.rows import tuple_row
-from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from x_jobs import enqueue
 from x_jobs._conn import connect, pool_kwargs
+
+# Each name imported as itself is re-exported: the job declarations (x_jobs.jobs) and the
+# enqueue's statements (x_jobs.enqueue) are importable from here as well.
+from x_jobs.enqueue import DB_NOW as DB_NOW  # noqa: PLC0414
+from x_jobs.enqueue import ENQUEUE_MANY as ENQUEUE_MANY  # noqa: PLC0414
 from x_jobs.errors import (
-    InputInvalid,
     JobFailed,
     JobNotFound,
     JobUnknown,
     NotInstalled,
     PermissionDenied,
     ResultTimeout,
-    TimeInvalid,
     VersionUnsupported,
     translate,
-    unstorable_as,
 )
-
-# The declarations of jobs (x_jobs.jobs), importable from here as well.
+from x_jobs.jobs import ENQUEUE_OPTIONS as ENQUEUE_OPTIONS  # noqa: PLC0414
 from x_jobs.jobs import Concurrency as Concurrency  # noqa: PLC0414
 from x_jobs.jobs import Enqueued as Enqueued  # noqa: PLC0414
 from x_jobs.jobs import I as I  # noqa: PLC0414
@@ -59,16 +60,6 @@ SUPPORTED_VERSIONS = frozenset(
     | {"0.4.0"}
 )
 
-ENQUEUE_MANY: LiteralString = (
-    "SELECT ord, id, run_id::text, deduped FROM x_jobs.enqueue_many(%(jobs)s) ORDER BY ord"
-)
-# The database's clock now, not when the transaction began (now()): a delay in the caller's
-# transaction counts from the call. The test clock (x_jobs.fake_now) stands still, as x_jobs.now()
-# and x_jobs._clock() read it (the latter is the workers' only).
-DB_NOW: LiteralString = """
-    SELECT CASE WHEN coalesce(pg_catalog.current_setting('x_jobs.fake_now', true), '') = ''
-        THEN pg_catalog.clock_timestamp() ELSE x_jobs.now() END
-"""
 RESULT: LiteralString = "SELECT state, output, last_error FROM x_jobs.result(%s)"
 #: Before 0.3.6 there was no x_jobs.result, and producers could read the row itself.
 RESULT_FROM_ROW: LiteralString = (
@@ -300,21 +291,7 @@ class App:
         if not requests:
             return []
         with self.connection(conn) as db:
-            # Rows as tuples whatever row_factory the caller's connection has (dict_row...).
-            cur = db.cursor(row_factory=tuple_row)
-            if any("_delay" in req for req in requests):
-                # A delay counts from the database's clock, not this machine's.
-                row = cur.execute(DB_NOW).fetchone()
-                assert row is not None
-                now = cast(datetime, row[0])
-                requests = [_with_run_at(req, now) for req in requests]
-            with unstorable_as(
-                InputInvalid,
-                "a job's input",
-                "Leave out NUL characters (send such bytes encoded, base64 say).",
-            ):
-                rows = cur.execute(ENQUEUE_MANY, {"jobs": Jsonb(requests)}).fetchall()
-        return [Enqueued(id=int(r[1]), run_id=str(r[2]), deduped=bool(r[3])) for r in rows]
+            return enqueue.send(db, requests)
 
     # --- results ------------------------------------------------------------------------------
 
@@ -367,16 +344,3 @@ class App:
                 pause = min(pause, left)
             time.sleep(pause)
             pause = min(pause * 2, 1.0)
-
-
-def _with_run_at(req: Mapping[str, Any], now: datetime) -> dict[str, Any]:
-    out = {k: v for k, v in req.items() if k != "_delay"}
-    if "_delay" in req:
-        try:
-            out["run_at"] = (now + timedelta(seconds=float(req["_delay"]))).isoformat()
-        except OverflowError:
-            raise TimeInvalid(
-                f"X_TIME_INVALID: a delay of {req['_delay']} s ends past the year 9999",
-                hint="Pass a delay that ends before the year 10000.",
-            ) from None
-    return out

@@ -23,8 +23,9 @@ from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
 from x_jobs import health
-from x_jobs.app import App, Job, interval, seconds
+from x_jobs.app import App
 from x_jobs.errors import PermissionDenied, translate
+from x_jobs.jobs import Job, interval, seconds
 
 logger = logging.getLogger(__name__)
 

@@ -50,10 +50,11 @@ from x_jobs._leased import MAX_BACKOFF_SECONDS, Link, Reconnect, Stopping, defau
 from x_jobs._listen import DB_GONE, LISTEN_DSN_ENV, listen
 from x_jobs._refusal import refuses_value
 from x_jobs._watch import for_leases, patience
-from x_jobs.app import App, Seconds, interval, seconds
-from x_jobs.errors import PermissionDenied, storable
+from x_jobs.app import App
+from x_jobs.errors import DeliveryError, PermissionDenied, storable
+from x_jobs.jobs import Seconds, interval, seconds
 from x_jobs.metrics import DEAD, DEFAULT_HOST, DELIVERED, LOST, RETRIED, RelayMetrics
-from x_jobs.outbox import BatchSink, DeliveryError, OutboxMessage
+from x_jobs.sinks import BatchSink, OutboxMessage
 
 logger = logging.getLogger(__name__)
 

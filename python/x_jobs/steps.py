@@ -58,10 +58,10 @@ from psycopg_pool import ConnectionPool
 
 from x_jobs._conn import PATIENCE, connect, pool_kwargs
 from x_jobs._listen import DB_GONE
-from x_jobs.app import Seconds, interval
 from x_jobs.errors import JobNotHeld, OutputInvalid, StepConflict, XJobsError, translate
 from x_jobs.errors import StepTimeout as StepTimeout  # noqa: PLC0414 - re-exported here
 from x_jobs.errors import Suspended as Suspended  # noqa: PLC0414 - re-exported here
+from x_jobs.jobs import Seconds, interval
 
 logger = logging.getLogger(__name__)
 

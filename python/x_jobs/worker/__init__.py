@@ -46,7 +46,7 @@ from x_jobs._conn import connect
 from x_jobs._leased import Link, Reconnect, Stopping, default_id
 from x_jobs._listen import DB_GONE, LISTEN_DSN_ENV, listen
 from x_jobs._watch import for_leases, patience
-from x_jobs.app import App, Seconds, interval, seconds
+from x_jobs.app import App
 from x_jobs.context import AsyncJobContext as AsyncJobContext
 from x_jobs.context import CancelEvent as CancelEvent
 from x_jobs.context import JobContext as JobContext
@@ -55,6 +55,7 @@ from x_jobs.declarations import ANNOUNCE_JOBS as ANNOUNCE_JOBS
 from x_jobs.errors import JobCancelled as JobCancelled
 from x_jobs.errors import PermanentError as PermanentError
 from x_jobs.errors import PermissionDenied, translate
+from x_jobs.jobs import Seconds, interval, seconds
 from x_jobs.metrics import DEFAULT_HOST, GAUGE_INTERVAL, WorkerMetrics
 from x_jobs.steps import StepStore
 from x_jobs.worker._handlers import Executors

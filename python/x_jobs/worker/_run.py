@@ -11,8 +11,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from x_jobs.app import App, Job
+from x_jobs.app import App
 from x_jobs.context import JobContext
+from x_jobs.jobs import Job
 
 # The worker's log, whichever part writes it: its records are named x_jobs.worker, as log
 # filters and pipelines match them.

@@ -24,7 +24,7 @@ import psycopg
 from x_jobs import declarations
 from x_jobs._leased import Link
 from x_jobs._listen import DB_GONE
-from x_jobs.app import interval
+from x_jobs.jobs import interval
 from x_jobs.metrics import WorkerMetrics
 from x_jobs.worker._run import Outcome, Run, ids_array
 

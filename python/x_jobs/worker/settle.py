@@ -24,8 +24,8 @@ from x_jobs._conn import connect
 from x_jobs._leased import Stopping
 from x_jobs._refusal import described, refuses_value
 from x_jobs._watch import CallWatch
-from x_jobs.app import interval
 from x_jobs.errors import ascii_only, storable
+from x_jobs.jobs import interval
 from x_jobs.metrics import WorkerMetrics
 from x_jobs.worker._run import Outcome, Run, Settlement, ids_array
 from x_jobs.worker.leases import EXTEND
