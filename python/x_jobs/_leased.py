@@ -33,6 +33,12 @@ logger = logging.getLogger(__name__)
 MAX_BACKOFF_SECONDS = 5.0
 
 
+def heartbeat_interval(lease: float, given: float | None) -> float:
+    """The heartbeat's interval: ``given``, else a third of the lease (5 s at most), well before
+    the lease lapses, and often enough that a cancel or a lost lease is seen soon."""
+    return given if given is not None else min(lease / 3, 5.0)
+
+
 def default_id(suffix: str = "") -> str:
     """``host:pid:random``, unique per process and per loop in it."""
     return f"{socket.gethostname()}:{os.getpid()}:{random.getrandbits(32):08x}{suffix}"

@@ -45,6 +45,7 @@ from typing import Any, LiteralString
 
 import psycopg
 
+from x_jobs import _leased as leased
 from x_jobs._conn import connect
 from x_jobs._leased import MAX_BACKOFF_SECONDS, Link, Reconnect, Stopping, default_id
 from x_jobs._listen import DB_GONE, LISTEN_DSN_ENV, listen
@@ -190,11 +191,8 @@ class Relay:
         # of a delivery however long it runs, so the lease only has to outlast a few heartbeats
         # (lease / 3 apart), whatever the sinks' timeouts.
         self.lease = seconds(lease)
-        # Well before the lease lapses, as the worker's heartbeat.
-        self.heartbeat_interval = (
-            seconds(heartbeat_interval)
-            if heartbeat_interval is not None
-            else min(self.lease / 3, 5.0)
+        self.heartbeat_interval = leased.heartbeat_interval(
+            self.lease, None if heartbeat_interval is None else seconds(heartbeat_interval)
         )
         if not 0 < self.heartbeat_interval < self.lease:
             raise ValueError(

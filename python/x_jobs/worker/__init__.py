@@ -41,6 +41,7 @@ from typing import Any
 
 import psycopg
 
+from x_jobs import _leased as leased
 from x_jobs import declarations
 from x_jobs._conn import connect
 from x_jobs._leased import Link, Reconnect, Stopping, default_id
@@ -140,11 +141,8 @@ class Worker:
         self.capacity = min(1000, self.concurrency + self.prefetch)
         self.lease = seconds(lease)
         self.poll_interval = seconds(poll_interval)
-        # Well before the lease lapses, and often enough that a cancel reaches a handler soon.
-        self.heartbeat_interval = (
-            seconds(heartbeat_interval)
-            if heartbeat_interval is not None
-            else min(self.lease / 3, 5.0)
+        self.heartbeat_interval = leased.heartbeat_interval(
+            self.lease, None if heartbeat_interval is None else seconds(heartbeat_interval)
         )
         if self.heartbeat_interval >= self.lease:
             raise ValueError(
