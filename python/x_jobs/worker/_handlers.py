@@ -30,9 +30,9 @@ from x_jobs.steps import AsyncSteps
 from x_jobs.worker._run import Outcome, Run
 from x_jobs.worker.leases import Leases
 
-# The worker's log, whichever part writes it: its records are named x_jobs.worker, as log
+# The worker's log, whichever part writes it: its records carry the package's name, as log
 # filters and pipelines match them.
-logger = logging.getLogger("x_jobs.worker")
+logger = logging.getLogger(__package__)
 
 
 class Executors:

@@ -15,9 +15,9 @@ from x_jobs.app import App
 from x_jobs.context import JobContext
 from x_jobs.jobs import Job
 
-# The worker's log, whichever part writes it: its records are named x_jobs.worker, as log
+# The worker's log, whichever part writes it: its records carry the package's name, as log
 # filters and pipelines match them.
-logger = logging.getLogger("x_jobs.worker")
+logger = logging.getLogger(__package__)
 
 
 @dataclass(slots=True)

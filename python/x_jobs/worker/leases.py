@@ -28,9 +28,9 @@ from x_jobs.jobs import interval
 from x_jobs.metrics import WorkerMetrics
 from x_jobs.worker._run import Outcome, Run, ids_array
 
-# The worker's log, whichever part writes it: its records are named x_jobs.worker, as log
+# The worker's log, whichever part writes it: its records carry the package's name, as log
 # filters and pipelines match them.
-logger = logging.getLogger("x_jobs.worker")
+logger = logging.getLogger(__package__)
 
 EXTEND: LiteralString = (
     "SELECT e FROM x_jobs.extend_lease(ids => %s::bigint[], worker => %s, lease => %s) AS e"

@@ -30,9 +30,9 @@ from x_jobs.metrics import WorkerMetrics
 from x_jobs.worker._run import Outcome, Run, Settlement, ids_array
 from x_jobs.worker.leases import EXTEND
 
-# The worker's log, whichever part writes it: its records are named x_jobs.worker, as log
+# The worker's log, whichever part writes it: its records carry the package's name, as log
 # filters and pipelines match them.
-logger = logging.getLogger("x_jobs.worker")
+logger = logging.getLogger(__package__)
 
 # The input comes as JSON text, which the handler's run parses and validates in one step
 # (pydantic's validate_json): parsing it in the dispatcher would cost it a tenth of its time.
