@@ -13,18 +13,23 @@ x_jobs.Worker(app).run()                # or: x-jobs worker myapp.jobs:app
 
 from __future__ import annotations
 
-from x_jobs.app import App, Concurrency, Enqueued, Job, Retry
-from x_jobs.errors import JobFailed, PermissionDenied, ResultTimeout, XJobsError, translate
-from x_jobs.outbox import DeliveryError, OutboxMessage
-from x_jobs.steps import AsyncSteps, Steps, StepTimeout
-from x_jobs.worker import (
-    AsyncJobContext,
-    CancelEvent,
+from x_jobs.app import App
+from x_jobs.context import AsyncJobContext, CancelEvent, JobContext
+from x_jobs.errors import (
+    DeliveryError,
     JobCancelled,
-    JobContext,
+    JobFailed,
     PermanentError,
-    Worker,
+    PermissionDenied,
+    ResultTimeout,
+    StepTimeout,
+    XJobsError,
+    translate,
 )
+from x_jobs.jobs import Concurrency, Enqueued, Job, Retry
+from x_jobs.sinks import OutboxMessage
+from x_jobs.steps import AsyncSteps, Steps
+from x_jobs.worker import Worker
 
 __all__ = [
     "App",

@@ -14,7 +14,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 #: Every connection asks for UTF-8. On a SQL_ASCII database psycopg answers text as bytes unless
 #: the client encoding names a codec (PostgreSQL converts nothing there either way), and then
-#: nothing compares equal: the version check read b'0.3.4' and refused to start.
+#: nothing compares equal (the version check would read b'0.4.0' and refuse to start).
 CLIENT_ENCODING = "utf8"
 
 #: What stands for a password that was redacted.

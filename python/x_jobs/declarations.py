@@ -22,7 +22,10 @@ import psycopg
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
-from x_jobs.app import App, Job, seconds
+from x_jobs import health
+from x_jobs.app import App
+from x_jobs.errors import PermissionDenied, translate
+from x_jobs.jobs import Job, interval, seconds
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +38,15 @@ DECLARE_JOBS: LiteralString = (
 HAND_BACK: LiteralString = (
     "SELECT id, name, parked, served_by FROM x_jobs.hand_back(ids => %s::bigint[], worker => %s)"
 )
+ANNOUNCE: LiteralString = """
+    SELECT draining_at FROM x_jobs.announce_worker(
+        worker => %s, queues => %s, build => %s, draining => %s, ttl => %s)
+"""
+#: With the names of the jobs the worker has handlers for (a database that declares).
+ANNOUNCE_JOBS: LiteralString = """
+    SELECT draining_at FROM x_jobs.announce_worker(
+        worker => %s, queues => %s, build => %s, draining => %s, ttl => %s, jobs => %s)
+"""
 JOB_TYPES: LiteralString = """
     SELECT name, queue, max_attempts, priority, dead_letter, backoff_base, backoff_max, keep_done,
            concurrency_key, concurrency_limit, timeout, declared_at, declared_by, build,
@@ -141,3 +153,63 @@ class JobType:
 def job_types(conn: psycopg.Connection[Any]) -> list[JobType]:
     """The declarations the database holds, by name (``x_jobs.job_types()``)."""
     return conn.cursor(row_factory=class_row(JobType)).execute(JOB_TYPES).fetchall()
+
+
+def start(
+    conn: psycopg.Connection[Any],
+    app: App,
+    *,
+    worker: str,
+    build: str | None,
+    check_version: bool,
+    log: logging.Logger,
+) -> bool:
+    """A worker's start, on its first connection: check the version (unless told not to),
+    and where the database takes declarations (speaks_declarations) record what the app's jobs
+    declare (x_jobs.declare_jobs), so that every producer's enqueue of them gets it; answers
+    whether it did. Where it does not, nothing is declared, and a job the worker has no handler
+    for fails its attempt."""
+    if check_version:
+        version = app.check_version(conn)
+    else:
+        try:
+            row = conn.execute("SELECT x_jobs.version()").fetchone()
+        except psycopg.Error:
+            row = None
+        version = str(row[0]) if row else ""
+    health.log_failing(conn, version, log)  # once, at start
+    if not speaks_declarations(version):
+        return False
+    try:
+        names = declare(conn, app, declared_by=worker, build=build)
+    except psycopg.errors.InsufficientPrivilege as err:
+        # A login without x_jobs_worker, refused here before its first claim.
+        raise PermissionDenied.of(err) from err
+    except psycopg.Error as err:
+        # A declaration the database refuses (a timeout of 0: X_JOB_TIMEOUT_INVALID).
+        typed = translate(err)
+        if typed is err:
+            raise
+        raise typed from err
+    log.info("jobs declared", extra={"worker": worker, "jobs": names})
+    return True
+
+
+def announce(
+    conn: psycopg.Connection[Any],
+    *,
+    worker: str,
+    queues: list[str],
+    build: str | None,
+    draining: bool,
+    ttl: float,
+    jobs: list[str] | None,
+) -> None:
+    """``x_jobs.announce_worker``: the worker is alive (for ``ttl`` seconds), serves ``queues``,
+    and drains or not. ``jobs``, where the database declares: the names it has handlers for, by
+    which a hand-back finds it, and which wake the rows parked for them."""
+    params: list[Any] = [worker, queues, build, draining, interval(ttl)]
+    if jobs is None:
+        conn.execute(ANNOUNCE, params).fetchall()
+    else:
+        conn.execute(ANNOUNCE_JOBS, [*params, jobs]).fetchall()

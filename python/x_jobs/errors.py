@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 
 import psycopg
 
@@ -340,6 +341,88 @@ class PermissionDenied(XJobsError):
         typed.__cause__ = err
         typed.sqlstate = err.sqlstate  # the database's own, so the class is no x_jobs refusal
         return typed
+
+
+# --- the client's own exceptions, raised by the modules named -------------------------------
+# Each is re-exported from the module that raises it (x_jobs.worker, x_jobs.steps,
+# x_jobs.outbox, x_jobs.install, x_jobs.metrics), where callers may import it.
+
+
+class JobCancelled(Exception):
+    """Raised by ``ctx.raise_if_cancelled()`` once the job was cancelled, timed out or lost."""
+
+
+class PermanentError(Exception):
+    """Raise it (or a subclass) from a handler to fail the job for good, with no retry."""
+
+
+class StepTimeout(XJobsError):
+    """``wait_for_event`` gave up: no matching event came before its timeout. Replayed as the
+    same error, so a handler that catches it takes the same path on every run."""
+
+    code = "X_STEP_TIMEOUT"
+
+
+class Suspended(BaseException):
+    """The run is suspended in SQL (a sleep, a wait): the handler unwinds and nothing is settled.
+
+    A BaseException, so that a handler's ``except Exception`` does not swallow it."""
+
+
+class DeliveryError(Exception):
+    """A sink's failure. ``retryable=False`` sends the message to dead at once (kept for
+    ``x-jobs outbox redrive``); ``retry_at`` asks for the next attempt no sooner than then
+    (an HTTP Retry-After, say); else the outbox's backoff applies."""
+
+    def __init__(
+        self, message: str, *, retryable: bool = True, retry_at: datetime | None = None
+    ) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.retry_at = retry_at
+
+
+class MetricsPortUnavailable(ClientError):
+    """The metrics host and port could not be bound (another process listens there, or the host
+    is no address of this machine)."""
+
+    code = "X_METRICS_PORT_UNAVAILABLE"
+
+
+class InstallRefused(ClientError):
+    """``x-jobs install`` will not run against this database; nothing was changed."""
+
+    code = "X_INSTALL_REFUSED"
+
+
+class ExtensionPresent(InstallRefused):
+    """The database has x_jobs as an extension: ALTER EXTENSION updates it, not install."""
+
+    code = "X_EXTENSION_PRESENT"
+
+
+class SchemaConflict(InstallRefused):
+    """A schema named x_jobs exists, but holds no x_jobs version to start from."""
+
+    code = "X_SCHEMA_CONFLICT"
+
+
+class RequirementMissing(InstallRefused):
+    """An extension the control file requires (plpgsql) is not in the database."""
+
+    code = "X_REQUIREMENT_MISSING"
+
+
+class UpgradePathMissing(InstallRefused):
+    """No chain of upgrade scripts leads from the installed version to the newest."""
+
+    code = "X_UPGRADE_PATH_MISSING"
+
+
+class InstallFailed(ClientError):
+    """A script failed, or recorded another version than its own; the transaction rolled back."""
+
+    code = "X_INSTALL_FAILED"
 
 
 def storable(text: str) -> str:

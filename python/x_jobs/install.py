@@ -40,7 +40,13 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from x_jobs import health
-from x_jobs.errors import ClientError, RolesMissing, RoleUnsafe, translate
+from x_jobs.errors import ExtensionPresent as ExtensionPresent  # noqa: PLC0414 - re-exported here
+from x_jobs.errors import InstallFailed as InstallFailed  # noqa: PLC0414 - re-exported here
+from x_jobs.errors import InstallRefused as InstallRefused  # noqa: PLC0414 - re-exported here
+from x_jobs.errors import RequirementMissing as RequirementMissing  # noqa: PLC0414 - re-exported here
+from x_jobs.errors import RolesMissing, RoleUnsafe, translate
+from x_jobs.errors import SchemaConflict as SchemaConflict  # noqa: PLC0414 - re-exported here
+from x_jobs.errors import UpgradePathMissing as UpgradePathMissing  # noqa: PLC0414 - re-exported here
 
 logger = logging.getLogger(__name__)
 
@@ -93,42 +99,6 @@ _UNRUNNABLE = re.compile(r"^\\\S+|@extschema(?::[^@]*)?@|@extowner@", re.MULTILI
 _EXTOWNER = "@extowner@"
 _CONTROL_LINE = re.compile(r"^\s*(\w+)\s*=\s*'([^']*)'\s*$", re.MULTILINE)
 _UPGRADE = re.compile(r"^x_jobs--(.+)--(.+)\.sql$")
-
-
-class InstallRefused(ClientError):
-    """``x-jobs install`` will not run against this database; nothing was changed."""
-
-    code = "X_INSTALL_REFUSED"
-
-
-class ExtensionPresent(InstallRefused):
-    """The database has x_jobs as an extension: ALTER EXTENSION updates it, not install."""
-
-    code = "X_EXTENSION_PRESENT"
-
-
-class SchemaConflict(InstallRefused):
-    """A schema named x_jobs exists, but holds no x_jobs version to start from."""
-
-    code = "X_SCHEMA_CONFLICT"
-
-
-class RequirementMissing(InstallRefused):
-    """An extension the control file requires (plpgsql) is not in the database."""
-
-    code = "X_REQUIREMENT_MISSING"
-
-
-class UpgradePathMissing(InstallRefused):
-    """No chain of upgrade scripts leads from the installed version to the newest."""
-
-    code = "X_UPGRADE_PATH_MISSING"
-
-
-class InstallFailed(ClientError):
-    """A script failed, or recorded another version than its own; the transaction rolled back."""
-
-    code = "X_INSTALL_FAILED"
 
 
 @dataclass(frozen=True)

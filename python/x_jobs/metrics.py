@@ -27,7 +27,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, HistogramMetricFam
 from prometheus_client.registry import Collector
 
 from x_jobs._conn import connect, redact
-from x_jobs.errors import ClientError
+from x_jobs.errors import MetricsPortUnavailable as MetricsPortUnavailable  # noqa: PLC0414 - re-exported here
 
 logger = logging.getLogger(__name__)
 
@@ -40,13 +40,6 @@ GAUGE_INTERVAL = 15.0
 
 #: The settled states whose series a declared job shows at 0 from the start (see declare).
 DECLARED_STATES = ("done", "dead", "failed")
-
-
-class MetricsPortUnavailable(ClientError):
-    """The metrics host and port could not be bound (another process listens there, or the host
-    is no address of this machine)."""
-
-    code = "X_METRICS_PORT_UNAVAILABLE"
 
 
 def serve(registry: CollectorRegistry, port: int, host: str = DEFAULT_HOST) -> Any:

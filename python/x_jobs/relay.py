@@ -33,12 +33,8 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import math
 import os
 import queue
-import random
-import signal
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -49,14 +45,17 @@ from typing import Any, LiteralString
 
 import psycopg
 
-from x_jobs._conn import QUICK_LOSS_SECONDS, connect
+from x_jobs import _leased as leased
+from x_jobs._conn import connect
+from x_jobs._leased import MAX_BACKOFF_SECONDS, Link, Reconnect, Stopping, default_id
 from x_jobs._listen import DB_GONE, LISTEN_DSN_ENV, listen
 from x_jobs._refusal import refuses_value
 from x_jobs._watch import for_leases, patience
-from x_jobs.app import App, Seconds, interval, seconds
-from x_jobs.errors import PermissionDenied, storable
+from x_jobs.app import App
+from x_jobs.errors import DeliveryError, PermissionDenied, storable
+from x_jobs.jobs import Seconds, interval, seconds
 from x_jobs.metrics import DEAD, DEFAULT_HOST, DELIVERED, LOST, RETRIED, RelayMetrics
-from x_jobs.outbox import BatchSink, DeliveryError, OutboxMessage
+from x_jobs.sinks import BatchSink, OutboxMessage
 
 logger = logging.getLogger(__name__)
 
@@ -72,9 +71,6 @@ NACK: LiteralString = """
     SELECT x_jobs.outbox_nack(id => %s, relay => %s, error => %s, retry_at => %s,
                               retryable => %s)::text
 """
-
-#: The longest pause after a refusal of the database, and after a failed reconnect.
-MAX_BACKOFF_SECONDS = 5.0
 
 
 @dataclass
@@ -115,7 +111,7 @@ def _failed(message: OutboxMessage, err: BaseException) -> _Result:
 
 
 def default_relay_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{random.getrandbits(32):08x}:relay"
+    return default_id(":relay")
 
 
 class _DeliveryThreads:
@@ -191,15 +187,12 @@ class Relay:
             raise ValueError(f"concurrency must be 1 or more, not {concurrency}")
         self.app = app
         self.concurrency = concurrency
-        # No check of the lease against the sinks' timeouts any more: the heartbeat extends the
-        # lease of a delivery however long it runs, so the lease only has to outlast a few
-        # heartbeats (lease / 3 apart), whatever the sinks' timeouts.
+        # The lease is not checked against the sinks' timeouts: the heartbeat extends the lease
+        # of a delivery however long it runs, so the lease only has to outlast a few heartbeats
+        # (lease / 3 apart), whatever the sinks' timeouts.
         self.lease = seconds(lease)
-        # Well before the lease lapses, as the worker's heartbeat.
-        self.heartbeat_interval = (
-            seconds(heartbeat_interval)
-            if heartbeat_interval is not None
-            else min(self.lease / 3, 5.0)
+        self.heartbeat_interval = leased.heartbeat_interval(
+            self.lease, None if heartbeat_interval is None else seconds(heartbeat_interval)
         )
         if not 0 < self.heartbeat_interval < self.lease:
             raise ValueError(
@@ -221,11 +214,11 @@ class Relay:
             lease=self.lease,
             heartbeat_interval=self.heartbeat_interval,
         )
-        self._conn: psycopg.Connection[Any] | None = None
+        self._link = Link(self._watch, "relay", logger)
         self._results: queue.SimpleQueue[_Result] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._notified = threading.Event()
-        self._stop_requests = 0
+        self._stopping = Stopping(self._wake, logger)
         #: Messages claimed and not settled yet: delivering, or their outcome to be settled.
         self._in_flight = 0
         #: The ids of those messages; True while this relay still holds the message's lease
@@ -237,10 +230,7 @@ class Relay:
         #: After a refusal of the database, no claim, heartbeat or settlement before this.
         self._paused_until = 0.0
         self._pause = 0.1
-        #: When the connection was last made, and how long to wait before the next try if it
-        #: is lost soon after (see QUICK_LOSS_SECONDS).
-        self._connected_at = -math.inf
-        self._reconnect_delay = 0.1
+        self._reconnect = Reconnect(cap=MAX_BACKOFF_SECONDS)
         self._drain_deadline: float | None = None
         self._stopped = threading.Event()
         #: How many messages this relay delivered and failed: for logs and tests.
@@ -259,8 +249,7 @@ class Relay:
     def run(self, *, install_signals: bool = True) -> None:
         """Relay until stopped (``stop()`` or a signal); blocks the calling thread."""
         if install_signals:
-            signal.signal(signal.SIGTERM, self._on_signal)
-            signal.signal(signal.SIGINT, self._on_signal)
+            self._stopping.install_signals()
         logger.info(
             "relay starting",
             extra={"relay": self.relay_id, "topics": self.topics or "*", "lease_s": self.lease},
@@ -289,8 +278,7 @@ class Relay:
                 )
             for sink in self.app.outbox.sinks.values():
                 sink.close()
-            if self._conn is not None:
-                self._conn.close()
+            self._link.close()
             self.metrics.close()
             self._stopped.set()
             logger.info(
@@ -299,22 +287,28 @@ class Relay:
             )
 
     def stop(self) -> None:
-        self._stop_requests += 1
-        self._wake.set()
+        self._stopping.stop()
 
     def wait_stopped(self, timeout: float | None = None) -> bool:
         return self._stopped.wait(timeout)
 
     # --- the loop -----------------------------------------------------------------------------
 
-    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        # A handler runs in the main thread between two bytecodes, maybe while that thread holds
-        # the lock inside self._wake (in its wait or clear): setting the event from here could
-        # wait for itself forever (two quick signals did). Count the request here and set the
-        # event from a thread of its own, which waits for the lock like any other thread.
-        self._stop_requests += 1
-        threading.Thread(target=self._wake.set, name="x_jobs-signal", daemon=True).start()
-        logger.info("signal received", extra={"signal": signal.Signals(signum).name})
+    @property
+    def _conn(self) -> psycopg.Connection[Any] | None:
+        """The relay's connection, None while lost."""
+        return self._link.conn
+
+    @_conn.setter
+    def _conn(self, conn: psycopg.Connection[Any] | None) -> None:
+        self._link.conn = conn
+
+    @property
+    def _stop_requests(self) -> int:
+        return self._stopping.requests
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._stopping.on_signal(signum, frame)
 
     def _must_stop(self) -> bool:
         """Whether the loop ends now: a second stop came, or the drain's grace ran out. The first
@@ -385,10 +379,7 @@ class Relay:
         away or refused (then claiming pauses)."""
         assert self._conn is not None
         try:
-            with self._watch.calling("relay", self._conn):
-                rows = self._conn.execute(
-                    CLAIM, [self.relay_id, room, interval(self.lease), self.topics]
-                ).fetchall()
+            rows = self._link.query(CLAIM, [self.relay_id, room, interval(self.lease), self.topics])
         except DB_GONE as err:
             self._lost_connection(err)
             return None
@@ -486,10 +477,7 @@ class Relay:
         if not ids:
             return
         try:
-            with self._watch.calling("relay", self._conn):
-                rows = self._conn.execute(
-                    EXTEND, [ids, self.relay_id, interval(self.lease)]
-                ).fetchall()
+            rows = self._link.query(EXTEND, [ids, self.relay_id, interval(self.lease)])
         except DB_GONE as err:
             self._lost_connection(err)
             return
@@ -517,7 +505,7 @@ class Relay:
         results = delivered + [r for r in self._pending if not r.ok]
         settled = 0
         try:
-            with self._watch.calling("relay", conn):
+            with self._link.calling():
                 if delivered:
                     ids = [r.message.id for r in delivered]
                     acked = {row[0] for row in conn.execute(ACK, [ids, self.relay_id])}
@@ -605,18 +593,15 @@ class Relay:
     def _ensure_connection(self) -> psycopg.Connection[Any] | None:
         """The connection, reconnecting with backoff while the database is away; None when the
         relay must stop meanwhile (a second stop, or the drain's grace ran out)."""
-        delay = 0.1
-        if time.monotonic() - self._connected_at < QUICK_LOSS_SECONDS:
-            # Lost as soon as it was made (a pooler took the login, the server behind it away):
-            # a connect that failed, and the backoff goes on.
-            self._wait_to_reconnect(self._reconnect_delay)
-            delay = min(self._reconnect_delay * 2, MAX_BACKOFF_SECONDS)
+        wait, delay = self._reconnect.start()
+        if wait:
+            self._wait_to_reconnect(wait)
         while self._conn is None:
             if self._must_stop():
                 return None
             try:
                 self._connect()
-                self._connected_at, self._reconnect_delay = time.monotonic(), delay
+                self._reconnect.connected(delay)
                 logger.info("database connection back")
                 # Extend the leases before anything else: one that lapsed meanwhile is still
                 # this relay's unless another relay took it.
@@ -627,7 +612,7 @@ class Relay:
                     extra={"retry_in_s": round(delay, 2), "error": str(err).strip()},
                 )
                 self._wait_to_reconnect(delay)
-                delay = min(delay * 2, MAX_BACKOFF_SECONDS)
+                delay = self._reconnect.after(delay)
         return self._conn
 
     def _wait_to_reconnect(self, delay: float) -> None:
@@ -639,10 +624,7 @@ class Relay:
             self._wake.clear()
 
     def _lost_connection(self, err: Exception) -> None:
-        logger.warning("database connection lost", extra={"error": str(err).strip()})
-        if self._conn is not None:
-            self._conn.close()
-        self._conn = None
+        self._link.lost(err)
 
     def _refused(self, what: str, err: psycopg.Error) -> None:
         """The database refused a statement of the loop's own, the connection still up: a
@@ -656,9 +638,7 @@ class Relay:
         )
         self._paused_until = time.monotonic() + self._pause
         self._pause = min(self._pause * 2, MAX_BACKOFF_SECONDS)
-        if self._conn is not None:
-            self._conn.close()
-        self._conn = None
+        self._link.close()
 
     def _listen(self) -> None:
         """LISTEN x_jobs_outbox: a put of one of our topics claims at once (a hint: the relay

@@ -49,7 +49,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal, LiteralString
+from typing import Any, Literal, LiteralString, Protocol
 
 import psycopg
 from psycopg.rows import dict_row
@@ -58,13 +58,31 @@ from psycopg_pool import ConnectionPool
 
 from x_jobs._conn import PATIENCE, connect, pool_kwargs
 from x_jobs._listen import DB_GONE
-from x_jobs.app import Seconds, interval
 from x_jobs.errors import JobNotHeld, OutputInvalid, StepConflict, XJobsError, translate
-
-if TYPE_CHECKING:
-    from x_jobs.worker import JobContext
+from x_jobs.errors import StepTimeout as StepTimeout  # noqa: PLC0414 - re-exported here
+from x_jobs.errors import Suspended as Suspended  # noqa: PLC0414 - re-exported here
+from x_jobs.jobs import Seconds, interval
 
 logger = logging.getLogger(__name__)
+
+
+class StepContext(Protocol):
+    """What the steps read of a run's context (x_jobs.context.JobContext is one): its job,
+    its holder, and the signal to stop. A protocol, so that this module needs nothing of the
+    context, which makes its ``ctx.step`` from here."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def worker(self) -> str: ...
+    @property
+    def created_at(self) -> datetime | None: ...
+    @property
+    def cancelled(self) -> threading.Event: ...
+    def raise_if_cancelled(self) -> None: ...
+
 
 STEPS: LiteralString = "SELECT * FROM x_jobs.steps(id => %s, worker => %s)"
 RECORD: LiteralString = """
@@ -93,19 +111,6 @@ RECONNECT_MAX = 5.0
 #: How long a step call waits for a connection of the pool before it takes one of its own (the
 #: pool may be reconnecting after an outage, on a backoff of its own that can reach minutes).
 CHECKOUT_TIMEOUT = 2.0
-
-
-class StepTimeout(XJobsError):
-    """``wait_for_event`` gave up: no matching event came before its timeout. Replayed as the
-    same error, so a handler that catches it takes the same path on every run."""
-
-    code = "X_STEP_TIMEOUT"
-
-
-class Suspended(BaseException):
-    """The run is suspended in SQL (a sleep, a wait): the handler unwinds and nothing is settled.
-
-    A BaseException, so that a handler's ``except Exception`` does not swallow it."""
 
 
 @dataclass
@@ -173,7 +178,8 @@ class StepStore:
         #: How long its connections wait on a silent network (see network_settings).
         self._patience = patience
         self._pool: ConnectionPool | None = None
-        # Handler threads take their first steps at once: one pool, not one each (leaked).
+        # Handler threads take their first steps at once: one pool, not one each (which would
+        # leak the others).
         self._pool_lock = threading.Lock()
 
     def _connections(self) -> ConnectionPool:
@@ -231,7 +237,7 @@ def _execute(
 
 def _call(
     store: StepStore,
-    ctx: JobContext,
+    ctx: StepContext,
     sql: LiteralString,
     params: list[Any],
     *,
@@ -278,7 +284,7 @@ def _call(
         delay = min(delay * 2, RECONNECT_MAX)
 
 
-def _raise_if_stopped(ctx: JobContext, lost: Exception) -> None:
+def _raise_if_stopped(ctx: StepContext, lost: Exception) -> None:
     """JobCancelled (caused by the lost connection) once the job was told to stop."""
     try:
         ctx.raise_if_cancelled()
@@ -289,7 +295,7 @@ def _raise_if_stopped(ctx: JobContext, lost: Exception) -> None:
 class _Journal:
     """What one run recorded, loaded on its first step, and what this attempt did since."""
 
-    def __init__(self, ctx: JobContext, store: StepStore) -> None:
+    def __init__(self, ctx: StepContext, store: StepStore) -> None:
         self.ctx = ctx
         self.store = store
         self.steps: dict[str, StepRow] | None = None
@@ -454,7 +460,7 @@ def _duration(value: Seconds | timedelta | None) -> timedelta | None:
 def _event_key(key: str | int | None) -> str | None:
     """An event key as ``step_wait`` takes it: text. An int is its decimal text (so ``key=42``
     matches ``publish(..., key => '42')``); anything else is refused here, before the database
-    is asked (an int went as a smallint, and no step_wait took one)."""
+    is asked (psycopg sends an int as a smallint, which no step_wait takes)."""
     if key is None or isinstance(key, str):
         return key
     # bool is an int, and str(True) would quietly wait for the key 'True'.
@@ -712,7 +718,7 @@ async def _maybe_await(value: Any) -> Any:
 
 
 def progress(
-    store: StepStore, ctx: JobContext, done: float | None, total: float | None, note: str | None
+    store: StepStore, ctx: StepContext, done: float | None, total: float | None, note: str | None
 ) -> bool:
     (values,) = _call(store, ctx, PROGRESS, [ctx.id, ctx.worker, done, total, note])
     return bool(values["progress"])

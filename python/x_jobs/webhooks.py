@@ -43,15 +43,11 @@ from wsgiref.types import StartResponse, WSGIEnvironment
 
 import httpx
 from psycopg.types.json import Jsonb
-from standardwebhooks.webhooks import (
-    EmptyWebhookSecretError,
-    Webhook,
-    WebhookVerificationError,
-)
+from standardwebhooks.webhooks import EmptyWebhookSecretError, Webhook, WebhookVerificationError
 
-from x_jobs.app import App, Job
 from x_jobs.errors import (
     ConcurrencyInvalid,
+    DeliveryError,
     InputInvalid,
     InvalidArgument,
     PayloadTooLarge,
@@ -59,7 +55,8 @@ from x_jobs.errors import (
     WebhookInvalid,
     unstorable_as,
 )
-from x_jobs.outbox import DeliveryError, OutboxMessage
+from x_jobs.jobs import Job, JobsApp
+from x_jobs.sinks import OutboxMessage
 
 logger = logging.getLogger(__name__)
 
@@ -483,7 +480,7 @@ class Receiver:
 
     def __init__(
         self,
-        app: App,
+        app: JobsApp,
         *,
         secret: str | bytes,
         job: Job[Any] | str,

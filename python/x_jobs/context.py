@@ -1,0 +1,115 @@
+"""The context a handler gets (``ctx``): its job's ids and attempt, the signal to stop
+(``ctx.cancelled``), and its durable steps and progress, which it reaches through the worker's
+step store. The worker makes one per claimed job and tells it to stop (``_stop``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from x_jobs.errors import JobCancelled as JobCancelled  # noqa: PLC0414 - re-exported here
+from x_jobs.steps import AsyncSteps, Steps, StepStore, _Journal, progress
+
+logger = logging.getLogger(__name__)
+
+#: Guards the lazy creation of a context's Event against a concurrent stop (rarely contended).
+_CANCEL_LOCK = threading.Lock()
+
+
+class CancelEvent(threading.Event):
+    """The Event of ``ctx.cancelled``, true once set: a plain Event, an object like any other,
+    is always true, and ``if ctx.cancelled: raise ...`` would fail every attempt."""
+
+    def __bool__(self) -> bool:
+        return self.is_set()
+
+
+@dataclass
+class JobContext:
+    """What a handler knows about its run: ids, attempt, and the signal to stop."""
+
+    id: int
+    name: str
+    queue: str
+    attempt: int
+    max_attempts: int
+    run_id: str
+    tenant_id: str
+    worker: str
+    #: When the job was enqueued: a wait_for_event(since="run") matches events from then on.
+    created_at: datetime | None = None
+    #: Why the job was told to stop: "cancelled", "timeout", "lost", "shutdown", or "lease"
+    #: (the worker could not renew its lease: the database did not answer); None if not.
+    reason: str | None = None
+    _stopped: bool = field(default=False, repr=False)
+    _event: CancelEvent | None = field(default=None, repr=False)
+    _store: StepStore | None = field(default=None, repr=False)
+    _steps: Steps | AsyncSteps | None = field(default=None, repr=False)
+
+    def _journal(self) -> _Journal:
+        if self._store is None:
+            raise RuntimeError("steps and progress are for a job that a Worker runs")
+        return _Journal(self, self._store)
+
+    @property
+    def step(self) -> Steps:
+        """The run's durable steps: ``run``, ``sleep``, ``wait_for_event`` (see x_jobs.steps)."""
+        if self._steps is None:
+            self._steps = Steps(self._journal())
+        assert isinstance(self._steps, Steps)
+        return self._steps
+
+    def progress(
+        self, done: float | None = None, total: float | None = None, note: str | None = None
+    ) -> bool:
+        """Write the job's progress (``x-jobs jobs show`` prints it). False when the worker no
+        longer holds the job (its body should stop). A short blocking call, async handlers too."""
+        if self._store is None:
+            raise RuntimeError("steps and progress are for a job that a Worker runs")
+        return progress(self._store, self, done, total, note)
+
+    @property
+    def cancelled(self) -> CancelEvent:
+        """Set, and true, when the job must stop: ``if ctx.cancelled:`` in a loop, or
+        ``ctx.cancelled.wait(timeout)`` to sleep until then.
+
+        Made on first use: an Event per claimed job is a large share of the dispatcher's work
+        on short jobs, and most handlers never ask."""
+        if self._event is None:
+            with _CANCEL_LOCK:
+                if self._event is None:
+                    event = CancelEvent()
+                    if self._stopped:
+                        event.set()
+                    self._event = event
+        return self._event
+
+    def is_cancelled(self) -> bool:
+        return self._stopped
+
+    def raise_if_cancelled(self) -> None:
+        if self._stopped:
+            raise JobCancelled(self.reason or "cancelled")
+
+    def _stop(self, reason: str) -> None:
+        with _CANCEL_LOCK:
+            self.reason = reason
+            self._stopped = True
+            if self._event is not None:
+                self._event.set()
+
+
+@dataclass
+class AsyncJobContext(JobContext):
+    """The context of an ``async`` handler: its ``step`` methods are awaited."""
+
+    @property
+    def step(self) -> AsyncSteps:  # type: ignore[override]
+        """The run's durable steps, awaited: ``await ctx.step.run("name", fn)``."""
+        if self._steps is None:
+            self._steps = AsyncSteps(self._journal())
+        assert isinstance(self._steps, AsyncSteps)
+        return self._steps
