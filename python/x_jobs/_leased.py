@@ -1,6 +1,6 @@
 """What the worker and the relay share of their leased loop (claim, run, settle, with leases
-kept alive): their ids, the stop requests a signal or ``stop()`` makes, the loop's connection
-with its watched calls, and the backoff of its reconnects.
+kept alive): their ids, the stop requests a signal or ``stop()`` makes, when the loop claims
+(ClaimPacer), the loop's connection with its watched calls, and the backoff of its reconnects.
 
 Each drives it with its own claim, heartbeat and settlement: the worker's settle in batches on a
 thread of their own and hand back what a drain leaves; the relay's ack and nack in its loop, and
@@ -42,6 +42,43 @@ def heartbeat_interval(lease: float, given: float | None) -> float:
 def default_id(suffix: str = "") -> str:
     """``host:pid:random``, unique per process and per loop in it."""
     return f"{socket.gethostname()}:{os.getpid()}:{random.getrandbits(32):08x}{suffix}"
+
+
+class ClaimPacer:
+    """When a leased loop claims. At once after a notification (new work was committed) and
+    after a claim that filled its room (more may wait); otherwise at each poll, the safety net
+    for a notification that never came (a pooler in transaction mode, a lost listener). A claim
+    waits for room for half a batch, so that a busy loop claims in batches, not one at a time
+    (unless it holds nothing: then any room is worth a claim).
+    """
+
+    def __init__(self, poll_interval: float, notified: threading.Event) -> None:
+        self.poll_interval = poll_interval
+        self._notified = notified
+        #: Whether the next turn with room claims; the first turn does.
+        self.claim_now = True
+        #: When the poll claims next, on the monotonic clock.
+        self.next_poll = 0.0
+
+    def due(self, now: float) -> bool:
+        """Whether this turn claims, given room (see ``room_for``)."""
+        if self._notified.is_set():
+            self._notified.clear()
+            self.claim_now = True
+        if now >= self.next_poll:
+            self.claim_now = True
+        return self.claim_now
+
+    @staticmethod
+    def room_for(room: int, capacity: int, holding: bool) -> bool:
+        """Whether ``room`` free slots of ``capacity`` are worth a claim."""
+        return room * 2 >= capacity or not holding
+
+    def claimed(self, got: int, room: int) -> None:
+        """A claim answered ``got`` of ``room``: a full one claims again as soon as there is
+        room, a short one waits for the next poll or notification."""
+        self.claim_now = got == room
+        self.next_poll = time.monotonic() + self.poll_interval
 
 
 class Stopping:

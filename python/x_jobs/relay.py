@@ -47,7 +47,14 @@ import psycopg
 
 from x_jobs import _leased as leased
 from x_jobs._conn import connect
-from x_jobs._leased import MAX_BACKOFF_SECONDS, Link, Reconnect, Stopping, default_id
+from x_jobs._leased import (
+    MAX_BACKOFF_SECONDS,
+    ClaimPacer,
+    Link,
+    Reconnect,
+    Stopping,
+    default_id,
+)
 from x_jobs._listen import DB_GONE, LISTEN_DSN_ENV, listen
 from x_jobs._refusal import refuses_value
 from x_jobs._watch import for_leases, patience
@@ -324,8 +331,7 @@ class Relay:
         return False
 
     def _loop(self, threads: _DeliveryThreads) -> None:
-        next_poll = 0.0
-        claim_now = True
+        pacer = ClaimPacer(self.poll_interval, self._notified)
         while True:
             if self._must_stop():
                 return
@@ -346,23 +352,18 @@ class Relay:
                 # Only the deliveries in flight matter now: each one that ends sets _wake.
                 wait = 1.0
             else:
-                if self._notified.is_set():
-                    self._notified.clear()
-                    claim_now = True
-                if now >= next_poll:
-                    claim_now = True
                 room = self.concurrency - self._in_flight
                 can_claim = self._conn is not None and not paused
-                if claim_now and can_claim and room * 2 >= self.concurrency:
+                holding = self._in_flight > 0
+                if pacer.due(now) and can_claim and pacer.room_for(room, self.concurrency, holding):
                     got = self._claim(threads, room)
                     if got is None:
                         continue  # lost (the top reconnects) or refused (a pause began)
-                    claim_now = got == room
-                    next_poll = time.monotonic() + self.poll_interval
+                    pacer.claimed(got, room)
                 # Due to claim but without room: wait for a delivery to end (it sets _wake), not
                 # for the poll time, which has passed (waiting for it would spin). Else until
                 # the next poll, or sooner on a notification or an ended delivery.
-                wait = 1.0 if claim_now else min(next_poll - time.monotonic(), 1.0)
+                wait = 1.0 if pacer.claim_now else min(pacer.next_poll - time.monotonic(), 1.0)
             # Never past the next heartbeat, the end of a pause or the drain's deadline.
             now = time.monotonic()
             if paused:

@@ -44,7 +44,7 @@ import psycopg
 from x_jobs import _leased as leased
 from x_jobs import declarations
 from x_jobs._conn import connect
-from x_jobs._leased import Link, Reconnect, Stopping, default_id
+from x_jobs._leased import ClaimPacer, Link, Reconnect, Stopping, default_id
 from x_jobs._listen import DB_GONE, LISTEN_DSN_ENV, listen
 from x_jobs._watch import for_leases, patience
 from x_jobs.app import App
@@ -363,8 +363,7 @@ class Worker:
     def _loop_forever(self) -> None:
         next_heartbeat = time.monotonic() + self.heartbeat_interval
         next_announce = 0.0
-        next_poll = 0.0
-        claim_now = True
+        pacer = ClaimPacer(self.poll_interval, self._notified)
         while True:
             if self._conn is None:
                 # Lost by whichever call noticed it last turn: nothing below runs without it.
@@ -430,21 +429,14 @@ class Worker:
                         return
                     self._outlast_grace()
             else:
-                if self._notified.is_set():
-                    self._notified.clear()
-                    claim_now = True
-                if now >= next_poll:
-                    claim_now = True
                 room = self._room()
-                if claim_now and (room * 2 >= self.capacity or not self._held):
+                if pacer.due(now) and pacer.room_for(room, self.capacity, bool(self._held)):
                     got = self._claim(room)
                     if got is None:
                         continue
-                    # A full claim means more may wait: claim again as soon as there is room.
-                    claim_now = got == room
-                    next_poll = time.monotonic() + self.poll_interval
+                    pacer.claimed(got, room)
 
-            wake_at = next_heartbeat if self._draining else min(next_heartbeat, next_poll)
+            wake_at = next_heartbeat if self._draining else min(next_heartbeat, pacer.next_poll)
             # A timeout or the drain's grace is acted on when it comes, not at the next poll.
             if self._draining:
                 wake_at = min(wake_at, self._drain_deadline)
