@@ -44,7 +44,27 @@ def tree(tmp_path: Path) -> Path:
     for script in (tmp_path / "sql").glob("x_jobs--*.sql"):
         if f"sql/{script.name}" not in released:
             script.unlink()
+    if not re.search(r"^-- \S+ -> \S+:", (tmp_path / "sql/src/upgrade.sql").read_text(), re.M):
+        start_version(tmp_path)
     return tmp_path
+
+
+def start_version(root: Path) -> None:
+    """Open the version after the released default one in the copy, as docs/releasing.md says a
+    version is started (when the tree has none open, just after a release)."""
+    last = control_version(root)
+    major, minor, patch = (int(part) for part in last.split("."))
+    nxt = f"{major}.{minor}.{patch + 1}"
+    edit(root / "sql/x_jobs.control", f"default_version = '{last}'", f"default_version = '{nxt}'")
+    edit(root / "sql/src/30-helpers.sql", f"SELECT '{last}'::text", f"SELECT '{nxt}'::text")
+    (root / "sql/src/upgrade.sql").write_text(
+        f"\\echo Use \"ALTER EXTENSION x_jobs UPDATE TO '{nxt}'\" to load this file. \\quit\n\n"
+        f"-- {last} -> {nxt}: opened by the test.\n\n"
+        "--@function x_jobs.version\n\n"
+        "SELECT x_jobs._adopt();\n"
+    )
+    with (root / ".gitignore").open("a") as ignore:
+        ignore.write(f"/sql/x_jobs--{last}--{nxt}.sql\n")
 
 
 def build(root: Path, *command: str) -> subprocess.CompletedProcess[str]:
