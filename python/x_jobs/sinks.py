@@ -1,7 +1,7 @@
 """What a relay delivers and to what: :class:`OutboxMessage`, the sink protocols (one message
 per call, or a claim's messages of a topic in one call), a function as a sink
 (:class:`FunctionSink`), and :class:`JobSink`, which enqueues a job per message. The webhook sink
-is x_jobs.webhooks'; the outbox (x_jobs.outbox) registers them by topic.
+is x_jobs.webhooks'; the outbox (x_jobs.outbox.Outbox) registers them by topic.
 """
 
 from __future__ import annotations

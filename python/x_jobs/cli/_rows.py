@@ -14,7 +14,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class JobRow:
-    """A row of x_jobs.job as the operator reads it (``JOB_COLUMNS``)."""
+    """A job as the operator reads it (x_jobs.job_detail, ``JOB_COLUMNS``)."""
 
     id: int
     name: str
@@ -51,7 +51,7 @@ class JobRow:
 
 @dataclass(frozen=True)
 class StepRow:
-    """A step a run reached (x_jobs.step, ``STEP_COLUMNS``)."""
+    """A step a run reached (x_jobs.job_steps, ``STEP_COLUMNS``)."""
 
     job_id: int
     name: str

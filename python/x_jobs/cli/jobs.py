@@ -59,7 +59,7 @@ jobs_cli = typer.Typer(help="List, show, retry and cancel jobs.", no_args_is_hel
 
 @dataclass(frozen=True)
 class JobErrorRow:
-    """One failed attempt of a job (x_jobs.job_error)."""
+    """One failed attempt of a job (x_jobs.job_errors)."""
 
     attempt: int
     failed_at: datetime
@@ -332,8 +332,8 @@ JobId = Annotated[
 
 @jobs_cli.command("show")
 def jobs_show(job_id: JobId, dsn: Dsn = None, as_json: AsJson = False) -> None:
-    """One job: its row and progress, its steps in the order the run reached them (x_jobs.step),
-    then every failed attempt from x_jobs.job_error, oldest first."""
+    """One job: its row and progress, its steps in the order the run reached them
+    (x_jobs.job_steps), then every failed attempt (x_jobs.job_errors), oldest first."""
     out = Output(as_json)
     # REPEATABLE READ: one snapshot for the row, its steps and its errors, which autocommit's
     # READ COMMITTED would give each statement on its own.

@@ -139,7 +139,7 @@ def outbox_list(
     dsn: Dsn = None,
     as_json: AsJson = False,
 ) -> None:
-    """Outbox messages newest first, one page at a time (x_jobs.outbox); page on with --before.
+    """Outbox messages newest first, one page at a time (x_jobs.list_outbox); page on with --before.
 
     After a full page it prints the command for the next one: --before the page's last id.
     """
