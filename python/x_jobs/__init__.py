@@ -54,4 +54,4 @@ __all__ = [
     "XJobsError",
     "translate",
 ]
-__version__ = "0.4.1"
+__version__ = "0.4.2"

@@ -113,7 +113,7 @@ IMMUTABLE
 PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT '0.4.1'::text
+    SELECT '0.4.2'::text
 $$;
 
 -- The bucket a settling statement adds to: its minute, in UTC whatever the session's TimeZone.

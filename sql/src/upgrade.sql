@@ -1,8 +1,9 @@
--- The upgrade from the last released version to the next, written once (scripts/build-sql).
--- No version is open. To start one: set default_version in sql/x_jobs.control to it, and write
--- here, in this order, the guard line
---   \echo Use "ALTER EXTENSION x_jobs UPDATE TO 'B'" to load this file. \quit
--- a header `-- A -> B: <why>`, what is not a function (tables, indexes, ALTERs, grants, DROP
--- FUNCTION where a signature or result changes), a line `--@function x_jobs.NAME` for each new
--- or changed function (x_jobs.version always), and last `SELECT x_jobs._adopt();`. Add the
--- line /sql/x_jobs--A--B.sql to .gitignore (the script is built until its release).
+\echo Use "ALTER EXTENSION x_jobs UPDATE TO '0.4.2'" to load this file. \quit
+
+-- 0.4.1 -> 0.4.2: the claim's plans no longer depend on whether x_jobs.job has statistics
+-- (no sequential or bitmap scans), so a worker that first claimed on an empty table keeps up.
+
+--@function x_jobs.version
+--@function x_jobs.claim
+
+SELECT x_jobs._adopt();

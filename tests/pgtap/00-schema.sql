@@ -951,6 +951,8 @@ SELECT set_eq(
         ('claim', 'jit=off'),
         ('claim', 'enable_hashjoin=off'),
         ('claim', 'enable_mergejoin=off'),
+        ('claim', 'enable_seqscan=off'),
+        ('claim', 'enable_bitmapscan=off'),
         ('relay_outbox', 'plan_cache_mode=force_generic_plan'),
         ('relay_outbox', 'jit=off'),
         ('relay_outbox', 'enable_bitmapscan=off'),

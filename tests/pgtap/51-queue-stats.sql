@@ -5,7 +5,7 @@ SELECT plan(5);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:00:00+00';
 
-SELECT is(x_jobs.version(), '0.4.1', 'version() should answer the version of the installed SQL API');
+SELECT is(x_jobs.version(), '0.4.2', 'version() should answer the version of the installed SQL API');
 SELECT is(
     x_jobs.version(),
     (

@@ -17,7 +17,21 @@ from typing import Any, LiteralString
 import psycopg
 import pytest
 from conftest import Conn, Connect, connections, fresh_database
-from plans import PlanLog, nodes, rows_read
+from plans import (
+    ARM_INDEXES,
+    SLACK,
+    PlanLog,
+    access_problems,
+    arm_scans,
+    is_job,
+    is_key_visit,
+    is_keyed_window,
+    is_pick,
+    nodes,
+    rows_read,
+    seek_problems,
+    window,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -35,20 +49,6 @@ FILLED = {
 READY_ROWS = FILLED["ready"]
 QTY = 10
 
-#: Through which indexes the claim may read x_jobs.job: the three arms, the concurrency count,
-#: and the primary key for the statements that update the picked ids.
-ARM_INDEXES = {"job_ready_idx", "job_waiting_idx", "job_running_idx"}
-#: The rows with a concurrency key: each queue's window of them, and the visit of the keys (the
-#: walk of a queue's keys, the seek into a key's rows).
-KEYED_INDEXES = {
-    "job_ready_keyed_idx",
-    "job_waiting_keyed_idx",
-    "job_keyed_idx",
-    "job_queue_key_idx",
-}
-ALLOWED_INDEXES = ARM_INDEXES | KEYED_INDEXES | {"job_concurrency_idx", "job_pkey"}
-#: Room over 3 x qty x queues for the concurrency-key count (a few running rows per key).
-SLACK = 50
 
 FILL: list[LiteralString] = [
     # The history: done rows in all three queues, none in any partial index of the claim.
@@ -153,82 +153,6 @@ def big_connect(big_dsn: str) -> Iterator[Connect]:
         yield opener
 
 
-def _arm_scans(plan: dict[str, Any]) -> list[dict[str, Any]]:
-    """The scans under the LockRows nodes: the rows each arm of the pick locked."""
-    return [
-        child
-        for node in nodes(plan["Plan"])
-        if node["Node Type"] == "LockRows"
-        for child in node.get("Plans", [])
-        if child.get("Parent Relationship") == "Outer"
-    ]
-
-
-def _is_job(node: dict[str, Any]) -> bool:
-    return node.get("Relation Name") == "job" and node.get("Schema", "x_jobs") == "x_jobs"
-
-
-def access_problems(plan: dict[str, Any]) -> list[str]:
-    """How a statement's plan reads x_jobs.job other than by the allowed index scans."""
-    problems = []
-    for node in nodes(plan["Plan"]):
-        if not _is_job(node) or node["Node Type"] == "ModifyTable":
-            continue
-        kind, index = node["Node Type"], node.get("Index Name")
-        if kind == "Tid Scan":
-            # The claim's update reaches the rows its pick locked by their ctid: no scan at all.
-            continue
-        if kind not in ("Index Scan", "Index Only Scan") or index not in ALLOWED_INDEXES:
-            problems.append(f"{kind} on x_jobs.job (index {index})")
-    return problems
-
-
-def window(qty: int) -> int:
-    """How many due keyed rows of a queue and kind a claim of qty reads at most (see claim)."""
-    return 10 * qty + 100
-
-
-def seek_problems(
-    plan: dict[str, Any], qty: int, queues: int, bound: int | None = None
-) -> list[str]:
-    """Why a picking statement's plan is no seek: bad access paths or too many rows anywhere."""
-    if bound is None:
-        bound = 3 * qty * queues + SLACK
-    problems = access_problems(plan)
-    for node in nodes(plan["Plan"]):
-        if node["Node Type"] == "Sort" and node.get("Plans"):
-            fed = node["Plans"][0]
-            sorted_rows = float(fed.get("Actual Rows", 0)) * float(fed.get("Actual Loops", 0))
-            if sorted_rows > bound:
-                problems.append(f"Sort of {sorted_rows:.0f} rows (bound {bound})")
-        if rows_read(node) > bound:
-            where = node.get("Index Name") or node.get("Relation Name") or ""
-            problems.append(
-                f"{node['Node Type']} {where} handled {rows_read(node):.0f} rows (bound {bound})"
-            )
-    return problems
-
-
-def _is_keyed_window(plan: dict[str, Any]) -> bool:
-    return "WITH win AS" in str(plan.get("Query Text", ""))
-
-
-def _is_key_visit(plan: dict[str, Any]) -> bool:
-    """The visit of keys: its walk of the keys, or its seek and lock of their rows."""
-    text = str(plan.get("Query Text", ""))
-    return "WITH RECURSIVE keys AS" in text or "unnest(v_visit_keys" in text
-
-
-def _is_pick(plan: dict[str, Any]) -> bool:
-    text = str(plan.get("Query Text", ""))
-    return (
-        "FOR UPDATE SKIP LOCKED" in text
-        and "CROSS JOIN LATERAL" in text
-        and not _is_keyed_window(plan)
-        and not _is_key_visit(plan)
-    )
-
-
 def _claim_plans(conn: Conn, log: PlanLog, queues: list[str]) -> list[dict[str, Any]]:
     """Run one claim of QTY; answer the plans of the statements it ran inside."""
     log.take()
@@ -241,7 +165,7 @@ def _claim_plans(conn: Conn, log: PlanLog, queues: list[str]) -> list[dict[str, 
     assert {state for _, state, _ in rows} == {"running"}
     assert {queue for _, _, queue in rows} <= set(queues)
     nested = [p for p in log.take() if "x_jobs.claim(" not in str(p.get("Query Text", ""))]
-    assert any(_is_pick(p) for p in nested), "auto_explain logged no picking statement"
+    assert any(is_pick(p) for p in nested), "auto_explain logged no picking statement"
     return nested
 
 
@@ -262,15 +186,15 @@ def test_claim_seeks_on_a_big_table(big_connect: Connect, plan_cache_mode: str) 
         for plan in plans:
             where = f"call {call} ({queues}): {plan['Query Text'][:60]!r}"
             # The keys here have room: their windows suffice, no claim visits the keys.
-            assert not _is_key_visit(plan), where
-            if _is_keyed_window(plan):
+            assert not is_key_visit(plan), where
+            if is_keyed_window(plan):
                 # The keyed rows (every 7th, on keys with room): each queue's window of them,
                 # ready and waiting, read whole to rank them per key, and no more.
                 bound = 2 * window(QTY) * len(queues) + SLACK
                 assert seek_problems(plan, QTY, len(queues), bound) == [], where
-            elif _is_pick(plan):
+            elif is_pick(plan):
                 assert seek_problems(plan, QTY, len(queues)) == [], where
-                arms = _arm_scans(plan)
+                arms = arm_scans(plan)
                 # A seek per arm and queue at most, each through its own index (the ready arm
                 # skips a queue the first pass found none of the first QTY rows in).
                 assert sorted(n.get("Index Name", "") for n in arms) == sorted(ARM_INDEXES), where
@@ -334,7 +258,7 @@ def test_a_claim_behind_a_full_key_reads_its_windows_and_then_the_keys(
         assert {name for name, _ in rows} == {"free"}
         assert len({key for _, key in rows}) == QTY
         plans = [p for p in log.take() if "x_jobs.claim(" not in str(p.get("Query Text", ""))]
-    assert any(_is_key_visit(p) for p in plans), "the claim never visited the keys"
+    assert any(is_key_visit(p) for p in plans), "the claim never visited the keys"
     for plan in plans:
         where = repr(str(plan["Query Text"])[:60])
         # Each node reads less than one window, so none read the full key's backlog.
@@ -352,7 +276,7 @@ def test_the_checker_rejects_a_naive_claim(big_connect: Connect) -> None:
     problems = seek_problems(plan, QTY, 1)
     assert problems, "the checker passed a query that reads the whole backlog"
     # It is caught for what it does: a scan or sort of (at least) the due backlog of 'default'.
-    read = max(rows_read(n) for n in nodes(plan["Plan"]) if _is_job(n))
+    read = max(rows_read(n) for n in nodes(plan["Plan"]) if is_job(n))
     assert read >= 0.8 * READY_ROWS, problems
     logger.info("the naive claim: %s", problems)
 
@@ -524,7 +448,7 @@ def test_queue_demand_ranks_only_the_keyed_rows(big_connect: Connect) -> None:
     assert demand.get("default", 0) > READY_ROWS // 2, demand
     for plan in _nested(log, "x_jobs.queue_demand("):
         for node in nodes(plan["Plan"]):
-            if _is_job(node):
+            if is_job(node):
                 # Through the partial indexes: an index or bitmap scan, never the whole table.
                 assert node["Node Type"] != "Seq Scan", node["Node Type"]
             if node["Node Type"] == "Sort" and node.get("Plans"):
