@@ -904,7 +904,7 @@ def test_commands_on_a_database_before_0_4_1_are_refused_until_it_is_updated(
             result = failed(x_jobs(*args, "--dsn", old_dsn), 2)
             line, hint = one_line_and_hint(result)
             assert line == (
-                "x-jobs: X_VERSION_UNSUPPORTED: this client speaks x_jobs ['0.4.1'], the"
+                "x-jobs: X_VERSION_UNSUPPORTED: this client speaks x_jobs ['0.4.1', '0.4.2'], the"
                 " database has 0.4.0"
             ), args
             assert "ALTER EXTENSION x_jobs UPDATE" in hint
