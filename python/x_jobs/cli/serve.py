@@ -165,7 +165,11 @@ def worker(
     ] = 10,
     prefetch: Annotated[
         int | None,
-        typer.Option(min=0, help="Claimed jobs waiting in a local queue (default: concurrency)."),
+        typer.Option(
+            min=0,
+            help="Claimed jobs waiting in a local queue (default: about half a second of the"
+            " jobs' run time, from concurrency up to 500).",
+        ),
     ] = None,
     lease: Annotated[
         float,

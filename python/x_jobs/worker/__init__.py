@@ -60,6 +60,7 @@ from x_jobs.jobs import Seconds, interval, seconds
 from x_jobs.metrics import DEFAULT_HOST, GAUGE_INTERVAL, WorkerMetrics
 from x_jobs.steps import StepStore
 from x_jobs.worker._handlers import Executors
+from x_jobs.worker._prefetch import PrefetchSizer
 from x_jobs.worker._run import Outcome, Run, Settlement, ids_array, unknown_job
 from x_jobs.worker.leases import EXTEND as EXTEND
 from x_jobs.worker.leases import RELEASE as RELEASE
@@ -95,6 +96,8 @@ class Worker:
     queue, so that claims and settlements go to the database in batches (a claim asks for as many
     jobs as there is room for, once half the room is free). A prefetched job holds its lease like
     a running one; its timeout starts when its handler does, and a drain hands it back at once.
+    Without ``prefetch``, the local queue holds about half a second of the jobs' work, from
+    ``concurrency`` (jobs of a second or more) to 500 (jobs of a millisecond).
 
     ``metrics_port``: serve Prometheus metrics there, on ``metrics_host`` (default every IPv4
     interface; ``127.0.0.1`` keeps them on this machine), the queue gauges read every
@@ -135,7 +138,9 @@ class Worker:
         if not 1 <= concurrency <= 1000:
             raise ValueError(f"concurrency must be 1 to 1000, not {concurrency}")
         self.concurrency = concurrency
-        self.prefetch = concurrency if prefetch is None else max(0, prefetch)
+        # Without a prefetch, the local queue follows the jobs' run times (see _prefetch).
+        self._sizer = PrefetchSizer(concurrency) if prefetch is None else None
+        self.prefetch = self._sizer.size if self._sizer else max(0, prefetch or 0)
         # What the worker may hold at once, running or waiting, and the claim that is worth a
         # round trip: at least half of it, unless nothing is held at all.
         self.capacity = min(1000, self.concurrency + self.prefetch)
@@ -257,7 +262,7 @@ class Worker:
                 "worker": self.worker_id,
                 "queues": self.queues,
                 "concurrency": self.concurrency,
-                "prefetch": self.prefetch,
+                "prefetch": "auto" if self._sizer else self.prefetch,
             },
         )
         self._connect(first=True)
@@ -573,6 +578,9 @@ class Worker:
             if not settler.pending:
                 settler.pending_since = now
             settler.pending.append(outcome)
+            if self._sizer and run.started is not None and self._sizer.ran(now - run.started):
+                self.prefetch = self._sizer.size
+                self.capacity = settler.capacity = min(1000, self.concurrency + self.prefetch)
 
     def _announce(self) -> None:
         if self._conn is None:
