@@ -51,8 +51,7 @@ def test_short_jobs_are_claimed_in_big_batches(fleet: Fleet, conn: Conn) -> None
 def test_long_jobs_are_not_hoarded(fleet: Fleet, conn: Conn) -> None:
     jobs, seconds, concurrency = 12, 0.3, 2
     ids = [
-        e.id
-        for e in basic.app.enqueue_many(basic.sleep, [{"seconds": seconds}] * jobs, conn=conn)
+        e.id for e in basic.app.enqueue_many(basic.sleep, [{"seconds": seconds}] * jobs, conn=conn)
     ]
     fleet.start(concurrency=concurrency)
     fleet.wait_for(lambda: fleet.all_in(ids, "done"), "the jobs to be done")
