@@ -956,6 +956,7 @@ SELECT set_eq(
         ('relay_outbox', 'plan_cache_mode=force_generic_plan'),
         ('relay_outbox', 'jit=off'),
         ('relay_outbox', 'enable_bitmapscan=off'),
+        ('relay_outbox', 'enable_seqscan=off'),
         ('relay_outbox', 'enable_hashjoin=off'),
         ('relay_outbox', 'enable_mergejoin=off'),
         ('complete_many', 'plan_cache_mode=force_generic_plan'),

@@ -17,7 +17,7 @@ from typing import Any, LiteralString
 import psycopg
 import pytest
 from conftest import Conn, fresh_database
-from plans import PlanLog, access_problems, is_pick, seek_problems
+from plans import PlanLog, access_problems, is_pick, nodes, rows_read, seek_problems
 
 QTY = 10
 #: Rows the fill writes in each state: enough that a plan reading the table shows as thousands.
@@ -139,3 +139,44 @@ def test_a_claim_planned_on_an_empty_table_seeks_once_it_fills(cold_dsn: str, st
                 for plan in log.take():
                     where = f"{start}, {call}: {str(plan['Query Text']).strip()[:60]!r}"
                     assert access_problems(plan) == [], where
+
+
+OUTBOX_ROWS = 30_000
+
+
+def test_a_relay_planned_on_an_empty_outbox_seeks_once_it_fills(cold_dsn: str) -> None:
+    """The outbox relay keeps generic plans as the claim does, with the same hazard: planned on
+    an empty outbox, three of its statements read every message on each call once it filled."""
+    qty = 10
+    put = (
+        "SELECT count(*) FROM x_jobs.outbox_put_many(("
+        " SELECT jsonb_agg(jsonb_build_object('topic', 't', 'payload', '{}'::jsonb,"
+        "   'key', CASE WHEN g %% 2 = 0 THEN 'k' || g %% 50 END))"
+        " FROM generate_series(1, %s) AS g))"
+    )
+    relay = "SELECT id FROM x_jobs.relay_outbox(relay => 'cold-relay', qty => %s)"
+    with (
+        psycopg.connect(cold_dsn, autocommit=True) as admin,
+        psycopg.connect(cold_dsn, autocommit=True) as conn,
+    ):
+        admin.execute("ALTER TABLE x_jobs.outbox SET (autovacuum_enabled = off)")
+        for _ in range(7):
+            assert conn.execute(relay, [qty]).fetchall() == []
+        admin.execute(put, [OUTBOX_ROWS])
+        row = admin.execute(
+            "SELECT reltuples FROM pg_class WHERE oid = 'x_jobs.outbox'::regclass"
+        ).fetchone()
+        assert row == (-1,), "the outbox was analysed while it filled"
+
+        log = PlanLog(conn)
+        assert len(conn.execute(relay, [qty]).fetchall()) == qty
+        plans = [p for p in log.take() if "x_jobs.relay_outbox(" not in str(p.get("Query Text"))]
+        assert plans, "auto_explain logged nothing"
+        # The keyed window at most, twice over (heads and their checks), never the backlog.
+        bound = 2 * (10 * qty + 100)
+        for plan in plans:
+            where = repr(str(plan["Query Text"]).strip()[:60])
+            for node in nodes(plan["Plan"]):
+                if node.get("Relation Name") == "outbox":
+                    assert node["Node Type"] not in ("Seq Scan", "Bitmap Heap Scan"), where
+                assert rows_read(node) <= bound, (where, node["Node Type"], rows_read(node))
