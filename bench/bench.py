@@ -25,6 +25,9 @@ from the issues as a ratio measured in the same run, because the machines are sh
   previous       the newest version against the previous release on the same server: the
                  enqueue, the claim latency and the drain, each database served by its own
                  version's client, in interleaved rounds (bench/previous_release.py)
+  soak           steady production (2,000 jobs/s) into a fresh, never-analysed database, one
+                 worker at its defaults, x_jobs then graphile-worker: a line every 10 s and
+                 whether x_jobs keeps up from the start (bench/soak.py)
 
 Run it by hand against any server with `python bench/bench.py` (PGHOST etc. name the server;
 it creates and drops its own database). `--quick` shrinks every size for a smoke run.
@@ -919,15 +922,32 @@ def main() -> int:
             "outbox",
             "bulk",
             "previous",
+            "soak",
         ],
         action="append",
         help="run only these parts (repeatable)",
+    )
+    parser.add_argument(
+        "--soak", type=float, metavar="MINUTES", help="soak each system this long (default 3)"
+    )
+    parser.add_argument(
+        "--soak-rate", type=float, default=2_000, metavar="JOBS_PER_S", help="the soak's load"
     )
     args = parser.parse_args()
     sizes = QUICK if args.quick else FULL
     parts = set(
         args.only
-        or ["enqueue", "latency", "throughput", "drain", "events", "outbox", "bulk", "previous"]
+        or [
+            "enqueue",
+            "latency",
+            "throughput",
+            "drain",
+            "events",
+            "outbox",
+            "bulk",
+            "previous",
+            "soak",
+        ]
     )
 
     with bench_database() as dsn:
@@ -1141,6 +1161,12 @@ def main() -> int:
             from previous_release import compare_with_previous  # noqa: PLC0415
 
             lines.extend(compare_with_previous(sizes))
+
+        if "soak" in parts:
+            # Steady production into fresh databases of its own, beside graphile-worker.
+            from soak import soak  # noqa: PLC0415
+
+            lines.extend(soak(args.soak, args.quick, args.soak_rate))
 
     width = max(len(line[0]) for line in lines)
     value_width = max(len(line[1]) for line in lines)
