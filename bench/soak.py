@@ -4,8 +4,9 @@
 Each system in turn gets a database of its own, created for the run and never analysed by
 hand (autovacuum at the server's settings, as users run it): x_jobs by CREATE EXTENSION,
 graphile-worker by its own migrate (bench/peers/soak_graphile.mjs). One worker runs at its
-defaults: ``python -m x_jobs worker apps.noop:app`` with no flags, or graphile-worker's run()
-with nothing but a connection string and a no-op task. It is started before the traffic, as a
+defaults, ``python -m x_jobs worker apps.noop:app`` with no flags, or graphile-worker's run()
+with the settings of its performance page and a no-op task (at its defaults it does not keep the
+rate here: see soak_graphile.mjs). It is started before the traffic, as a
 deploy does, and idles WARM_UP seconds on the empty tables. Then, on the same schedule for both:
 
   producer     one connection of this process enqueues BATCH jobs every BATCH / rate seconds

@@ -82,8 +82,11 @@ def stubborn(input: dict[str, Any], ctx: x_jobs.JobContext) -> None:
 @app.job(name="twin_fail", max_attempts=3, retry=FAST_RETRY)
 def twin_fail(input: dict[str, Any], ctx: x_jobs.JobContext) -> None:
     """Fails every attempt with an error naming the attempt; the first attempts of two such jobs
-    wait for each other, so that they fail together."""
-    with Run(ctx):
+    wait for each other, so that they fail together: after the run is recorded, so that no write
+    of a busy machine comes between the two failures and the settle delay splits them."""
+    try:
+        with Run(ctx):
+            raise ValueError(f"attempt {ctx.attempt}")
+    finally:
         if ctx.attempt == 1:
             _twins.wait()
-        raise ValueError(f"attempt {ctx.attempt}")
