@@ -56,8 +56,8 @@ async function main(argv) {
     failJobBatchDelay: 0,
   };
   const runner = await run({
-    connectionString,
-    ...settings,
+    // Through a preset, as run_graphile.mjs passes them: 0.18 ignores these as run() options.
+    preset: { worker: { connectionString, ...settings } },
     noHandleSignals: true,
     taskList: { noop: async () => {} },
     parsedCronItems: [], // no cron: do not look for a crontab file in the working directory
