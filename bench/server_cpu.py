@@ -56,9 +56,9 @@ class ServerCpu:
             return None
         return cls(ppid)
 
-    def seconds(self) -> float:
+    def seconds(self, excluding: frozenset[int] = frozenset()) -> float:
         """CPU seconds (user and system) of the server's processes so far, exited ones
-        included."""
+        included, but for the live backends ``excluding`` names (a benchmark's own sessions)."""
         fields = _stat_fields(self.postmaster)
         # cutime and cstime, proc(5) fields 16 and 17: the children reaped so far.
         total = _own_seconds(self.postmaster) + (int(fields[13]) + int(fields[14])) * _TICK
@@ -66,8 +66,9 @@ class ServerCpu:
             if not entry.name.isdigit():
                 continue
             try:
-                if int(_stat_fields(int(entry.name))[1]) == self.postmaster:
-                    total += _own_seconds(int(entry.name))
+                pid = int(entry.name)
+                if pid not in excluding and int(_stat_fields(pid)[1]) == self.postmaster:
+                    total += _own_seconds(pid)
             except (OSError, ValueError):
                 continue  # gone meanwhile: counted in cutime once reaped
         return total

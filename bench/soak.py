@@ -29,7 +29,8 @@ deploy does, and idles WARM_UP seconds on the empty tables. Then, on the same sc
                the size of the job tables (pg_total_relation_size, indexes and TOAST with
                them), their dead rows, the main table's autovacuum and autoanalyze counts so
                far, rows purged, and the CPU time per job done of the server
-               (bench/server_cpu.py) and of the worker process (/proc/PID/stat)
+               (bench/server_cpu.py; the probe's and the sampler's backends left out, the
+               retention's counted) and of the worker process (/proc/PID/stat)
 
 x_jobs counts what it has done exactly in x_jobs.counter (complete_many adds to it in the same
 transaction); graphile-worker deletes what it has done, so its done is produced minus the rows
@@ -403,7 +404,10 @@ def take_sample(
     retainer: Retainer | None,
     cpu: ServerCpu | None,
     worker: Worker,
+    own: frozenset[int] = frozenset(),
 ) -> Sample:
+    """``own``: the backends of this process's probe and sampler, whose CPU is not the
+    system's (graphile-worker has no probe, and the two sides count done jobs differently)."""
     at = time.perf_counter()
     produced = producer.produced
     row = conn.execute(system.done, {"produced": produced}).fetchone()
@@ -427,7 +431,7 @@ def take_sample(
         dead=int(tables[1]),
         vacuums=int(tables[2]),
         analyzes=int(tables[3]),
-        server_cpu=cpu.seconds() if cpu is not None else None,
+        server_cpu=cpu.seconds(excluding=own) if cpu is not None else None,
         worker_cpu=process_cpu(worker.pid),
         claim_calls=calls,
         claim_ms=claim_ms,
@@ -534,6 +538,7 @@ def soak_one(system: System, seconds: float, rate: float) -> Run:
             # The sampler's counts must not take the server's two cores from the worker.
             conn.execute("SET max_parallel_workers_per_gather = 0")
             cpu = ServerCpu.find(conn)
+            own = frozenset(c.info.backend_pid for c in (conn, probe_conn) if c is not None)
             t0 = time.perf_counter()
             until = t0 + seconds
             producer = Producer(system, t0, until, rate)
@@ -544,7 +549,7 @@ def soak_one(system: System, seconds: float, rate: float) -> Run:
                 retainer = Retainer(system.dbname, t0, until)
                 loops += [probe, retainer]
             first = previous = take_sample(
-                conn, system, producer=producer, retainer=retainer, cpu=cpu, worker=worker
+                conn, system, producer=producer, retainer=retainer, cpu=cpu, worker=worker, own=own
             )
             for loop in loops:
                 loop.start()
@@ -563,7 +568,13 @@ def soak_one(system: System, seconds: float, rate: float) -> Run:
                         f"the {system.name} worker exited ({worker.proc.returncode})"
                     )
                 sample = take_sample(
-                    conn, system, producer=producer, retainer=retainer, cpu=cpu, worker=worker
+                    conn,
+                    system,
+                    producer=producer,
+                    retainer=retainer,
+                    cpu=cpu,
+                    worker=worker,
+                    own=own,
                 )
                 intervals.append(interval(previous, sample, t0, probe))
                 print(row_text(intervals[-1]), flush=True)
