@@ -25,6 +25,9 @@ from the issues as a ratio measured in the same run, because the machines are sh
   previous       the newest version against the previous release on the same server: the
                  enqueue, the claim latency and the drain, each database served by its own
                  version's client, in interleaved rounds (bench/previous_release.py)
+  versus         beside graphile-worker: drains of 100,000 and 1,000,000 jobs with the
+                 server's CPU per job, x_jobs at its defaults, and the wake latency at 50
+                 and 500 jobs/s (bench/versus.py)
 
 Run it by hand against any server with `python bench/bench.py` (PGHOST etc. name the server;
 it creates and drops its own database). `--quick` shrinks every size for a smoke run.
@@ -43,7 +46,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -461,12 +464,16 @@ def drain_with_workers(
     job: str = "noop",
     *,
     client: Path = ROOT / "python",
+    worker_args: Sequence[str] = WORKER_ARGS,
+    on_clock: Callable[[str, list[int]], None] | None = None,
 ) -> float:
     """jobs/s of `workers` x-jobs worker processes draining `jobs` no-op jobs (enqueued with
     keep_done => false when keep_done is False: completing them deletes them). `job` names the
     handler in bench/apps/noop.py: "noop" (sync) or "noop_async". `client` is the directory
     holding the x_jobs package the workers import (this checkout's, or the previous release's
-    for bench/previous_release.py); `dsn` names the database.
+    for bench/previous_release.py); `dsn` names the database. `worker_args` are the workers'
+    options. `on_clock` (bench/versus.py's CPU samples) is called with "start" and the workers'
+    process ids right before the clock starts, and with "stop" right after it stops.
 
     The queue is paused while the workers start and resumed once all of them have announced
     themselves, so start-up is outside the clock, as in the peers' runners.
@@ -484,7 +491,7 @@ def drain_with_workers(
         )
         procs = [
             subprocess.Popen(
-                [sys.executable, "-m", "x_jobs", "worker", "apps.noop:app", *WORKER_ARGS],
+                [sys.executable, "-m", "x_jobs", "worker", "apps.noop:app", *worker_args],
                 env=env,
             )
             for _ in range(workers)
@@ -492,6 +499,8 @@ def drain_with_workers(
         try:
             while conn.execute("SELECT count(*) FROM x_jobs.worker").fetchone() != (workers,):
                 time.sleep(0.02)
+            if on_clock is not None:
+                on_clock("start", [proc.pid for proc in procs])
             started = time.perf_counter()
             conn.execute("SELECT x_jobs.resume_queue('bench')")
             # Polled on the peers' schedule (bench/peers/peerlib.py). complete_many counts what
@@ -504,6 +513,8 @@ def drain_with_workers(
             seconds = wait_drained(
                 conn, remaining, jobs, started, alive(procs), params={"jobs": jobs}
             )
+            if on_clock is not None:
+                on_clock("stop", [proc.pid for proc in procs])
             left = conn.execute("SELECT count(*) FROM x_jobs.job WHERE state <> 'done'")
             if (row := left.fetchone()) != (0,):
                 raise RuntimeError(f"the counters say drained, yet {row} jobs are not done")
@@ -919,6 +930,7 @@ def main() -> int:
             "outbox",
             "bulk",
             "previous",
+            "versus",
         ],
         action="append",
         help="run only these parts (repeatable)",
@@ -927,7 +939,17 @@ def main() -> int:
     sizes = QUICK if args.quick else FULL
     parts = set(
         args.only
-        or ["enqueue", "latency", "throughput", "drain", "events", "outbox", "bulk", "previous"]
+        or [
+            "enqueue",
+            "latency",
+            "throughput",
+            "drain",
+            "events",
+            "outbox",
+            "bulk",
+            "previous",
+            "versus",
+        ]
     )
 
     with bench_database() as dsn:
@@ -1141,6 +1163,12 @@ def main() -> int:
             from previous_release import compare_with_previous  # noqa: PLC0415
 
             lines.extend(compare_with_previous(sizes))
+
+        if "versus" in parts:
+            # Beside graphile-worker: drains with CPU per job, defaults, wake latency.
+            from versus import compare_with_graphile  # noqa: PLC0415
+
+            lines.extend(compare_with_graphile(dsn, args.quick))
 
     width = max(len(line[0]) for line in lines)
     value_width = max(len(line[1]) for line in lines)
