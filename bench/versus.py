@@ -22,9 +22,13 @@ size runs fewer rounds (ROUNDS_NOTE): a round of it takes minutes.
 The wake latency's origin is the moment the enqueue call came back to the enqueuing client (its
 commit acknowledged), on CLOCK_MONOTONIC; the handler reads the same clock first thing
 (bench/apps/stamp.py, and the task of bench/peers/wake_graphile.mjs). One client enqueues for
-both systems with each one's SQL function (x_jobs.enqueue, graphile_worker.add_job), each call
-its own transaction, from ENQUEUE_THREADS connections that take turns on one schedule, so that a
-slow commit does not hold up the next job.
+every side with each one's SQL function (x_jobs.enqueue, graphile_worker.add_job), each call its
+own transaction, from ENQUEUE_THREADS connections that take turns on one schedule, so that a
+slow commit does not hold up the next job. graphile-worker runs twice, at its defaults and with
+concurrentJobs 10 (x_jobs' default concurrency): at its default of 1 it cannot keep up with
+500/s here, and its latency there is a queue's. All the workers run throughout, idle but for
+their turns, and the sides take turns of a tenth of the jobs (WAKE_TURNS): the machine's speed
+drifts within a minute, and one stretch each would compare moments.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import LiteralString
@@ -61,11 +67,16 @@ CPU_RATIO_TARGET = 0.8
 DRAIN_RATIO_TARGET = 1.5
 DEFAULTS_RATIO_TARGET = 0.8
 
-ENQUEUE_THREADS = 4
-#: Jobs run before each wake measurement, not counted: the worker's first job pays for its
-#: connections' first statements (and graphile-worker's prepared ones); then it idles again.
+#: The wake test's enqueuing connections per side, taking turns on one schedule: at 500 jobs/s
+#: an enqueue may take up to 32 ms (a durable commit on a busy disk) before the next is late.
+ENQUEUE_THREADS = 16
+#: Jobs run first on every side, not counted: a worker's first job pays for its connections'
+#: first statements (and graphile-worker's prepared ones).
 WAKE_WARMUP = 20
-WAKE_IDLE_SECONDS = 1.0
+#: Each side's jobs come in this many turns, the sides alternating, after a pause with nothing
+#: queued anywhere: every worker is idle when its turn starts.
+WAKE_TURNS = 10
+WAKE_IDLE_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -320,46 +331,21 @@ def bench_drains(
 # --- wake latency ------------------------------------------------------------------------------
 
 
-def paced_enqueue(
-    conninfo: str, statement: LiteralString, rate: float, numbers: range
-) -> tuple[dict[int, float], float]:
-    """Enqueue job n of `numbers` at start + (n - first) / rate, each its own transaction, from
-    ENQUEUE_THREADS connections taking turns; the CLOCK_MONOTONIC moment each call came back,
-    and the rate achieved (the schedule holds as long as a call takes less than
-    ENQUEUE_THREADS / rate)."""
-    acked: dict[int, float] = {}
-    errors: list[BaseException] = []
-    conns = [psycopg.connect(conninfo, autocommit=True) for _ in range(ENQUEUE_THREADS)]
-    first = numbers[0]
-    sent: list[float] = []
-    try:
-        start = time.monotonic() + 0.05
-
-        def loop(slot: int) -> None:
-            try:
-                for n in numbers[slot::ENQUEUE_THREADS]:
-                    due = start + (n - first) / rate
-                    if (wait := due - time.monotonic()) > 0:
-                        time.sleep(wait)
-                    sent.append(time.monotonic())
-                    conns[slot].execute(statement, [n])
-                    acked[n] = time.monotonic()
-            except BaseException as err:
-                errors.append(err)
-                raise
-
-        threads = [threading.Thread(target=loop, args=(slot,)) for slot in range(ENQUEUE_THREADS)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-    finally:
-        for conn in conns:
-            conn.close()
-    if errors:
-        raise errors[0]
-    achieved = (len(sent) - 1) / (max(sent) - min(sent)) if len(sent) > 1 else rate
-    return acked, achieved
+#: The wake latency's sides: x_jobs at its defaults; graphile-worker at its defaults
+#: (concurrentJobs 1, which runs one job at a time), and with concurrentJobs 10 (x_jobs' default
+#: concurrency), the one tuning that differs; each label with its concurrentJobs.
+WAKE_SIDES: dict[str, int | None] = {
+    "x_jobs": None,
+    "graphile-worker": None,
+    "graphile-worker concurrentJobs 10": 10,
+}
+X_JOBS_ENQUEUE: LiteralString = (
+    "SELECT x_jobs.enqueue(name => 'stamp', queue => 'bench',"
+    " input => jsonb_build_object('n', %s::int))"
+)
+GRAPHILE_ADD_JOB: LiteralString = (
+    "SELECT graphile_worker.add_job('stamp', json_build_object('n', %s::int))"
+)
 
 
 def read_stamps(path: Path, numbers: range, timeout: float = 60.0) -> dict[int, float]:
@@ -378,10 +364,57 @@ def read_stamps(path: Path, numbers: range, timeout: float = 60.0) -> dict[int, 
         time.sleep(0.05)
 
 
-@dataclass(frozen=True)
-class Wake:
-    latencies: list[float]
-    achieved: float
+class WakeSide:
+    """One system under the wake test: its enqueuing connections and its worker's stamps."""
+
+    def __init__(
+        self, label: str, conninfo: str, statement: LiteralString, stamps: Path, stack: ExitStack
+    ) -> None:
+        self.label = label
+        self.statement = statement
+        self.stamps = stamps
+        self.conns = [
+            stack.enter_context(psycopg.connect(conninfo, autocommit=True))
+            for _ in range(ENQUEUE_THREADS)
+        ]
+        self.latencies: list[float] = []
+        #: How late each enqueue went out against its schedule: whether the rate held.
+        self.late: list[float] = []
+
+    def turn(self, rate: float, numbers: range) -> None:
+        """Enqueue job n of `numbers` at start + (n - first) / rate, each its own transaction,
+        from the connections in turns (the schedule holds while a call takes less than
+        ENQUEUE_THREADS / rate); then wait for every handler and note the latencies: handler
+        start - the moment the call came back, both on CLOCK_MONOTONIC."""
+        acked: dict[int, float] = {}
+        late: list[float] = []
+        errors: list[BaseException] = []
+        first = numbers[0]
+        start = time.monotonic() + 0.01
+
+        def loop(slot: int) -> None:
+            try:
+                for n in numbers[slot :: len(self.conns)]:
+                    due = start + (n - first) / rate
+                    if (wait := due - time.monotonic()) > 0:
+                        time.sleep(wait)
+                    late.append(time.monotonic() - due)
+                    self.conns[slot].execute(self.statement, [n])
+                    acked[n] = time.monotonic()
+            except BaseException as err:
+                errors.append(err)
+                raise
+
+        threads = [threading.Thread(target=loop, args=(slot,)) for slot in range(len(self.conns))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+        started = read_stamps(self.stamps, numbers)
+        self.latencies += [started[n] - acked[n] for n in numbers]
+        self.late += late
 
     def quantiles(self) -> tuple[float, float, float]:
         return (
@@ -391,24 +424,9 @@ class Wake:
         )
 
 
-def measure_wake(
-    conninfo: str, statement: LiteralString, stamps: Path, rate: float, jobs: int
-) -> Wake:
-    """A warm-up, an idle pause, then `jobs` jobs at `rate`; latency = start - commit's return."""
-    warmup = range(-WAKE_WARMUP, 0)
-    paced_enqueue(conninfo, statement, 20, warmup)
-    read_stamps(stamps, warmup)
-    time.sleep(WAKE_IDLE_SECONDS)
-    measured = range(jobs)
-    acked, achieved = paced_enqueue(conninfo, statement, rate, measured)
-    started = read_stamps(stamps, measured)
-    return Wake([started[n] - acked[n] for n in measured], achieved)
-
-
-def wake_x_jobs(dsn: str, rate: float, jobs: int, scratch: Path) -> Wake:
-    """One x-jobs worker at its defaults (`x-jobs worker apps.stamp:app`), idle at the start."""
-    stamps = scratch / f"x_jobs-{rate:g}.stamps"
-    stamps.write_text("")
+@contextmanager
+def x_jobs_wake_worker(dsn: str, stamps: Path) -> Iterator[str]:
+    """One x-jobs worker at its defaults (`x-jobs worker apps.stamp:app`); its database."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("TRUNCATE x_jobs.job, x_jobs.worker, x_jobs.counter")
         env = dict(
@@ -425,28 +443,20 @@ def wake_x_jobs(dsn: str, rate: float, jobs: int, scratch: Path) -> Wake:
                 if proc.poll() is not None:
                     raise RuntimeError(f"the x_jobs worker exited ({proc.returncode})")
                 time.sleep(0.02)
-            return measure_wake(
-                dsn,
-                "SELECT x_jobs.enqueue(name => 'stamp', queue => 'bench',"
-                " input => jsonb_build_object('n', %s::int))",
-                stamps,
-                rate,
-                jobs,
-            )
+            yield dsn
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
             conn.execute("TRUNCATE x_jobs.job, x_jobs.worker, x_jobs.counter")
 
 
-def wake_graphile(
-    rate: float, jobs: int, scratch: Path, concurrent_jobs: int | None
-) -> tuple[Wake, str]:
+@contextmanager
+def graphile_wake_worker(
+    stamps: Path, concurrent_jobs: int | None, settings: dict[str, str], label: str
+) -> Iterator[str]:
     """One graphile-worker run() at its defaults (wake_graphile.mjs) but for concurrentJobs
-    when `concurrent_jobs` is given, idle at the start; with NO_LOG_SUCCESS=1, as x_jobs' worker
-    does not log a job that succeeds."""
-    stamps = scratch / f"graphile-{rate:g}-{concurrent_jobs}.stamps"
-    stamps.write_text("")
+    when `concurrent_jobs` is given; its database. With NO_LOG_SUCCESS=1, as x_jobs' worker
+    does not log a job that succeeds. Its settings go to settings[label] once it stopped."""
     extra = [] if concurrent_jobs is None else [str(concurrent_jobs)]
     proc = subprocess.Popen(
         ["node", str(GRAPHILE_WAKE), str(stamps), *extra],
@@ -456,7 +466,6 @@ def wake_graphile(
         env=dict(os.environ, NO_LOG_SUCCESS="1"),
     )
     assert proc.stdin is not None and proc.stdout is not None
-    settings = ""
     try:
         dbname = ""
         for line in proc.stdout:
@@ -466,18 +475,12 @@ def wake_graphile(
             sys.stderr.write(line)
         if not dbname:
             raise RuntimeError(f"wake_graphile.mjs exited ({proc.wait()})")
-        wake = measure_wake(
-            make_conninfo(dbname=dbname),
-            "SELECT graphile_worker.add_job('stamp', json_build_object('n', %s::int))",
-            stamps,
-            rate,
-            jobs,
-        )
+        yield make_conninfo(dbname=dbname)
         proc.stdin.write("stop\n")
         proc.stdin.flush()
         for line in proc.stdout:
             if line.startswith("{"):
-                settings = str(json.loads(line)["settings"])
+                settings[label] = str(json.loads(line)["settings"])
             else:
                 sys.stderr.write(line)
     finally:
@@ -485,57 +488,64 @@ def wake_graphile(
         proc.wait(timeout=60)
     if proc.returncode != 0:
         raise RuntimeError(f"wake_graphile.mjs failed ({proc.returncode})")
-    return wake, settings
 
 
 def ms(seconds: float) -> str:
     return f"{seconds * 1000:.2f} ms"
 
 
-#: The wake latency's sides: x_jobs at its defaults; graphile-worker at its defaults
-#: (concurrentJobs 1, which runs one job at a time), and with concurrentJobs 10 (x_jobs' default
-#: concurrency), the one tuning that differs; each label with its concurrentJobs.
-WAKE_SIDES: dict[str, int | None] = {
-    "x_jobs": None,
-    "graphile-worker": None,
-    "graphile-worker concurrentJobs 10": 10,
-}
-
-
 def bench_wake(dsn: str, sizes: VersusSizes, settings: dict[str, str]) -> list[Line]:
+    """Every side's worker runs (idle) throughout; the sides take turns of
+    wake_jobs / WAKE_TURNS jobs, the order reversing each turn, each turn after a pause with
+    nothing queued anywhere, so that every side sees the same moments of a noisy machine."""
     lines: list[Line] = []
-    with tempfile.TemporaryDirectory(prefix="x_jobs_bench_wake.") as scratch_dir:
-        scratch = Path(scratch_dir)
-        for n, rate in enumerate(sizes.wake_rates):
-            # ABBA: the order of the sides reverses from one rate to the next.
-            results: dict[str, Wake] = {}
-            for side in list(WAKE_SIDES)[:: -1 if n % 2 else 1]:
-                log(f"wake latency, {side}, {rate}/s, {sizes.wake_jobs:,} jobs")
-                if side == "x_jobs":
-                    results[side] = wake_x_jobs(dsn, rate, sizes.wake_jobs, scratch)
-                else:
-                    results[side], settings[f"{side} wake"] = wake_graphile(
-                        rate, sizes.wake_jobs, scratch, WAKE_SIDES[side]
-                    )
-            ours = results["x_jobs"].quantiles()
-            for side in WAKE_SIDES:
-                p50, p99, worst = quantiles = results[side].quantiles()
+    per_turn = sizes.wake_jobs // WAKE_TURNS
+    with tempfile.TemporaryDirectory(prefix="x_jobs_bench_wake.") as scratch, ExitStack() as stack:
+        sides: list[WakeSide] = []
+        for n, (label, concurrent_jobs) in enumerate(WAKE_SIDES.items()):
+            stamps = Path(scratch) / f"{n}.stamps"
+            stamps.write_text("")
+            if label == "x_jobs":
+                conninfo = stack.enter_context(x_jobs_wake_worker(dsn, stamps))
+                statement = X_JOBS_ENQUEUE
+            else:
+                conninfo = stack.enter_context(
+                    graphile_wake_worker(stamps, concurrent_jobs, settings, f"{label} wake")
+                )
+                statement = GRAPHILE_ADD_JOB
+            sides.append(WakeSide(label, conninfo, statement, stamps, stack))
+        for side in sides:
+            side.turn(20, range(-WAKE_WARMUP, 0))
+        number = 0
+        for rate in sizes.wake_rates:
+            log(f"wake latency, {rate}/s, {sizes.wake_jobs:,} jobs a side")
+            for side in sides:
+                side.latencies.clear()
+                side.late.clear()
+            for turn in range(WAKE_TURNS):
+                for side in sides[:: -1 if turn % 2 else 1]:
+                    time.sleep(WAKE_IDLE_SECONDS)
+                    side.turn(rate, range(number, number + per_turn))
+                    number += per_turn
+            ours = sides[0].quantiles()
+            for side in sides:
+                p50, p99, worst = quantiles = side.quantiles()
                 lines.append(
                     (
-                        f"{'versus: ' if side == 'x_jobs' else '  '}wake latency, {side}, "
-                        f"{rate}/s ({results[side].achieved:.0f} achieved), "
-                        f"{sizes.wake_jobs:,} jobs",
+                        f"{'versus: ' if side is sides[0] else '  '}wake latency, {side.label}, "
+                        f"{rate}/s, {len(side.latencies):,} jobs (enqueues late by p99 "
+                        f"{ms(percentile(side.late, 0.99))})",
                         f"p50 {ms(p50)}, p99 {ms(p99)}, max {ms(worst)}",
                         "",
                         "",
                     )
                 )
-                if side == "x_jobs":
+                if side is sides[0]:
                     continue
                 ratios = [a / b for a, b in zip(ours, quantiles, strict=True)]
                 lines.append(
                     (
-                        f"    x_jobs / {side}",
+                        f"    x_jobs / {side.label}",
                         "p50 {:.2f}x, p99 {:.2f}x, max {:.2f}x".format(*ratios),
                         "each < 1x",
                         " / ".join(verdict(r < 1) for r in ratios),

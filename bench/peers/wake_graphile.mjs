@@ -3,7 +3,8 @@
 //
 //   node bench/peers/wake_graphile.mjs STAMPS [CONCURRENT_JOBS]
 //
-// Creates the database x_jobs_peer_graphile_wake (dropped at the end) and installs
+// Creates the database x_jobs_peer_graphile_wake[_CONCURRENT_JOBS] (dropped at the end: one per
+// setting, so that bench/versus.py runs them side by side) and installs
 // graphile-worker's schema with its own API (WorkerUtils.migrate), then runs one run() with only
 // a connection string: the defaults (concurrentJobs 1, maxPoolSize 10, pollInterval 2000 ms; a
 // LISTEN on "jobs:insert" wakes it when a job is added), but for concurrentJobs when
@@ -26,7 +27,6 @@ const here = dirname(fileURLToPath(import.meta.url));
 const requireFromPeer = createRequire(join(here, "graphile", "package.json"));
 const importPeer = (name) => import(pathToFileURL(requireFromPeer.resolve(name)).href);
 
-const DBNAME = "x_jobs_peer_graphile_wake";
 const connectionString = (db) => `postgres:///${db}`;
 
 const { default: pg } = await importPeer("pg");
@@ -50,6 +50,7 @@ async function main(argv) {
   if (concurrentJobs !== undefined && !(Number.isInteger(concurrentJobs) && concurrentJobs > 0)) {
     throw new Error(`CONCURRENT_JOBS must be a positive integer, not ${argv[1]}`);
   }
+  const DBNAME = `x_jobs_peer_graphile_wake${concurrentJobs === undefined ? "" : `_${concurrentJobs}`}`;
   const stamps = openSync(argv[0], "a");
   await admin(`DROP DATABASE IF EXISTS ${DBNAME} WITH (FORCE)`);
   await admin(`CREATE DATABASE ${DBNAME}`);
