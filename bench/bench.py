@@ -465,15 +465,16 @@ def drain_with_workers(
     *,
     client: Path = ROOT / "python",
     worker_args: Sequence[str] = WORKER_ARGS,
-    on_clock: Callable[[str, list[int]], None] | None = None,
+    on_clock: Callable[[str, list[int], int], None] | None = None,
 ) -> float:
     """jobs/s of `workers` x-jobs worker processes draining `jobs` no-op jobs (enqueued with
     keep_done => false when keep_done is False: completing them deletes them). `job` names the
     handler in bench/apps/noop.py: "noop" (sync) or "noop_async". `client` is the directory
     holding the x_jobs package the workers import (this checkout's, or the previous release's
     for bench/previous_release.py); `dsn` names the database. `worker_args` are the workers'
-    options. `on_clock` (bench/versus.py's CPU samples) is called with "start" and the workers'
-    process ids right before the clock starts, and with "stop" right after it stops.
+    options. `on_clock` (bench/versus.py's CPU samples) is called with "start", the workers'
+    process ids and the polling connection's backend pid right before the clock starts, and
+    with "stop" and the same right after it stops.
 
     The queue is paused while the workers start and resumed once all of them have announced
     themselves, so start-up is outside the clock, as in the peers' runners.
@@ -500,7 +501,7 @@ def drain_with_workers(
             while conn.execute("SELECT count(*) FROM x_jobs.worker").fetchone() != (workers,):
                 time.sleep(0.02)
             if on_clock is not None:
-                on_clock("start", [proc.pid for proc in procs])
+                on_clock("start", [proc.pid for proc in procs], conn.info.backend_pid)
             started = time.perf_counter()
             conn.execute("SELECT x_jobs.resume_queue('bench')")
             # Polled on the peers' schedule (bench/peers/peerlib.py). complete_many counts what
@@ -514,7 +515,7 @@ def drain_with_workers(
                 conn, remaining, jobs, started, alive(procs), params={"jobs": jobs}
             )
             if on_clock is not None:
-                on_clock("stop", [proc.pid for proc in procs])
+                on_clock("stop", [proc.pid for proc in procs], conn.info.backend_pid)
             left = conn.execute("SELECT count(*) FROM x_jobs.job WHERE state <> 'done'")
             if (row := left.fetchone()) != (0,):
                 raise RuntimeError(f"the counters say drained, yet {row} jobs are not done")

@@ -12,12 +12,13 @@ default set). Issue 21's steady-state figures, each with its ratio:
   defaults       x_jobs with no tuning flag (`x-jobs worker apps.noop:app`) against the tuned
                  worker, 1 process, the small size
   wake latency   enqueue commit -> handler start of single jobs enqueued one at a time at a
-                 steady 50/s and 500/s into an idle worker, each system at its defaults:
-                 p50, p99 and the worst sample
+                 steady 50/s and 500/s into an idle worker, x_jobs at its defaults against
+                 graphile-worker at its defaults and with concurrentJobs 10: p50, p99 and the
+                 worst sample
 
 The drains of the small size run in interleaved rounds (which side goes first alternates) and
 each side counts its best round: the best jobs/s and, separately, the least CPU per job. The big
-size runs fewer rounds (ROUNDS_NOTE): a round of it takes minutes.
+size runs fewer rounds (VersusSizes.big_rounds, said in the table): a round of it takes minutes.
 
 The wake latency's origin is the moment the enqueue call came back to the enqueuing client (its
 commit acknowledged), on CLOCK_MONOTONIC; the handler reads the same clock first thing
@@ -115,32 +116,41 @@ def processes_cpu(pids: list[int]) -> float:
     return total
 
 
+def backend_cpu(pid: int) -> float:
+    """CPU seconds of one (single-threaded) server process, read as bench/server_cpu.py reads
+    a live one: /proc/PID/schedstat, in nanoseconds."""
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
+
+
 @dataclass(frozen=True)
 class Drain:
     jobs: int
     rate: float
-    #: CPU microseconds per job of the server's processes, and of the worker processes.
+    #: CPU microseconds per job: of the server's processes but the poll's backend, of the
+    #: worker processes, and of the poll's backend.
     server_us: float
     workers_us: float
+    poll_us: float
 
 
 class ClockSamples:
-    """The on_clock of a drain: the server's and the workers' CPU time at its start and stop."""
+    """The on_clock of a drain: CPU times at its start and stop. The backend of the bench's
+    poll for an empty backlog is counted apart: its query differs between the two (x_jobs reads
+    its counters, graphile-worker's runner counts the rows of a table that shrinks from the
+    backlog's size), and it measures the drain, it is not part of it."""
 
     def __init__(self, server: ServerCpu) -> None:
         self.server = server
-        self.pids: list[int] = []
-        self.samples: dict[str, tuple[float, float]] = {}
+        self.samples: dict[str, tuple[float, float, float]] = {}
 
-    def __call__(self, moment: str, pids: list[int]) -> None:
-        self.pids = pids or self.pids
-        self.samples[moment] = (self.server.seconds(), processes_cpu(self.pids))
+    def __call__(self, moment: str, pids: list[int], poller: int) -> None:
+        poll = backend_cpu(poller)
+        self.samples[moment] = (self.server.seconds() - poll, processes_cpu(pids), poll)
 
     def drain(self, jobs: int, rate: float) -> Drain:
-        (server0, workers0), (server1, workers1) = self.samples["start"], self.samples["stop"]
-        return Drain(
-            jobs, rate, (server1 - server0) / jobs * 1e6, (workers1 - workers0) / jobs * 1e6
-        )
+        start, stop = self.samples["start"], self.samples["stop"]
+        server, workers, poll = ((b - a) / jobs * 1e6 for a, b in zip(start, stop, strict=True))
+        return Drain(jobs, rate, server, workers, poll)
 
 
 def x_jobs_drain(
@@ -168,7 +178,11 @@ def graphile_drain(server: ServerCpu, jobs: int, workers: int) -> tuple[Drain, s
             if not isinstance(message, dict):
                 sys.stderr.write(line)
             elif "clock" in message:
-                clock(str(message["clock"]), [int(pid) for pid in message.get("pids", [])])
+                clock(
+                    str(message["clock"]),
+                    [int(pid) for pid in message["pids"]],
+                    int(message["poller"]),
+                )
                 proc.stdin.write("sampled\n")
                 proc.stdin.flush()
             else:
@@ -199,11 +213,12 @@ class Rounds:
     def workers_us(self) -> float:
         return min(d.workers_us for d in self.drains)
 
+    @property
+    def poll_us(self) -> float:
+        return min(d.poll_us for d in self.drains)
+
     def rates_text(self) -> str:
         return rounds_text([d.rate for d in self.drains], "jobs/s")
-
-    def cpu_text(self) -> str:
-        return f"{self.server_us:.1f} us server, {self.workers_us:.1f} us workers"
 
 
 def us_list(values: list[float]) -> str:
@@ -286,6 +301,14 @@ def bench_drains(
         )
         lines.append(
             (
+                "  the poll's backend, CPU per job (not counted above)",
+                f"{ours.poll_us:.1f} / {theirs.poll_us:.1f} us",
+                "",
+                "",
+            )
+        )
+        lines.append(
+            (
                 "  workers' CPU per job, x_jobs / graphile-worker",
                 f"{ours.workers_us:.1f} / {theirs.workers_us:.1f} us",
                 f"{ours.workers_us / theirs.workers_us:.2f}x",
@@ -306,7 +329,8 @@ def bench_drains(
             lines.append(
                 (
                     "  CPU per job, x_jobs defaults / tuned",
-                    f"{defaults.cpu_text()} / {ours.cpu_text()}",
+                    f"server {defaults.server_us:.1f} / {ours.server_us:.1f} us, "
+                    f"workers {defaults.workers_us:.1f} / {ours.workers_us:.1f} us",
                     f"server {defaults.server_us / ours.server_us:.2f}x",
                     "",
                 )
@@ -318,9 +342,11 @@ def bench_drains(
             (
                 f"versus: scale-out 1/2/4 processes, {side}, {sizes.small:,} jobs",
                 " / ".join(f"{r.rate:,.0f}" for _, r in by_workers)
-                + " jobs/s; server "
+                + " jobs/s; CPU per job, server "
                 + " / ".join(f"{r.server_us:.1f}" for _, r in by_workers)
-                + " us/job",
+                + " us, workers "
+                + " / ".join(f"{r.workers_us:.1f}" for _, r in by_workers)
+                + " us",
                 "",
                 "",
             )
@@ -533,8 +559,8 @@ def bench_wake(dsn: str, sizes: VersusSizes, settings: dict[str, str]) -> list[L
                 lines.append(
                     (
                         f"{'versus: ' if side is sides[0] else '  '}wake latency, {side.label}, "
-                        f"{rate}/s, {len(side.latencies):,} jobs (enqueues late by p99 "
-                        f"{ms(percentile(side.late, 0.99))})",
+                        f"{rate}/s, {len(side.latencies):,} jobs "
+                        f"(enqueue lag p99 {ms(percentile(side.late, 0.99))})",
                         f"p50 {ms(p50)}, p99 {ms(p99)}, max {ms(worst)}",
                         "",
                         "",
@@ -580,8 +606,9 @@ def compare_with_graphile(dsn: str, quick: bool) -> list[Line]:
         "workers' start-up line on stderr names)\n"
         f"  graphile-worker drain: {settings.get('graphile-worker', '?')}; completed jobs "
         "deleted\n"
-        "  CPU per job: server = postmaster and children (bench/server_cpu.py), workers = the "
-        "worker processes' utime+stime, both sampled at the drain's clock start and stop\n"
+        "  CPU per job: server = postmaster and children (bench/server_cpu.py) but the backend "
+        "of the bench's poll for an empty backlog (printed apart), workers = the worker "
+        "processes' utime+stime, all sampled at the drain's clock start and stop\n"
         f"  wake: {sizes.wake_jobs:,} single jobs per rate after {WAKE_WARMUP} warm-up jobs and "
         f"{WAKE_IDLE_SECONDS:g} s idle, enqueued by one client from {ENQUEUE_THREADS} "
         "connections in turns, each call its own transaction; latency = handler start - "

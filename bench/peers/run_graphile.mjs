@@ -16,9 +16,10 @@
 // and runs serially, without parallel workers); then the workers get "stop" (graceful shutdown).
 //
 // --clock-marks (bench/versus.py): right before the clock starts, print a line
-// {"clock": "start", "pids": [the workers' process ids]} and wait for a line on stdin; right after
-// it stops, {"clock": "stop"} and wait again. The caller samples CPU times there (the server's
-// and the workers'), at the same moments of the drain as it does for x_jobs' own workers.
+// {"clock": "start", "pids": [the workers' process ids], "poller": the polling connection's
+// backend pid} and wait for a line on stdin; right after it stops, {"clock": "stop", ...} and
+// wait again. The caller samples CPU times there (the server's, the poll's backend's and the
+// workers'), at the same moments of the drain as it does for x_jobs' own workers.
 //
 // graphile-worker is installed in bench/peers/graphile/node_modules by bench/peers/setup.
 // 0.18.0 declares engines.node >= 22.18.0, so npm warns (EBADENGINE) on this machine's Node 20;
@@ -174,7 +175,9 @@ async function timedDrain(jobs, workers, marks) {
       // Serial polls, as in peerlib.py's wait_drained: no parallel workers beside the drain.
       await client.query("SET max_parallel_workers_per_gather = 0");
       const remainingSql = "SELECT count(*) FROM graphile_worker._private_jobs";
-      if (marks) await clockMark({ clock: "start", pids: children.map((child) => child.pid) });
+      const mark = (clock) =>
+        clockMark({ clock, pids: children.map((c) => c.pid), poller: client.processID });
+      if (marks) await mark("start");
       const started = performance.now();
       for (const child of children) child.stdin.write("go\n");
       let left = jobs;
@@ -185,7 +188,7 @@ async function timedDrain(jobs, workers, marks) {
         const now = performance.now();
         const remaining = await count(client, remainingSql);
         if (remaining === 0) {
-          if (marks) await clockMark({ clock: "stop" });
+          if (marks) await mark("stop");
           return (now - started) / 1000;
         }
         if (remaining < left) {
