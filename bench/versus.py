@@ -337,15 +337,21 @@ def bench_drains(
             )
     # Scale-out at the small size: each side's best rate and CPU per job by process count.
     for side in ("x_jobs", "graphile-worker"):
-        by_workers = [(workers, found[(sizes.small, workers)][side]) for workers in (1, 2, 4)]
+        by_workers = [found[(sizes.small, workers)][side] for workers in (1, 2, 4)]
         lines.append(
             (
-                f"versus: scale-out 1/2/4 processes, {side}, {sizes.small:,} jobs",
-                " / ".join(f"{r.rate:,.0f}" for _, r in by_workers)
-                + " jobs/s; CPU per job, server "
-                + " / ".join(f"{r.server_us:.1f}" for _, r in by_workers)
-                + " us, workers "
-                + " / ".join(f"{r.workers_us:.1f}" for _, r in by_workers)
+                f"versus: scale-out, {side}, 1 / 2 / 4 processes, {sizes.small:,} jobs",
+                " / ".join(f"{r.rate:,.0f}" for r in by_workers) + " jobs/s",
+                "",
+                "",
+            )
+        )
+        lines.append(
+            (
+                "  CPU per job, server; workers",
+                " / ".join(f"{r.server_us:.1f}" for r in by_workers)
+                + " us; "
+                + " / ".join(f"{r.workers_us:.1f}" for r in by_workers)
                 + " us",
                 "",
                 "",
