@@ -28,6 +28,9 @@ from the issues as a ratio measured in the same run, because the machines are sh
   soak           steady production (2,000 jobs/s) into a fresh, never-analysed database, one
                  worker at its defaults, x_jobs then graphile-worker: a line every 10 s and
                  whether x_jobs keeps up from the start (bench/soak.py)
+  versus         beside graphile-worker: drains of 100,000 and 1,000,000 jobs with the
+                 server's CPU per job, x_jobs at its defaults, and the wake latency at 50
+                 and 500 jobs/s (bench/versus.py)
 
 Run it by hand against any server with `python bench/bench.py` (PGHOST etc. name the server;
 it creates and drops its own database). `--quick` shrinks every size for a smoke run.
@@ -46,7 +49,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -464,12 +467,17 @@ def drain_with_workers(
     job: str = "noop",
     *,
     client: Path = ROOT / "python",
+    worker_args: Sequence[str] = WORKER_ARGS,
+    on_clock: Callable[[str, list[int], int], None] | None = None,
 ) -> float:
     """jobs/s of `workers` x-jobs worker processes draining `jobs` no-op jobs (enqueued with
     keep_done => false when keep_done is False: completing them deletes them). `job` names the
     handler in bench/apps/noop.py: "noop" (sync) or "noop_async". `client` is the directory
     holding the x_jobs package the workers import (this checkout's, or the previous release's
-    for bench/previous_release.py); `dsn` names the database.
+    for bench/previous_release.py); `dsn` names the database. `worker_args` are the workers'
+    options. `on_clock` (bench/versus.py's CPU samples) is called with "start", the workers'
+    process ids and the polling connection's backend pid right before the clock starts, and
+    with "stop" and the same right after it stops.
 
     The queue is paused while the workers start and resumed once all of them have announced
     themselves, so start-up is outside the clock, as in the peers' runners.
@@ -487,7 +495,7 @@ def drain_with_workers(
         )
         procs = [
             subprocess.Popen(
-                [sys.executable, "-m", "x_jobs", "worker", "apps.noop:app", *WORKER_ARGS],
+                [sys.executable, "-m", "x_jobs", "worker", "apps.noop:app", *worker_args],
                 env=env,
             )
             for _ in range(workers)
@@ -495,6 +503,8 @@ def drain_with_workers(
         try:
             while conn.execute("SELECT count(*) FROM x_jobs.worker").fetchone() != (workers,):
                 time.sleep(0.02)
+            if on_clock is not None:
+                on_clock("start", [proc.pid for proc in procs], conn.info.backend_pid)
             started = time.perf_counter()
             conn.execute("SELECT x_jobs.resume_queue('bench')")
             # Polled on the peers' schedule (bench/peers/peerlib.py). complete_many counts what
@@ -507,6 +517,8 @@ def drain_with_workers(
             seconds = wait_drained(
                 conn, remaining, jobs, started, alive(procs), params={"jobs": jobs}
             )
+            if on_clock is not None:
+                on_clock("stop", [proc.pid for proc in procs], conn.info.backend_pid)
             left = conn.execute("SELECT count(*) FROM x_jobs.job WHERE state <> 'done'")
             if (row := left.fetchone()) != (0,):
                 raise RuntimeError(f"the counters say drained, yet {row} jobs are not done")
@@ -923,6 +935,7 @@ def main() -> int:
             "bulk",
             "previous",
             "soak",
+            "versus",
         ],
         action="append",
         help="run only these parts (repeatable)",
@@ -947,6 +960,7 @@ def main() -> int:
             "bulk",
             "previous",
             "soak",
+            "versus",
         ]
     )
 
@@ -1167,6 +1181,11 @@ def main() -> int:
             from soak import soak  # noqa: PLC0415
 
             lines.extend(soak(args.soak, args.quick, args.soak_rate))
+        if "versus" in parts:
+            # Beside graphile-worker: drains with CPU per job, defaults, wake latency.
+            from versus import compare_with_graphile  # noqa: PLC0415
+
+            lines.extend(compare_with_graphile(dsn, args.quick))
 
     width = max(len(line[0]) for line in lines)
     value_width = max(len(line[1]) for line in lines)

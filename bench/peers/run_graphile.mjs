@@ -1,6 +1,6 @@
 // Drain a backlog of no-op jobs with graphile-worker's own worker pool, timed.
 //
-//   node bench/peers/run_graphile.mjs JOBS [WORKERS]
+//   node bench/peers/run_graphile.mjs [--clock-marks] JOBS [WORKERS]
 //
 // Creates the database x_jobs_peer_graphile (dropped at the end), installs graphile-worker's
 // schema with its own API (WorkerUtils.migrate), enqueues JOBS jobs with WorkerUtils.addJobs
@@ -14,6 +14,12 @@
 // the clock starts when "go" is written to all of them and stops when a poll of the jobs table
 // finds it empty (the poll backs off while many jobs are left, comes every 5 ms near the end,
 // and runs serially, without parallel workers); then the workers get "stop" (graceful shutdown).
+//
+// --clock-marks (bench/versus.py): right before the clock starts, print a line
+// {"clock": "start", "pids": [the workers' process ids], "poller": the polling connection's
+// backend pid} and wait for a line on stdin; right after it stops, {"clock": "stop", ...} and
+// wait again. The caller samples CPU times there (the server's, the poll's backend's and the
+// workers'), at the same moments of the drain as it does for x_jobs' own workers.
 //
 // graphile-worker is installed in bench/peers/graphile/node_modules by bench/peers/setup.
 // 0.18.0 declares engines.node >= 22.18.0, so npm warns (EBADENGINE) on this machine's Node 20;
@@ -34,7 +40,7 @@ const importPeer = (name) => import(pathToFileURL(requireFromPeer.resolve(name))
 
 const DBNAME = "x_jobs_peer_graphile";
 const ENQUEUE_CHUNK = 10_000;
-const USAGE = "usage: run_graphile.mjs JOBS [WORKERS]";
+const USAGE = "usage: run_graphile.mjs [--clock-marks] JOBS [WORKERS]";
 const connectionString = (db) => `postgres:///${db}`;
 
 // The documented performance settings (worker.graphile.org/docs/performance).
@@ -132,7 +138,16 @@ async function work() {
   lines.close();
 }
 
-async function timedDrain(jobs, workers) {
+// A clock mark for --clock-marks: the line on stdout, then the caller's answer on stdin (its
+// samples are taken by then).
+let answers;
+async function clockMark(fields) {
+  answers ??= createInterface({ input: process.stdin })[Symbol.asyncIterator]();
+  process.stdout.write(`${JSON.stringify(fields)}\n`);
+  if ((await answers.next()).done) throw new Error("stdin closed at a clock mark");
+}
+
+async function timedDrain(jobs, workers, marks) {
   const children = [];
   for (let n = 0; n < workers; n++) {
     const child = spawn(process.execPath, [fileURLToPath(import.meta.url), "--worker", `${n}`], {
@@ -160,6 +175,9 @@ async function timedDrain(jobs, workers) {
       // Serial polls, as in peerlib.py's wait_drained: no parallel workers beside the drain.
       await client.query("SET max_parallel_workers_per_gather = 0");
       const remainingSql = "SELECT count(*) FROM graphile_worker._private_jobs";
+      const mark = (clock) =>
+        clockMark({ clock, pids: children.map((c) => c.pid), poller: client.processID });
+      if (marks) await mark("start");
       const started = performance.now();
       for (const child of children) child.stdin.write("go\n");
       let left = jobs;
@@ -169,7 +187,10 @@ async function timedDrain(jobs, workers) {
         // drained by then.
         const now = performance.now();
         const remaining = await count(client, remainingSql);
-        if (remaining === 0) return (now - started) / 1000;
+        if (remaining === 0) {
+          if (marks) await mark("stop");
+          return (now - started) / 1000;
+        }
         if (remaining < left) {
           left = remaining;
           lastProgress = now;
@@ -209,6 +230,8 @@ async function main(argv) {
     await work();
     return 0;
   }
+  const marks = argv[0] === "--clock-marks";
+  if (marks) argv = argv.slice(1);
   if (argv.length < 1 || argv.length > 2) throw new Error(USAGE);
   const jobs = Number(argv[0]);
   const workers = argv.length > 1 ? Number(argv[1]) : 1;
@@ -228,7 +251,7 @@ async function main(argv) {
       await c.query("VACUUM ANALYZE");
       await c.query("CHECKPOINT");
     });
-    seconds = await timedDrain(jobs, workers);
+    seconds = await timedDrain(jobs, workers, marks);
   } finally {
     await admin(`DROP DATABASE IF EXISTS ${DBNAME} WITH (FORCE)`);
   }
