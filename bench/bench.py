@@ -1181,6 +1181,7 @@ def main() -> int:
             from soak import soak  # noqa: PLC0415
 
             lines.extend(soak(args.soak, args.quick, args.soak_rate))
+
         if "versus" in parts:
             # Beside graphile-worker: drains with CPU per job, defaults, wake latency.
             from versus import compare_with_graphile  # noqa: PLC0415
