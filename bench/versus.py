@@ -592,6 +592,8 @@ def bench_wake(dsn: str, sizes: VersusSizes, settings: dict[str, str]) -> list[L
 def compare_with_graphile(dsn: str, quick: bool) -> list[Line]:
     """bench.py's part ``versus``: its rows of the table. Prints each side's settings first."""
     sizes = QUICK if quick else FULL
+    # Installs graphile-worker when it is missing (idempotent, as bench/peers/run_all runs it).
+    subprocess.run([str(ROOT / "bench" / "peers" / "setup")], check=True)
     with psycopg.connect(dsn, autocommit=True) as conn:
         server = ServerCpu.find(conn)
     if server is None:
