@@ -87,6 +87,17 @@ async function main(argv) {
     await runner.stop();
   } finally {
     closeSync(stamps);
+    // The runner's pool lets its connections go after stop() returns; a forced drop that came
+    // first terminated one, and the pool's unhandled error ended this process with 1.
+    for (let waited = 0; waited < 5000; waited += 50) {
+      const client = new pg.Client({ connectionString: connectionString("postgres") });
+      await client.connect();
+      const { rows } = await client
+        .query("SELECT count(*) AS n FROM pg_stat_activity WHERE datname = $1", [DBNAME])
+        .finally(() => client.end());
+      if (Number(rows[0].n) === 0) break;
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    }
     await admin(`DROP DATABASE IF EXISTS ${DBNAME} WITH (FORCE)`);
   }
   const version = JSON.parse(
