@@ -31,9 +31,16 @@ def _stat_fields(pid: int) -> list[str]:
     return text[text.rindex(")") + 2 :].split()
 
 
-def _own_seconds(pid: int) -> float:
-    """CPU seconds the process itself used, from schedstat (nanoseconds)."""
+def backend_seconds(pid: int) -> float:
+    """CPU seconds one single-threaded process (a server backend) used, from schedstat
+    (nanoseconds). schedstat counts one thread only: for the workers, processes_seconds."""
     return int((_PROC / str(pid) / "schedstat").read_text().split()[0]) / 1e9
+
+
+def processes_seconds(pids: list[int]) -> float:
+    """CPU seconds (user and system, every thread, reaped children included) the processes used
+    so far: proc(5) fields 14 to 17 of /proc/PID/stat, in clock ticks."""
+    return sum(sum(int(f) for f in _stat_fields(pid)[11:15]) * _TICK for pid in pids)
 
 
 @dataclass(frozen=True)
@@ -49,7 +56,7 @@ class ServerCpu:
             status = (_PROC / str(row[0]) / "status").read_text()
             ppid = int(next(x for x in status.splitlines() if x.startswith("PPid:")).split()[1])
             cmdline = (_PROC / str(ppid) / "cmdline").read_bytes()
-            _own_seconds(ppid)
+            backend_seconds(ppid)
         except (OSError, StopIteration, ValueError):
             return None
         if b"postgres" not in cmdline:
@@ -61,14 +68,14 @@ class ServerCpu:
         included, but for the live backends ``excluding`` names (a benchmark's own sessions)."""
         fields = _stat_fields(self.postmaster)
         # cutime and cstime, proc(5) fields 16 and 17: the children reaped so far.
-        total = _own_seconds(self.postmaster) + (int(fields[13]) + int(fields[14])) * _TICK
+        total = backend_seconds(self.postmaster) + (int(fields[13]) + int(fields[14])) * _TICK
         for entry in _PROC.iterdir():
             if not entry.name.isdigit():
                 continue
             try:
                 pid = int(entry.name)
                 if pid not in excluding and int(_stat_fields(pid)[1]) == self.postmaster:
-                    total += _own_seconds(pid)
+                    total += backend_seconds(pid)
             except (OSError, ValueError):
                 continue  # gone meanwhile: counted in cutime once reaped
         return total

@@ -54,12 +54,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import IO, Any, LiteralString
 
 import psycopg
 from psycopg import sql
-from server_cpu import ServerCpu
+from server_cpu import ServerCpu, processes_seconds
 
 from bench import ROOT, percentile, verdict
 from x_jobs.maintenance import Retention, maintain
@@ -78,21 +77,12 @@ CLAIM_P99_MS = 5.0
 SIZE_RATIO = 1.5
 
 XJOBS, GRAPHILE = "x_jobs", "graphile-worker"
-_TICK = 1.0 / os.sysconf("SC_CLK_TCK")
 
 PROBE_CLAIM: LiteralString = (
     "SELECT id FROM x_jobs.claim(queues => ARRAY['bench'], worker => 'probe', "
     "lease => '30 seconds', qty => 1)"
 )
 PROBE_COMPLETE: LiteralString = "SELECT count(*) FROM x_jobs.complete_many(%s, 'probe')"
-
-
-def process_cpu(pid: int) -> float:
-    """CPU seconds (user and system, reaped children included) of one process."""
-    text = Path(f"/proc/{pid}/stat").read_text()
-    fields = text[text.rindex(")") + 2 :].split()
-    # utime, stime, cutime, cstime: proc(5) fields 14 to 17.
-    return sum(int(f) for f in fields[11:15]) * _TICK
 
 
 # --- the two systems ---------------------------------------------------------------------------
@@ -432,7 +422,7 @@ def take_sample(
         vacuums=int(tables[2]),
         analyzes=int(tables[3]),
         server_cpu=cpu.seconds(excluding=own) if cpu is not None else None,
-        worker_cpu=process_cpu(worker.pid),
+        worker_cpu=processes_seconds([worker.pid]),
         claim_calls=calls,
         claim_ms=claim_ms,
         purged=retainer.purged if retainer is not None else 0,

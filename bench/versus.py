@@ -51,7 +51,7 @@ from typing import LiteralString
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from server_cpu import ServerCpu
+from server_cpu import ServerCpu, backend_seconds, processes_seconds
 
 from bench import ROOT, WORKER_ARGS, drain_with_workers, percentile, rounds_text, verdict
 
@@ -101,26 +101,6 @@ def log(message: str) -> None:
 
 # --- CPU time at the clock's ends --------------------------------------------------------------
 
-_TICK = 1.0 / os.sysconf("SC_CLK_TCK")
-
-
-def processes_cpu(pids: list[int]) -> float:
-    """CPU seconds (user and system, every thread) the processes have used so far: utime and
-    stime, proc(5) fields 14 and 15 of /proc/PID/stat. Worker processes are multi-threaded
-    (x_jobs' handler threads, Node's), and /proc/PID/schedstat counts one thread only."""
-    total = 0.0
-    for pid in pids:
-        text = Path(f"/proc/{pid}/stat").read_text()
-        fields = text[text.rindex(")") + 2 :].split()
-        total += (int(fields[11]) + int(fields[12])) * _TICK
-    return total
-
-
-def backend_cpu(pid: int) -> float:
-    """CPU seconds of one (single-threaded) server process, read as bench/server_cpu.py reads
-    a live one: /proc/PID/schedstat, in nanoseconds."""
-    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
-
 
 @dataclass(frozen=True)
 class Drain:
@@ -144,8 +124,11 @@ class ClockSamples:
         self.samples: dict[str, tuple[float, float, float]] = {}
 
     def __call__(self, moment: str, pids: list[int], poller: int) -> None:
-        poll = backend_cpu(poller)
-        self.samples[moment] = (self.server.seconds() - poll, processes_cpu(pids), poll)
+        self.samples[moment] = (
+            self.server.seconds(excluding=frozenset({poller})),
+            processes_seconds(pids),
+            backend_seconds(poller),
+        )
 
     def drain(self, jobs: int, rate: float) -> Drain:
         start, stop = self.samples["start"], self.samples["stop"]
