@@ -135,6 +135,33 @@ GRANT EXECUTE ON FUNCTION x_jobs.hand_back(bigint[], text, interval) TO x_jobs_w
 GRANT EXECUTE ON FUNCTION x_jobs.drop_job_type(text) TO x_jobs_admin;
 GRANT SELECT, DELETE ON x_jobs.job_type TO x_jobs_admin;
 
+-- Schedules. Anyone may preview a cron expression (cron_next runs as its caller, through the
+-- pure helpers granted with it). Workers declare their app's schedules, read them and tick,
+-- through functions that run as their owner; pg_cron's job ticks as a login granted
+-- x_jobs_worker. Admins pause, resume and drop schedules, as themselves, holding the rights on
+-- the rows; run_schedule_now enqueues, as its owner.
+GRANT EXECUTE ON FUNCTION x_jobs.cron_next(text, text, timestamptz, integer) TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs._cron_parse(text) TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs._cron_field(text, text, text, integer, integer, text[], text) TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs._require_time_zone(text) TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs._cron_next(x_jobs.cron_fields, text, timestamptz) TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs._cron_match_after(x_jobs.cron_fields, timestamp) TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs._cron_value_from(integer[], integer) TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs._zone_change(timestamptz, timestamptz) TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs.set_schedule(
+    text, text, text, text, jsonb, text, text, integer, text, interval, integer, integer, text, text,
+    integer, boolean, interval, interval, boolean, boolean, text, text
+) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.list_schedules(text) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.tick_schedules(integer) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.drop_schedule(text) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.pause_schedule(text) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.resume_schedule(text) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.run_schedule_now(text) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs._schedule_info(x_jobs.schedule) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs._schedule_not_found(text) TO x_jobs_admin;
+GRANT SELECT, UPDATE, DELETE ON x_jobs.schedule TO x_jobs_admin;
+
 -- Readers. They run as their caller, who holds SELECT on what each reads: admins (through
 -- x_jobs_worker, and their own grants on job_error, step and counter) read a job, its errors and
 -- steps, the outbox and the counters; workers ask their jobs' states and what they hold.

@@ -2,10 +2,174 @@
 
 -- 0.4.1 -> 0.4.2: the claim's plans no longer depend on whether x_jobs.job has statistics
 -- (no sequential or bitmap scans), so a worker that first claimed on an empty table keeps up;
--- the outbox relay's likewise.
+-- the outbox relay's likewise. Schedules: cron expressions in SQL, ticked by any number of
+-- callers with no leader (x_jobs.schedule, set_schedule, tick_schedules, cron_next, ...).
 
 --@function x_jobs.version
 --@function x_jobs.claim
 --@function x_jobs.relay_outbox
+
+-- A cron expression as x_jobs._cron_parse reads it: the values each field allows, sorted, and
+-- two flags. day_and: the day-of-month and day-of-week fields both have to match (one of them
+-- starts with '*'); otherwise either does, as Vixie cron has it. fixed: neither the minute nor
+-- the hour field starts with '*', so that the schedule keeps to the wall clock across a change of
+-- UTC offset (a time the clock skips fires once at the first valid instant after it, a time it
+-- repeats fires at its first occurrence only); a schedule that is not fixed fires as the clock
+-- reads, at every instant whose local time matches.
+CREATE TYPE x_jobs.cron_fields AS (
+    minutes integer[],
+    hours integer[],
+    days integer[],
+    months integer[],
+    weekdays integer[],  -- 0 (Sunday) to 6
+    day_and boolean,
+    fixed boolean
+);
+
+-- One row per schedule. next_fire_at is the instant it fires next, stored: whoever ticks
+-- (x_jobs.tick_schedules) reads it from here, so no restart, deploy or hand-off forgets a fire,
+-- and a schedule paused or down for a while catches up by its policy when it is due again.
+-- The enqueue options are those of x_jobs.enqueue, NULL leaving them to the job's declaration.
+CREATE TABLE x_jobs.schedule (
+    name text NOT NULL, -- noqa: RF04
+    job text NOT NULL,
+    cron text NOT NULL,
+    tz text NOT NULL,
+    fields x_jobs.cron_fields NOT NULL,
+    input jsonb NOT NULL, -- noqa: RF04
+    queue text,
+    priority integer,
+    max_attempts integer,
+    tenant_id text,
+    concurrency_key text,
+    concurrency_limit integer,
+    dead_letter boolean,
+    backoff_base interval,
+    backoff_max interval,
+    keep_done boolean,
+    catchup text NOT NULL,
+    catchup_max integer NOT NULL,
+    overlap text NOT NULL,
+    grace interval NOT NULL,
+    paused boolean NOT NULL DEFAULT FALSE,
+    next_fire_at timestamptz NOT NULL,
+    last_fire_at timestamptz,
+    last_enqueued_at timestamptz,
+    last_job_id bigint,
+    fires bigint NOT NULL DEFAULT 0,
+    skips bigint NOT NULL DEFAULT 0,
+    last_error text,
+    origin text,
+    declared_by text,
+    created_at timestamptz NOT NULL,
+    updated_at timestamptz NOT NULL,
+    CONSTRAINT schedule_pkey PRIMARY KEY (name),
+    CONSTRAINT schedule_catchup_known CHECK (catchup IN ('latest', 'all', 'none')),
+    CONSTRAINT schedule_overlap_known CHECK (overlap IN ('allow', 'skip')),
+    CONSTRAINT schedule_catchup_max_positive CHECK (catchup_max >= 1)
+);
+
+COMMENT ON TABLE x_jobs.schedule IS 'Schedules: a cron expression in a time zone, the job it enqueues, and when it fires next.';
+COMMENT ON COLUMN x_jobs.schedule.next_fire_at IS 'The next instant to fire; a tick fires every schedule whose instant has come.';
+COMMENT ON COLUMN x_jobs.schedule.catchup IS 'After missed instants: latest (one run, the last), all (each, up to catchup_max), none (skip them).';
+COMMENT ON COLUMN x_jobs.schedule.overlap IS 'allow: every instant enqueues; skip: no new run while one of the schedule''s is live.';
+COMMENT ON COLUMN x_jobs.schedule.grace IS 'How late a run may start and still count as on time (not late; with catchup none, still fired).';
+COMMENT ON COLUMN x_jobs.schedule.origin IS 'Who keeps the schedule: ''code'' for an app''s declarations (sync may prune them), NULL for SQL.';
+
+-- A tick reads the due rows from the first: one probe of an empty range while nothing is due,
+-- whatever the number of schedules. Paused rows are in no entry.
+CREATE INDEX schedule_due_idx ON x_jobs.schedule (next_fire_at) WHERE NOT paused;
+
+-- What x_jobs.list_schedules and the functions that change a schedule answer: the row without
+-- its parsed fields, with the state of the last job it enqueued.
+CREATE TYPE x_jobs.schedule_info AS (
+    name text, -- noqa: RF04
+    job text,
+    cron text,
+    tz text,
+    input jsonb, -- noqa: RF04
+    queue text,
+    priority integer,
+    max_attempts integer,
+    tenant_id text,
+    concurrency_key text,
+    concurrency_limit integer,
+    dead_letter boolean,
+    backoff_base interval,
+    backoff_max interval,
+    keep_done boolean,
+    catchup text,
+    catchup_max integer,
+    overlap text,
+    grace interval,
+    paused boolean,
+    next_fire_at timestamptz,
+    last_fire_at timestamptz,
+    last_enqueued_at timestamptz,
+    last_job_id bigint,
+    last_job_state x_jobs.job_state,
+    fires bigint,
+    skips bigint,
+    last_error text,
+    origin text,
+    declared_by text,
+    created_at timestamptz,
+    updated_at timestamptz
+);
+
+SELECT pg_catalog.pg_extension_config_dump('x_jobs.schedule', '');
+
+--@function x_jobs.error_codes
+--@function x_jobs._cron_field
+--@function x_jobs._cron_parse
+--@function x_jobs._cron_value_from
+--@function x_jobs._cron_match_after
+--@function x_jobs._zone_change
+--@function x_jobs._cron_next
+--@function x_jobs._cron_last
+--@function x_jobs._require_time_zone
+--@function x_jobs.cron_next
+--@function x_jobs._schedule_request
+--@function x_jobs._schedule_info
+--@function x_jobs._schedule_not_found
+--@function x_jobs.set_schedule
+--@function x_jobs.drop_schedule
+--@function x_jobs.pause_schedule
+--@function x_jobs.resume_schedule
+--@function x_jobs.list_schedules
+--@function x_jobs.run_schedule_now
+--@function x_jobs.tick_schedules
+
+-- Nothing new left to PUBLIC (a new function is executable by PUBLIC until revoked); the
+-- functions from before hold no PUBLIC right, so this changes none of theirs.
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA x_jobs FROM public;
+REVOKE ALL ON TABLE x_jobs.schedule FROM public;
+-- Schedules. Anyone may preview a cron expression (cron_next runs as its caller, through the
+-- pure helpers granted with it). Workers declare their app's schedules, read them and tick,
+-- through functions that run as their owner; pg_cron's job ticks as a login granted
+-- x_jobs_worker. Admins pause, resume and drop schedules, as themselves, holding the rights on
+-- the rows; run_schedule_now enqueues, as its owner.
+GRANT EXECUTE ON FUNCTION x_jobs.cron_next(text, text, timestamptz, integer) TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs._cron_parse(text) TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs._cron_field(text, text, text, integer, integer, text[], text) TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs._require_time_zone(text) TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs._cron_next(x_jobs.cron_fields, text, timestamptz) TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs._cron_match_after(x_jobs.cron_fields, timestamp) TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs._cron_value_from(integer[], integer) TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs._zone_change(timestamptz, timestamptz) TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs.set_schedule(
+    text, text, text, text, jsonb, text, text, integer, text, interval, integer, integer, text, text,
+    integer, boolean, interval, interval, boolean, boolean, text, text
+) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.list_schedules(text) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.tick_schedules(integer) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.drop_schedule(text) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.pause_schedule(text) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.resume_schedule(text) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.run_schedule_now(text) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs._schedule_info(x_jobs.schedule) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs._schedule_not_found(text) TO x_jobs_admin;
+GRANT SELECT, UPDATE, DELETE ON x_jobs.schedule TO x_jobs_admin;
+
 
 SELECT x_jobs._adopt();

@@ -1,0 +1,115 @@
+------------------------------------------------------------------------------------------------
+-- Schedules: cron expressions that enqueue jobs
+------------------------------------------------------------------------------------------------
+
+-- A cron expression as x_jobs._cron_parse reads it: the values each field allows, sorted, and
+-- two flags. day_and: the day-of-month and day-of-week fields both have to match (one of them
+-- starts with '*'); otherwise either does, as Vixie cron has it. fixed: neither the minute nor
+-- the hour field starts with '*', so that the schedule keeps to the wall clock across a change of
+-- UTC offset (a time the clock skips fires once at the first valid instant after it, a time it
+-- repeats fires at its first occurrence only); a schedule that is not fixed fires as the clock
+-- reads, at every instant whose local time matches.
+CREATE TYPE x_jobs.cron_fields AS (
+    minutes integer[],
+    hours integer[],
+    days integer[],
+    months integer[],
+    weekdays integer[],  -- 0 (Sunday) to 6
+    day_and boolean,
+    fixed boolean
+);
+
+-- One row per schedule. next_fire_at is the instant it fires next, stored: whoever ticks
+-- (x_jobs.tick_schedules) reads it from here, so no restart, deploy or hand-off forgets a fire,
+-- and a schedule paused or down for a while catches up by its policy when it is due again.
+-- The enqueue options are those of x_jobs.enqueue, NULL leaving them to the job's declaration.
+CREATE TABLE x_jobs.schedule (
+    name text NOT NULL, -- noqa: RF04
+    job text NOT NULL,
+    cron text NOT NULL,
+    tz text NOT NULL,
+    fields x_jobs.cron_fields NOT NULL,
+    input jsonb NOT NULL, -- noqa: RF04
+    queue text,
+    priority integer,
+    max_attempts integer,
+    tenant_id text,
+    concurrency_key text,
+    concurrency_limit integer,
+    dead_letter boolean,
+    backoff_base interval,
+    backoff_max interval,
+    keep_done boolean,
+    catchup text NOT NULL,
+    catchup_max integer NOT NULL,
+    overlap text NOT NULL,
+    grace interval NOT NULL,
+    paused boolean NOT NULL DEFAULT FALSE,
+    next_fire_at timestamptz NOT NULL,
+    last_fire_at timestamptz,
+    last_enqueued_at timestamptz,
+    last_job_id bigint,
+    fires bigint NOT NULL DEFAULT 0,
+    skips bigint NOT NULL DEFAULT 0,
+    last_error text,
+    origin text,
+    declared_by text,
+    created_at timestamptz NOT NULL,
+    updated_at timestamptz NOT NULL,
+    CONSTRAINT schedule_pkey PRIMARY KEY (name),
+    CONSTRAINT schedule_catchup_known CHECK (catchup IN ('latest', 'all', 'none')),
+    CONSTRAINT schedule_overlap_known CHECK (overlap IN ('allow', 'skip')),
+    CONSTRAINT schedule_catchup_max_positive CHECK (catchup_max >= 1)
+);
+
+COMMENT ON TABLE x_jobs.schedule IS 'Schedules: a cron expression in a time zone, the job it enqueues, and when it fires next.';
+COMMENT ON COLUMN x_jobs.schedule.next_fire_at IS 'The next instant to fire; a tick fires every schedule whose instant has come.';
+COMMENT ON COLUMN x_jobs.schedule.catchup IS 'After missed instants: latest (one run, the last), all (each, up to catchup_max), none (skip them).';
+COMMENT ON COLUMN x_jobs.schedule.overlap IS 'allow: every instant enqueues; skip: no new run while one of the schedule''s is live.';
+COMMENT ON COLUMN x_jobs.schedule.grace IS 'How late a run may start and still count as on time (not late; with catchup none, still fired).';
+COMMENT ON COLUMN x_jobs.schedule.origin IS 'Who keeps the schedule: ''code'' for an app''s declarations (sync may prune them), NULL for SQL.';
+
+-- A tick reads the due rows from the first: one probe of an empty range while nothing is due,
+-- whatever the number of schedules. Paused rows are in no entry.
+CREATE INDEX schedule_due_idx ON x_jobs.schedule (next_fire_at) WHERE NOT paused;
+
+-- What x_jobs.list_schedules and the functions that change a schedule answer: the row without
+-- its parsed fields, with the state of the last job it enqueued.
+CREATE TYPE x_jobs.schedule_info AS (
+    name text, -- noqa: RF04
+    job text,
+    cron text,
+    tz text,
+    input jsonb, -- noqa: RF04
+    queue text,
+    priority integer,
+    max_attempts integer,
+    tenant_id text,
+    concurrency_key text,
+    concurrency_limit integer,
+    dead_letter boolean,
+    backoff_base interval,
+    backoff_max interval,
+    keep_done boolean,
+    catchup text,
+    catchup_max integer,
+    overlap text,
+    grace interval,
+    paused boolean,
+    next_fire_at timestamptz,
+    last_fire_at timestamptz,
+    last_enqueued_at timestamptz,
+    last_job_id bigint,
+    last_job_state x_jobs.job_state,
+    fires bigint,
+    skips bigint,
+    last_error text,
+    origin text,
+    declared_by text,
+    created_at timestamptz,
+    updated_at timestamptz
+);
+
+SELECT pg_catalog.pg_extension_config_dump('x_jobs.schedule', '');
+
+-- Tests: tests/pgtap/00-schema.sql, tests/pgtap/60-schedules.sql
