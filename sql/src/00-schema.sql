@@ -11,7 +11,7 @@
 -- did so far) and x_jobs.event (what was published); for messaging x_jobs.outbox (messages put in
 -- application transactions, delivered by relays) and x_jobs.webhook_ledger (webhooks received, by
 -- sender id); x_jobs.job_type holds what workers declare of each job (its enqueue defaults, its
--- timeout).
+-- timeout); x_jobs.schedule the cron schedules, each with the instant it fires next.
 --
 -- The flow.
 --   enqueue / enqueue_many  insert rows, dedupe live idempotency keys, NOTIFY 'x_jobs' with the
@@ -44,6 +44,11 @@
 --   purge / purge_events    retention: bounded deletes of old terminal rows (with their steps),
 --   / purge_outbox          of old events and delivered messages;
 --   / rollup_counters       folding of counters.
+--   set_schedule / tick_schedules
+--                           a cron expression in a time zone enqueues a job at each of its
+--                           instants: any number of tickers (workers, pg_cron), no leader, each
+--                           instant once (SKIP LOCKED, enqueue and advance in one transaction);
+--                           missed instants are caught up by the schedule's policy.
 --   health                  what an installation should fix: its roles, the owner of the
 --                           functions that run as their owner, the restart grace's right.
 --
