@@ -31,6 +31,9 @@ from the issues as a ratio measured in the same run, because the machines are sh
   versus         beside graphile-worker: drains of 100,000 and 1,000,000 jobs with the
                  server's CPU per job, x_jobs at its defaults, and the wake latency at 50
                  and 500 jobs/s (bench/versus.py)
+  schedules      tick_schedules' cost firing 100 due schedules at 100 and at 100,000 schedules,
+                 and the lateness of 10,000 schedules due in one minute, ticked by two
+                 processes at the minute's turn (bench/schedules.py)
 
 Run it by hand against any server with `python bench/bench.py` (PGHOST etc. name the server;
 it creates and drops its own database). `--quick` shrinks every size for a smoke run.
@@ -936,6 +939,7 @@ def main() -> int:
             "previous",
             "soak",
             "versus",
+            "schedules",
         ],
         action="append",
         help="run only these parts (repeatable)",
@@ -961,6 +965,7 @@ def main() -> int:
             "previous",
             "soak",
             "versus",
+            "schedules",
         ]
     )
 
@@ -1187,6 +1192,12 @@ def main() -> int:
             from versus import compare_with_graphile  # noqa: PLC0415
 
             lines.extend(compare_with_graphile(dsn, args.quick))
+
+        if "schedules" in parts:
+            # Tick cost and lateness, on databases of its own.
+            from schedules import bench_schedules  # noqa: PLC0415
+
+            lines.extend(bench_schedules(args.quick))
 
     width = max(len(line[0]) for line in lines)
     value_width = max(len(line[1]) for line in lines)
