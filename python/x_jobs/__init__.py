@@ -7,6 +7,9 @@ app = x_jobs.App()                      # DATABASE_URL, or libpq's PG* environme
 @app.job(name="send_email", queue="mail", max_attempts=5)
 def send_email(input: Email, ctx: x_jobs.JobContext) -> dict[str, str]: ...
 
+@app.job(name="digest", schedule=x_jobs.Cron("0 9 * * MON-FRI", tz="Europe/Berlin"))
+def digest(input: dict[str, str], ctx: x_jobs.JobContext) -> None: ...  # ctx.schedule.at
+
 send_email.enqueue(Email(to="ada@example.com"))
 x_jobs.Worker(app).run()                # or: x-jobs worker myapp.jobs:app
 """
@@ -14,19 +17,24 @@ x_jobs.Worker(app).run()                # or: x-jobs worker myapp.jobs:app
 from __future__ import annotations
 
 from x_jobs.app import App
-from x_jobs.context import AsyncJobContext, CancelEvent, JobContext
+from x_jobs.context import AsyncJobContext, CancelEvent, JobContext, Scheduled
 from x_jobs.errors import (
+    CronInvalid,
     DeliveryError,
     JobCancelled,
     JobFailed,
     PermanentError,
     PermissionDenied,
     ResultTimeout,
+    ScheduleInvalid,
+    ScheduleNotFound,
     StepTimeout,
+    TimeZoneInvalid,
     XJobsError,
     translate,
 )
 from x_jobs.jobs import Concurrency, Enqueued, Job, Retry
+from x_jobs.schedules import Cron, Schedule
 from x_jobs.sinks import OutboxMessage
 from x_jobs.steps import AsyncSteps, Steps
 from x_jobs.worker import Worker
@@ -37,6 +45,8 @@ __all__ = [
     "AsyncSteps",
     "CancelEvent",
     "Concurrency",
+    "Cron",
+    "CronInvalid",
     "DeliveryError",
     "Enqueued",
     "Job",
@@ -48,8 +58,13 @@ __all__ = [
     "PermissionDenied",
     "ResultTimeout",
     "Retry",
+    "Schedule",
+    "ScheduleInvalid",
+    "ScheduleNotFound",
+    "Scheduled",
     "StepTimeout",
     "Steps",
+    "TimeZoneInvalid",
     "Worker",
     "XJobsError",
     "translate",

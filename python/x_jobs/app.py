@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, LiteralString, overload
 
 import psycopg
@@ -48,7 +49,9 @@ from x_jobs.jobs import Retry as Retry  # noqa: PLC0414
 from x_jobs.jobs import Seconds as Seconds  # noqa: PLC0414
 from x_jobs.jobs import interval as interval  # noqa: PLC0414
 from x_jobs.jobs import seconds as seconds  # noqa: PLC0414
+from x_jobs.maintenance import Retention, maintain
 from x_jobs.outbox import Outbox
+from x_jobs.schedules import Cron, Schedule
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +78,9 @@ class App:
     def __init__(self, dsn: str | None = None, *, pool_size: int = 4) -> None:
         self.dsn = dsn if dsn is not None else os.environ.get("DATABASE_URL", "")
         self.jobs: dict[str, Job[Any]] = {}
+        #: The schedules declared here (``@app.job(schedule=...)``, ``app.schedule``), by name:
+        #: what a worker writes at its start (x_jobs.schedules.sync_schedules).
+        self.schedules: dict[str, Schedule] = {}
         self._pool_size = pool_size
         self._pool: ConnectionPool | None = None
         self._result_query: LiteralString | None = None  # once the version is checked
@@ -103,6 +109,7 @@ class App:
         tenant: str | Callable[[Any], str] | None = None,
         priority: int = 0,
         keep_done: bool = True,
+        schedule: Cron | Sequence[Cron] | None = None,
     ) -> Callable[[Callable[..., Any]], Job[Any]]: ...
 
     def job(
@@ -120,12 +127,18 @@ class App:
         tenant: str | Callable[[Any], str] | None = None,
         priority: int = 0,
         keep_done: bool = True,
+        schedule: Cron | Sequence[Cron] | None = None,
     ) -> Job[Any] | Callable[[Callable[..., Any]], Job[Any]]:
         """Declare a job over a plain function, sync or ``async``:
         ``def handle(input)`` or ``def handle(input, ctx)``. The input's type annotation (a
         pydantic model, a dataclass, a TypedDict (``typing_extensions.TypedDict`` before Python
         3.12: pydantic refuses ``typing``'s), ``dict``...) is what enqueue validates.
-        ``keep_done=False``: completing a job deletes its row, so ``result`` cannot read it."""
+        ``keep_done=False``: completing a job deletes its row, so ``result`` cannot read it.
+
+        ``schedule``: a :class:`~x_jobs.Cron`, or several, on which the job is enqueued (see
+        :meth:`schedule`). One is named as the job; of several, each is named
+        ``JOB@EXPR`` (``JOB@EXPR TZ`` outside UTC), unless its ``Cron(name=...)`` says."""
+        crons = _crons(schedule)
 
         def declare(handler: Callable[..., Any]) -> Job[Any]:
             job_name = name or f"{handler.__module__}.{handler.__qualname__}"
@@ -146,7 +159,19 @@ class App:
                 priority=priority,
                 keep_done=keep_done,
             )
+            names = [
+                c.name or (job_name if len(crons) == 1 else _schedule_name(job_name, c))
+                for c in crons
+            ]
+            for taken in names:
+                self._check_schedule_name(taken)
+            if len(set(names)) < len(names):
+                raise ValueError(
+                    f"job {job_name!r} has two schedules of one name: give each Cron a name="
+                )
             self.jobs[job_name] = declared
+            for taken, cron in zip(names, crons, strict=True):
+                self.schedules[taken] = Schedule(taken, job_name, replace(cron, name=taken))
             return declared
 
         return declare(fn) if fn is not None else declare
@@ -159,6 +184,106 @@ class App:
                 f"X_JOB_UNKNOWN: no job named {name!r} is declared on this app",
                 hint=f"Declare it with @app.job(name={name!r}); declared: {sorted(self.jobs)}.",
             ) from None
+
+    def schedule(
+        self,
+        name: str,
+        job: Job[Any] | str,
+        cron: str,
+        *,
+        tz: str = "UTC",
+        input: Mapping[str, Any] | None = None,
+        catchup: str = "latest",
+        catchup_max: int = 100,
+        overlap: str = "allow",
+        grace: Seconds = 60,
+        queue: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        tenant_id: str | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
+        dead_letter: bool | None = None,
+        backoff_base: Seconds | None = None,
+        backoff_max: Seconds | None = None,
+        keep_done: bool | None = None,
+    ) -> Schedule:
+        """Declare the schedule ``name``: enqueue ``job`` (one of this app's, or the name of a
+        job another service runs) at every instant of the cron expression ``cron`` in the IANA
+        zone ``tz``, with ``input`` (for the policies, see :class:`~x_jobs.Cron`). One job may
+        have several. An enqueue option left None is the job's own, as ``job.enqueue`` sends
+        it. A worker writes the app's schedules when it starts; ``x-jobs schedules sync`` does
+        from a deploy step. The database checks the expression and the zone then."""
+        self._check_schedule_name(name)
+        if isinstance(cron, Cron):
+            raise TypeError(
+                "app.schedule takes the cron expression as a str and its policies as keywords "
+                "(a Cron goes to @app.job(schedule=...))"
+            )
+        job_name = job.name if isinstance(job, Job) else job
+        if not isinstance(job_name, str):
+            raise TypeError(f"a schedule's job is a Job or a name, not {type(job).__name__}")
+        when = Cron(
+            cron,
+            tz,
+            catchup=catchup,
+            catchup_max=catchup_max,
+            overlap=overlap,
+            grace=grace,
+            input=input,
+            name=name,
+        )
+        declared = Schedule(
+            name,
+            job_name,
+            when,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            tenant_id=tenant_id,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
+            dead_letter=dead_letter,
+            backoff_base=backoff_base,
+            backoff_max=backoff_max,
+            keep_done=keep_done,
+        )
+        self.schedules[name] = declared
+        return declared
+
+    def schedule_maintenance(
+        self,
+        cron: str = "17 * * * *",
+        *,
+        tz: str = "UTC",
+        retention: Retention | None = None,
+        batch_size: int = 10_000,
+        queue: str = "default",
+    ) -> Job[Any]:
+        """Run maintenance (``x-jobs maintain``: purge what is past ``retention``, fold old
+        counters; :func:`x_jobs.maintenance.maintain`) as a scheduled job, so that a deployment
+        needs no cron outside: declares the job ``x_jobs.maintain`` on ``queue`` and the
+        schedule ``x_jobs.maintain`` (hourly at minute 17 by default; overlap skip, so that no
+        pass starts while one runs). Its handler connects to this app's database, whose login
+        needs the x_jobs_admin role (the purges are the operator's): a worker running as
+        x_jobs_worker alone fails the job with X_PERMISSION_DENIED."""
+        kept = retention or Retention()
+
+        def handler(_input: dict[str, Any]) -> dict[str, Any]:
+            with self.connection() as conn:
+                done = maintain(conn, kept, batch_size)
+            return {"deleted": done.deleted, "counters_folded": done.counters_folded}
+
+        name = "x_jobs.maintain"
+        job = self.job(name=name, queue=queue, max_attempts=3)(handler)
+        self.schedule(name, job, cron, tz=tz, overlap="skip")
+        return job
+
+    def _check_schedule_name(self, name: str) -> None:
+        if not isinstance(name, str):
+            raise TypeError(f"a schedule's name is a str, not {type(name).__name__}")
+        if name in self.schedules:
+            raise ValueError(f"a schedule named {name!r} is declared already")
 
     # --- connections --------------------------------------------------------------------------
 
@@ -331,3 +456,17 @@ class App:
                 pause = min(pause, left)
             time.sleep(pause)
             pause = min(pause * 2, 1.0)
+
+
+def _crons(schedule: Cron | Sequence[Cron] | None) -> list[Cron]:
+    """``@app.job``'s ``schedule`` as a list, each checked to be a Cron."""
+    crons = [] if schedule is None else [schedule] if isinstance(schedule, Cron) else list(schedule)
+    for cron in crons:
+        if not isinstance(cron, Cron):
+            raise TypeError(f"schedule takes x_jobs.Cron values, not {type(cron).__name__}")
+    return crons
+
+
+def _schedule_name(job: str, cron: Cron) -> str:
+    """The name of one of a job's several schedules: ``JOB@EXPR``, and the zone outside UTC."""
+    return f"{job}@{cron.expr}" if cron.tz == "UTC" else f"{job}@{cron.expr} {cron.tz}"

@@ -1,14 +1,17 @@
 """The context a handler gets (``ctx``): its job's ids and attempt, the signal to stop
-(``ctx.cancelled``), and its durable steps and progress, which it reaches through the worker's
-step store. The worker makes one per claimed job and tells it to stop (``_stop``).
+(``ctx.cancelled``), the schedule instant a fired job was enqueued for (``ctx.schedule``), and
+its durable steps and progress, which it reaches through the worker's step store. The worker
+makes one per claimed job and tells it to stop (``_stop``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from x_jobs.errors import JobCancelled as JobCancelled  # noqa: PLC0414 - re-exported here
 from x_jobs.steps import AsyncSteps, Steps, StepStore, _Journal, progress
@@ -25,6 +28,50 @@ class CancelEvent(threading.Event):
 
     def __bool__(self) -> bool:
         return self.is_set()
+
+
+@dataclass(frozen=True)
+class Scheduled:
+    """The instant a schedule fired a job for (``ctx.schedule``): the schedule's ``name``, the
+    instant ``at`` (UTC), whether the job was enqueued later than the schedule's grace after it
+    (``late``: a tick came late, or a catch-up), and whether an operator asked for the run
+    (``manual``: ``x-jobs schedules run``, ``x_jobs.run_schedule_now``; ``at`` is then when)."""
+
+    name: str
+    at: datetime
+    late: bool
+    manual: bool = False
+
+
+#: The key of a fired job's input under which the schedule says what fired it.
+SCHEDULE_KEY = "_schedule"
+
+
+def split_schedule(payload: str) -> tuple[str, Scheduled | None]:
+    """A job's input (JSON text) without the ``_schedule`` its schedule added, and what that
+    said. An input whose ``_schedule`` is no schedule's (not an object with a name and an ISO
+    instant) is the job's own: left as it is, with None. Cheap for other inputs: the text is
+    parsed only when it holds the key."""
+    if f'"{SCHEDULE_KEY}"' not in payload:
+        return payload, None
+    try:
+        value: Any = json.loads(payload)
+    except (ValueError, RecursionError):
+        return payload, None  # what Python cannot read (an int of 5000 digits): left to pydantic
+    if not isinstance(value, dict) or not isinstance(mark := value.get(SCHEDULE_KEY), dict):
+        return payload, None
+    try:
+        scheduled = Scheduled(
+            name=str(mark["name"]),
+            at=datetime.fromisoformat(str(mark["at"])),
+            late=bool(mark.get("late", False)),
+            manual=bool(mark.get("manual", False)),
+        )
+    except (KeyError, ValueError):
+        return payload, None
+    del value[SCHEDULE_KEY]
+    # Validated from JSON text again, as every other input is (pydantic's JSON mode).
+    return json.dumps(value), scheduled
 
 
 @dataclass
@@ -44,6 +91,9 @@ class JobContext:
     #: Why the job was told to stop: "cancelled", "timeout", "lost", "shutdown", or "lease"
     #: (the worker could not renew its lease: the database did not answer); None if not.
     reason: str | None = None
+    #: The schedule instant this job was fired for (see :class:`Scheduled`); None for a job
+    #: enqueued otherwise.
+    schedule: Scheduled | None = None
     _stopped: bool = field(default=False, repr=False)
     _event: CancelEvent | None = field(default=None, repr=False)
     _store: StepStore | None = field(default=None, repr=False)

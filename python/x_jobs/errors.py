@@ -244,6 +244,33 @@ class MaxAgeInvalid(InvalidArgument):
     code, sqlstate = "X_MAX_AGE_INVALID", "XJ051"
 
 
+class CronInvalid(InvalidArgument):
+    """A cron expression x_jobs cannot read: a wrong number of fields, a bad term, a value out of
+    its field's range, or a day no month of it has. The message names the field."""
+
+    code, sqlstate = "X_CRON_INVALID", "XJ043"
+
+
+class TimeZoneInvalid(InvalidArgument):
+    """A time zone that is not the name of a zone of the IANA database (``Europe/Berlin``);
+    POSIX strings such as ``UTC+3`` are refused too."""
+
+    code, sqlstate = "X_TIME_ZONE_INVALID", "XJ046"
+
+
+class ScheduleInvalid(InvalidArgument):
+    """``set_schedule`` got a bad name, an input that is not an object (or holds ``_schedule``),
+    or a catchup, catchup_max, overlap or grace out of range."""
+
+    code, sqlstate = "X_SCHEDULE_INVALID", "XJ049"
+
+
+class ScheduleNotFound(XJobsError):
+    """No schedule has the name a call was given."""
+
+    code, sqlstate = "X_SCHEDULE_NOT_FOUND", "XJ050"
+
+
 class DeclarationsInvalid(InvalidArgument):
     """``x_jobs.declare_jobs`` got something other than an array of declaration objects."""
 
@@ -484,6 +511,22 @@ def translate(err: psycopg.Error) -> XJobsError | psycopg.Error:
     typed = cls(message, hint=err.diag.message_hint, detail=err.diag.message_detail)
     typed.__cause__ = err
     return typed
+
+
+@contextmanager
+def typed_refusals() -> Iterator[None]:
+    """Inside, an x_jobs refusal is raised as its typed error and a refused privilege as
+    :class:`PermissionDenied`, each from the database's error; anything else as it is. For the
+    calls on a caller's connection, which App.connection does not wrap."""
+    try:
+        yield
+    except psycopg.errors.InsufficientPrivilege as err:
+        raise PermissionDenied.of(err) from err
+    except psycopg.Error as err:
+        typed = translate(err)
+        if typed is err:
+            raise
+        raise typed from err
 
 
 # The command line's errors

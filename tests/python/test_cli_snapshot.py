@@ -243,6 +243,31 @@ def test_json_shapes_and_exit_codes_are_the_snapshot(dsn: str, conn: Conn, plain
     x.run("queues resume", "queues", "resume", "mail")
     x.run("queues options before pause", "queues", "--json", "pause", "mail")
 
+    x.run("schedules list empty", "schedules", "list")
+    x.run("schedules sync", "schedules", "sync", "apps.scheduled:v1")
+    x.run("schedules sync prune", "schedules", "sync", "apps.scheduled:v2", "--prune")
+    x.run("schedules pause", "schedules", "pause", "report")
+    x.run("schedules resume", "schedules", "resume", "report")
+    x.run("schedules run", "schedules", "run", "report")
+    x.run("schedules list", "schedules", "list")
+    x.run("schedules show", "schedules", "show", "report")
+    x.run("schedules show unknown", "schedules", "show", "nope")
+    x.run("schedules run unknown", "schedules", "run", "nope")
+    x.run(
+        "schedules preview",
+        "schedules",
+        "preview",
+        "*/15 9-17 * * MON-FRI",
+        "--tz",
+        "America/New_York",
+        "--count",
+        "3",
+    )
+    x.run("schedules preview after", "schedules", "preview", "@daily", "--after", "2030-01-01")
+    x.run("schedules preview bad cron", "schedules", "preview", "61 * * * *")
+    x.run("schedules preview bad zone", "schedules", "preview", "@daily", "--tz", "Mars/Base")
+    x.run("tick", "tick")
+
     for topic, key in [("order.paid", "o-1"), ("order.paid", "o-2"), ("user.created", None)]:
         conn.execute(
             "SELECT x_jobs.outbox_put(topic => %s, payload => '{\"n\": 1}', key => %s,"

@@ -3,6 +3,7 @@
 ``worker`` runs the jobs of an App, ``relay`` delivers its outbox. The operator's commands call
 the SQL API and print what it answers: ``enqueue``, ``jobs list|show|retry|cancel``,
 ``outbox list|show|redrive``, ``events publish``, ``steps resolve``, ``queues [pause|resume]``,
+``schedules list|show|pause|resume|run|preview|sync``, ``tick`` (fire the due schedules),
 ``manifest`` (the job declarations), and ``install`` (the schema without CREATE EXTENSION, see
 :mod:`x_jobs.install`). Each takes ``--dsn`` (default ``DATABASE_URL``, else libpq's PG*
 environment, as ``App()``) and ``--json`` (one JSON document on stdout instead of tables).
@@ -20,10 +21,10 @@ offset is still read in the session's own TimeZone.
 
 The package holds a module per command group (:mod:`.serve` for ``worker`` and ``relay``,
 :mod:`.enqueue`, :mod:`.jobs`, :mod:`.events`, :mod:`.steps`, :mod:`.queues`, :mod:`.outbox`,
-:mod:`.maintain`, :mod:`.install`, :mod:`.manifest`) over the helpers they share: the output
-(:mod:`._output`), the options (:mod:`._options`), the connection (:mod:`._database`), the rows
-of jobs and steps (:mod:`._rows`). This module assembles the app from them; the names the
-module ``x_jobs.cli`` always had are importable from here.
+:mod:`.schedules` (with ``tick``), :mod:`.maintain`, :mod:`.install`, :mod:`.manifest`) over the
+helpers they share: the output (:mod:`._output`), the options (:mod:`._options`), the connection
+(:mod:`._database`), the rows of jobs and steps (:mod:`._rows`). This module assembles the app
+from them; the names the module ``x_jobs.cli`` always had are importable from here.
 """
 
 from __future__ import annotations
@@ -123,6 +124,20 @@ from x_jobs.cli.queues import (
     queues_pause,
     queues_resume,
 )
+from x_jobs.cli.schedules import (
+    PREVIEW,
+    SYNCED_BY,
+    ScheduleName,
+    schedules_cli,
+    schedules_list,
+    schedules_pause,
+    schedules_preview,
+    schedules_resume,
+    schedules_run,
+    schedules_show,
+    schedules_sync,
+    tick_command,
+)
 from x_jobs.cli.serve import (
     LEASE_LEAST,
     LOG_LEVELS,
@@ -168,6 +183,8 @@ cli.add_typer(events_cli, name="events")
 cli.add_typer(steps_cli, name="steps")
 cli.add_typer(queues_cli, name="queues")
 cli.add_typer(outbox_cli, name="outbox")
+cli.add_typer(schedules_cli, name="schedules")
+cli.command("tick")(tick_command)
 cli.command("maintain")(maintain_command)
 cli.command("install")(install_command)
 cli.command("manifest")(manifest_command)
@@ -210,6 +227,7 @@ __all__ = [
     "PIN_UTC",
     "PIPE_WIDTH",
     "POLL_LEAST",
+    "PREVIEW",
     "PUBLISH",
     "QUEUE_STATS",
     "REDRIVE",
@@ -223,6 +241,7 @@ __all__ = [
     "SHOW_JOB",
     "SHOW_OUTBOX",
     "STEP_COLUMNS",
+    "SYNCED_BY",
     "VERSION",
     "WANTS_JSON",
     "AsJson",
@@ -254,6 +273,7 @@ __all__ = [
     "QueueName",
     "QueueRow",
     "RawJson",
+    "ScheduleName",
     "StepRow",
     "TextLogFormatter",
     "Yes",
@@ -279,9 +299,18 @@ __all__ = [
     "queues_pause",
     "queues_resume",
     "relay",
+    "schedules_cli",
+    "schedules_list",
+    "schedules_pause",
+    "schedules_preview",
+    "schedules_resume",
+    "schedules_run",
+    "schedules_show",
+    "schedules_sync",
     "setup_logging",
     "steps_cli",
     "steps_resolve",
+    "tick_command",
     "worker",
 ]
 

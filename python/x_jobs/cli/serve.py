@@ -182,10 +182,21 @@ def worker(
     metrics_host: MetricsHost = METRICS_HOST,
     dsn: Annotated[str | None, typer.Option(help="Database; default DATABASE_URL or PG*.")] = None,
     listen_dsn: ListenDsn = None,
+    no_tick: Annotated[
+        bool,
+        typer.Option(
+            "--no-tick",
+            help="Do not fire the database's due schedules (at each whole minute): pg_cron or"
+            " `x-jobs tick` does. The app's schedules are written at the start either way.",
+        ),
+    ] = False,
     log_level: LogLevel = "info",
     log_format: LogFormat = "text",
 ) -> None:
-    """Run a worker: claim, run and settle the jobs of MODULE:APP until SIGTERM or SIGINT."""
+    """Run a worker: claim, run and settle the jobs of MODULE:APP until SIGTERM or SIGINT.
+
+    At its start it writes the app's schedules; it ticks them unless --no-tick.
+    """
     from x_jobs.worker import Worker  # noqa: PLC0415 - the other commands do not need it
 
     setup_logging(log_level, log_format)
@@ -207,6 +218,7 @@ def worker(
             metrics_port=metrics_port,
             metrics_host=metrics_host,
             listen_dsn=listen_dsn,
+            tick_schedules=not no_tick,
         )
         # The process ends with the worker, and the handlers still running with it: a drain
         # whose grace runs out hands their jobs back for another worker to take at once.

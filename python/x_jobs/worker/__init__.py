@@ -6,7 +6,8 @@ that claims and heartbeats; the settler (:mod:`x_jobs.worker.settle`) owns a sec
 and settles finished jobs in batches, so that the server settles one batch while it claims the
 next. Handlers run on executor threads or an event loop (:mod:`x_jobs.worker._handlers`); a
 finished handler drops its outcome in a queue and wakes the dispatcher. The leases, their
-heartbeat and hand-backs are :mod:`x_jobs.worker.leases`.
+heartbeat and hand-backs are :mod:`x_jobs.worker.leases`; the schedules' sync at the start and
+their ticks, on a thread and connection of their own, :mod:`x_jobs.worker._ticker`.
 
 The dispatcher claims when a notification names one of its queues, when the poll interval has
 passed (no notification comes for a delayed row becoming due or a lease lapsing), and at once
@@ -59,6 +60,7 @@ from x_jobs.errors import PermissionDenied, translate
 from x_jobs.jobs import Seconds, interval, seconds
 from x_jobs.metrics import DEFAULT_HOST, GAUGE_INTERVAL, WorkerMetrics
 from x_jobs.steps import StepStore
+from x_jobs.worker import _ticker
 from x_jobs.worker._handlers import Executors
 from x_jobs.worker._prefetch import PrefetchSizer
 from x_jobs.worker._run import Outcome, Run, Settlement, ids_array, unknown_job
@@ -106,6 +108,10 @@ class Worker:
     ``listen_dsn`` (default ``X_JOBS_LISTEN_DSN``, else ``app.dsn``): where the worker LISTENs
     for the notifications that wake it, when ``app.dsn`` goes through a pooler in transaction
     mode, which drops them (docs/poolers.md).
+
+    ``tick_schedules``: fire the database's due schedules at each whole minute (on a thread and
+    a connection of its own, see x_jobs.worker._ticker); off where pg_cron or ``x-jobs tick``
+    does it. The app's schedules are written at the start either way.
     """
 
     def __init__(
@@ -128,6 +134,7 @@ class Worker:
         gauge_interval: Seconds = GAUGE_INTERVAL,
         check_version: bool = True,
         listen_dsn: str | None = None,
+        tick_schedules: bool = True,
     ) -> None:
         self.app = app
         self.queues = sorted(set(queues or {job.queue for job in app.jobs.values()}))
@@ -175,6 +182,9 @@ class Worker:
         self.listen_dsn = listen_dsn or os.environ.get(LISTEN_DSN_ENV) or None
         self._patience = patience(self.lease)
         self._step_store = StepStore(app.dsn, concurrency, patience=self._patience)
+        self.tick_schedules = tick_schedules
+        #: Made at the start where the database has schedules and the worker ticks them.
+        self._ticker: _ticker.Ticker | None = None
 
         #: Every job claimed and not yet settled (or dropped), running or waiting to run: the
         #: dispatcher's, shared with the leases and the settler's accounting (its thread only).
@@ -678,6 +688,13 @@ class Worker:
             check_version=self.check_version,
             log=logger,
         )
+        if _ticker.start(conn, self.app, worker=self.worker_id) and self.tick_schedules:
+            self._ticker = _ticker.Ticker(
+                self.app.dsn,
+                worker=self.worker_id,
+                patience=self._patience,
+                running=lambda: self._stopping.requests == 0,
+            )
 
     def _tick(self, now: float) -> None:
         """On the watch thread, every tick, the dispatcher maybe blocked in a call: abandon the
@@ -747,8 +764,12 @@ class Worker:
         threading.Thread(target=self._settler.run, name="x_jobs-settle", daemon=True).start()
         self._watch.start()
         self._executors.start()
+        if self._ticker is not None:
+            self._ticker.start()
 
     def _shutdown_threads(self) -> None:
+        if self._ticker is not None:
+            self._ticker.stop()
         self._watch.stop()
         self._settler.close()
         self._executors.shutdown()

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from x_jobs._executor import DaemonExecutor
 from x_jobs.app import App
+from x_jobs.context import split_schedule
 from x_jobs.errors import InputInvalid, JobNotHeld, OutputInvalid, PermanentError, Suspended
 from x_jobs.steps import AsyncSteps
 from x_jobs.worker._run import Outcome, Run
@@ -283,9 +284,14 @@ class Executors:
     def _input(run: Run) -> Any:
         """The handler's input, validated against the job's declaration. A row enqueued past
         App.enqueue (x-jobs enqueue, SQL, another language) may not fit it: no attempt would
-        run it, so it fails for good at once, where each of its 25 attempts failed alike."""
+        run it, so it fails for good at once, where each of its 25 attempts failed alike.
+        A fired job's ``_schedule`` is taken out first, for ``ctx.schedule``: the handler's
+        input is the schedule's, as declared."""
+        payload, scheduled = split_schedule(run.payload)
+        if scheduled is not None:
+            run.ctx.schedule = scheduled
         try:
-            return run.job.validate_json(run.payload)
+            return run.job.validate_json(payload)
         except ValidationError as err:
             raise InputInvalid(
                 f"X_INPUT_INVALID: the input of job {run.job.name!r} does not fit its "
