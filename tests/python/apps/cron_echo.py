@@ -16,6 +16,11 @@ app = x_jobs.App()
 
 
 @app.job(name="cron_echo")
-def cron_echo(input: dict[str, Any]) -> dict[str, Any]:
-    schedule = input["_schedule"]
-    return {"greeting": input.get("greeting"), "at": schedule["at"], "pid": os.getpid()}
+def cron_echo(input: dict[str, Any], ctx: x_jobs.JobContext) -> dict[str, Any]:
+    # The worker takes `_schedule` out of the input and hands it over as ctx.schedule.
+    assert ctx.schedule is not None and "_schedule" not in input
+    return {
+        "greeting": input.get("greeting"),
+        "at": ctx.schedule.at.isoformat(),
+        "pid": os.getpid(),
+    }
