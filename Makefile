@@ -96,9 +96,18 @@ check-sql:
 check-upgrade:
 	scripts/check-upgrade
 
-# The Python client and the worker, on real connections.
+# The Python client and the worker, on real connections. The files are shared out among
+# PYTEST_WORKERS processes (pytest-xdist, a whole file each at a time), each with a server of its
+# own (scripts/pg-python): the tests mostly wait (on workers, leases, restarts), so they overlap
+# well even on two cores. PYTEST_WORKERS=0 runs them in this process, on PGHOST's server.
+PYTEST_WORKERS ?= 4
 check-python:
+ifeq ($(PYTEST_WORKERS),0)
 	$(VENV)/bin/pytest -q tests/python
+else
+	X_JOBS_PYTHON=$(abspath $(VENV_PYTHON)) $(VENV)/bin/pytest -q --dist loadfile \
+	  --tx $(PYTEST_WORKERS)*popen//python=scripts/pg-python tests/python
+endif
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
