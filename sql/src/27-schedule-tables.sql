@@ -112,4 +112,4 @@ CREATE TYPE x_jobs.schedule_info AS (
 
 SELECT pg_catalog.pg_extension_config_dump('x_jobs.schedule', '');
 
--- Tests: tests/pgtap/00-schema.sql, tests/pgtap/60-schedules.sql
+-- Tests: tests/pgtap/00-schema.sql, tests/pgtap/45-schedules.sql

@@ -146,7 +146,6 @@ GRANT EXECUTE ON FUNCTION x_jobs._cron_field(text, text, text, integer, integer,
 GRANT EXECUTE ON FUNCTION x_jobs._require_time_zone(text) TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs._cron_next(x_jobs.cron_fields, text, timestamptz) TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs._cron_match_after(x_jobs.cron_fields, timestamp) TO x_jobs_producer;
-GRANT EXECUTE ON FUNCTION x_jobs._cron_value_from(integer[], integer) TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs._zone_change(timestamptz, timestamptz) TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs.set_schedule(
     text, text, text, text, jsonb, text, text, integer, text, interval, integer, integer, text, text,

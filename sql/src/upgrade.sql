@@ -122,7 +122,6 @@ SELECT pg_catalog.pg_extension_config_dump('x_jobs.schedule', '');
 --@function x_jobs.error_codes
 --@function x_jobs._cron_field
 --@function x_jobs._cron_parse
---@function x_jobs._cron_value_from
 --@function x_jobs._cron_match_after
 --@function x_jobs._zone_change
 --@function x_jobs._cron_next
@@ -130,6 +129,7 @@ SELECT pg_catalog.pg_extension_config_dump('x_jobs.schedule', '');
 --@function x_jobs._require_time_zone
 --@function x_jobs.cron_next
 --@function x_jobs._schedule_request
+--@function x_jobs._schedule_due
 --@function x_jobs._schedule_info
 --@function x_jobs._schedule_not_found
 --@function x_jobs.set_schedule
@@ -155,7 +155,6 @@ GRANT EXECUTE ON FUNCTION x_jobs._cron_field(text, text, text, integer, integer,
 GRANT EXECUTE ON FUNCTION x_jobs._require_time_zone(text) TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs._cron_next(x_jobs.cron_fields, text, timestamptz) TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs._cron_match_after(x_jobs.cron_fields, timestamp) TO x_jobs_producer;
-GRANT EXECUTE ON FUNCTION x_jobs._cron_value_from(integer[], integer) TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs._zone_change(timestamptz, timestamptz) TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs.set_schedule(
     text, text, text, text, jsonb, text, text, integer, text, interval, integer, integer, text, text,
