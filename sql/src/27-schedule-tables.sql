@@ -67,6 +67,8 @@ COMMENT ON COLUMN x_jobs.schedule.next_fire_at IS 'The next instant to fire; a t
 COMMENT ON COLUMN x_jobs.schedule.catchup IS 'After missed instants: latest (one run, the last), all (each, up to catchup_max), none (skip them).';
 COMMENT ON COLUMN x_jobs.schedule.overlap IS 'allow: every instant enqueues; skip: no new run while one of the schedule''s is live.';
 COMMENT ON COLUMN x_jobs.schedule.grace IS 'How late a run may start and still count as on time (not late; with catchup none, still fired).';
+COMMENT ON COLUMN x_jobs.schedule.last_fire_at IS 'The instant of the last job the schedule enqueued (that job''s _schedule.at), by a tick or by hand.';
+COMMENT ON COLUMN x_jobs.schedule.skips IS 'Instants that enqueued no job: deduped onto a live run (overlap skip), refused by enqueue, or passed over by a catch-up (one a tick).';
 COMMENT ON COLUMN x_jobs.schedule.origin IS 'Who keeps the schedule: ''code'' for an app''s declarations (sync may prune them), NULL for SQL.';
 
 -- A tick reads the due rows from the first: one probe of an empty range while nothing is due,
