@@ -211,7 +211,13 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
 -- run; the functions of the schedules, of which those a worker calls run as their owner.
 ('_cron_field', '{text,text,text,integer,integer,text[],text}', 'integer[]', 'IMMUTABLE', NULL),
 ('_cron_parse', '{text}', 'x_jobs.cron_fields', 'IMMUTABLE', NULL),
-('_cron_match_after', '{x_jobs.cron_fields,timestamp without time zone}', 'timestamp without time zone', 'IMMUTABLE', NULL),
+(
+    '_cron_match_after',
+    '{x_jobs.cron_fields,timestamp without time zone}',
+    'timestamp without time zone',
+    'IMMUTABLE',
+    NULL
+),
 ('_zone_change', '{timestamp with time zone,timestamp with time zone}', 'timestamp with time zone', 'STABLE', NULL),
 ('_cron_next', '{x_jobs.cron_fields,text,timestamp with time zone}', 'timestamp with time zone', 'STABLE', NULL),
 (

@@ -370,67 +370,130 @@ SELECT is(
 
 CREATE TEMP TABLE refusal (
     n integer GENERATED ALWAYS AS IDENTITY,
-    call text NOT NULL,
+    stmt text NOT NULL,
     sqlstate text NOT NULL,
     message text NOT NULL,
     hint text NOT NULL
 );
 
-INSERT INTO refusal (call, sqlstate, message, hint)
+INSERT INTO refusal (stmt, sqlstate, message, hint)
 SELECT
-    pg_catalog.format('SELECT * FROM x_jobs.cron_next(%L)', r.cron),
-    'XJ043',
-    pg_catalog.format('X_CRON_INVALID: cron %L: the %s field %L %s', r.cron, r.field, r.text, r.problem),
+    pg_catalog.format('SELECT * FROM x_jobs.cron_next(%L)', r.cron) AS stmt,
+    'XJ043' AS sqlstate,
+    pg_catalog.format('X_CRON_INVALID: cron %L: the %s field %L %s', r.cron, r.field, r.text, r.problem) AS message,
     r.hint
 FROM (
     VALUES
-    ('a * * * *', 'minute', 'a', 'has ''a'', which is not a value',
-     'The minute field takes 0-59, such as 0, */15, 0,30 or 10-50/20.'),
-    ('1,,2 * * * *', 'minute', '1,,2', 'is not a value, a range or a step',
-     'The minute field takes 0-59, such as 0, */15, 0,30 or 10-50/20.'),
-    ('1-2-3 * * * *', 'minute', '1-2-3', 'is not a value, a range or a step',
-     'The minute field takes 0-59, such as 0, */15, 0,30 or 10-50/20.'),
-    ('1/2/3 * * * *', 'minute', '1/2/3', 'is not a value, a range or a step',
-     'The minute field takes 0-59, such as 0, */15, 0,30 or 10-50/20.'),
-    ('-1 * * * *', 'minute', '-1', 'is not a value, a range or a step',
-     'The minute field takes 0-59, such as 0, */15, 0,30 or 10-50/20.'),
-    ('1.5 * * * *', 'minute', '1.5', 'has ''1.5'', which is not a value',
-     'The minute field takes 0-59, such as 0, */15, 0,30 or 10-50/20.'),
-    ('60 * * * *', 'minute', '60', 'has 60, outside 0-59',
-     'The minute field takes 0-59, such as 0, */15, 0,30 or 10-50/20.'),
-    ('0 24 * * *', 'hour', '24', 'has 24, outside 0-23',
-     'The hour field takes 0-23, such as 9, 9-17, */6 or 8,12,18.'),
-    ('0 0 0 * *', 'day-of-month', '0', 'has 0, outside 1-31',
-     'The day-of-month field takes 1-31, such as 1, 1,15, 10-20 or */2.'),
-    ('0 0 32 * *', 'day-of-month', '32', 'has 32, outside 1-31',
-     'The day-of-month field takes 1-31, such as 1, 1,15, 10-20 or */2.'),
-    ('0 0 L * *', 'day-of-month', 'L', 'has ''L'', which is not a value',
-     'The day-of-month field takes 1-31, such as 1, 1,15, 10-20 or */2.'),
-    ('0 0 * 13 *', 'month', '13', 'has 13, outside 1-12',
-     'The month field takes 1-12 or JAN-DEC, such as 1, JAN-MAR, */3 or JUN,DEC.'),
-    ('0 0 * January *', 'month', 'January', 'has ''January'', which is not a value',
-     'The month field takes 1-12 or JAN-DEC, such as 1, JAN-MAR, */3 or JUN,DEC.'),
-    ('0 0 * * 8', 'day-of-week', '8', 'has 8, outside 0-7',
-     'The day-of-week field takes 0-7 or SUN-SAT, such as MON-FRI, 1-5, SAT,SUN or 0 (Sunday, as 7).'),
-    ('0 0 * * mon#2', 'day-of-week', 'mon#2', 'has ''mon#2'', which is not a value',
-     'The day-of-week field takes 0-7 or SUN-SAT, such as MON-FRI, 1-5, SAT,SUN or 0 (Sunday, as 7).'),
-    ('5-1 * * * *', 'minute', '5-1', 'has the range 5-1, which runs backwards',
-     'The minute field takes 0-59, such as 0, */15, 0,30 or 10-50/20.'),
-    ('0 0 * * SAT-MON', 'day-of-week', 'SAT-MON', 'has the range SAT-MON, which runs backwards',
-     'The day-of-week field takes 0-7 or SUN-SAT, such as MON-FRI, 1-5, SAT,SUN or 0 (Sunday, as 7).'),
-    ('*/0 * * * *', 'minute', '*/0', 'has step ''0'', not a whole number from 1 to 60',
-     'The minute field takes 0-59, such as 0, */15, 0,30 or 10-50/20.'),
-    ('*/61 * * * *', 'minute', '*/61', 'has step ''61'', not a whole number from 1 to 60',
-     'The minute field takes 0-59, such as 0, */15, 0,30 or 10-50/20.'),
-    ('0 */x * * *', 'hour', '*/x', 'has step ''x'', not a whole number from 1 to 24',
-     'The hour field takes 0-23, such as 9, 9-17, */6 or 8,12,18.'),
-    ('0 0 * * */8', 'day-of-week', '*/8', 'has step ''8'', not a whole number from 1 to 7',
-     'The day-of-week field takes 0-7 or SUN-SAT, such as MON-FRI, 1-5, SAT,SUN or 0 (Sunday, as 7).')
+    (
+        'a * * * *', 'minute', 'a', 'has ''a'', which is not a value',
+        'The minute field takes 0-59, such as 0, */15, 0,30 or 10-50/20.'
+    ),
+    (
+        '1,,2 * * * *', 'minute', '1,,2', 'is not a value, a range or a step',
+        'The minute field takes 0-59, such as 0, */15, 0,30 or 10-50/20.'
+    ),
+    (
+        '1-2-3 * * * *', 'minute', '1-2-3', 'is not a value, a range or a step',
+        'The minute field takes 0-59, such as 0, */15, 0,30 or 10-50/20.'
+    ),
+    (
+        '1/2/3 * * * *', 'minute', '1/2/3', 'is not a value, a range or a step',
+        'The minute field takes 0-59, such as 0, */15, 0,30 or 10-50/20.'
+    ),
+    (
+        '-1 * * * *', 'minute', '-1', 'is not a value, a range or a step',
+        'The minute field takes 0-59, such as 0, */15, 0,30 or 10-50/20.'
+    ),
+    (
+        '1.5 * * * *', 'minute', '1.5', 'has ''1.5'', which is not a value',
+        'The minute field takes 0-59, such as 0, */15, 0,30 or 10-50/20.'
+    ),
+    (
+        '60 * * * *', 'minute', '60', 'has 60, outside 0-59',
+        'The minute field takes 0-59, such as 0, */15, 0,30 or 10-50/20.'
+    ),
+    (
+        '0 24 * * *', 'hour', '24', 'has 24, outside 0-23',
+        'The hour field takes 0-23, such as 9, 9-17, */6 or 8,12,18.'
+    ),
+    (
+        '0 0 0 * *', 'day-of-month', '0', 'has 0, outside 1-31',
+        'The day-of-month field takes 1-31, such as 1, 1,15, 10-20 or */2.'
+    ),
+    (
+        '0 0 32 * *', 'day-of-month', '32', 'has 32, outside 1-31',
+        'The day-of-month field takes 1-31, such as 1, 1,15, 10-20 or */2.'
+    ),
+    (
+        '0 0 L * *', 'day-of-month', 'L', 'has ''L'', which is not a value',
+        'The day-of-month field takes 1-31, such as 1, 1,15, 10-20 or */2.'
+    ),
+    (
+        '0 0 * 13 *', 'month', '13', 'has 13, outside 1-12',
+        'The month field takes 1-12 or JAN-DEC, such as 1, JAN-MAR, */3 or JUN,DEC.'
+    ),
+    (
+        '0 0 * January *', 'month', 'January', 'has ''January'', which is not a value',
+        'The month field takes 1-12 or JAN-DEC, such as 1, JAN-MAR, */3 or JUN,DEC.'
+    ),
+    (
+        '0 0 * * 8', 'day-of-week', '8', 'has 8, outside 0-7',
+        'The day-of-week field takes 0-7 or SUN-SAT, such as MON-FRI, 1-5, SAT,SUN or 0 (Sunday, as 7).'
+    ),
+    (
+        '0 0 * * mon#2', 'day-of-week', 'mon#2', 'has ''mon#2'', which is not a value',
+        'The day-of-week field takes 0-7 or SUN-SAT, such as MON-FRI, 1-5, SAT,SUN or 0 (Sunday, as 7).'
+    ),
+    (
+        '5-1 * * * *', 'minute', '5-1', 'has the range 5-1, which runs backwards',
+        'The minute field takes 0-59, such as 0, */15, 0,30 or 10-50/20.'
+    ),
+    (
+        '0 0 * * SAT-MON', 'day-of-week', 'SAT-MON', 'has the range SAT-MON, which runs backwards',
+        'The day-of-week field takes 0-7 or SUN-SAT, such as MON-FRI, 1-5, SAT,SUN or 0 (Sunday, as 7).'
+    ),
+    (
+        '*/0 * * * *', 'minute', '*/0', 'has step ''0'', not a whole number from 1 to 60',
+        'The minute field takes 0-59, such as 0, */15, 0,30 or 10-50/20.'
+    ),
+    (
+        '*/61 * * * *', 'minute', '*/61', 'has step ''61'', not a whole number from 1 to 60',
+        'The minute field takes 0-59, such as 0, */15, 0,30 or 10-50/20.'
+    ),
+    (
+        '0 */x * * *', 'hour', '*/x', 'has step ''x'', not a whole number from 1 to 24',
+        'The hour field takes 0-23, such as 9, 9-17, */6 or 8,12,18.'
+    ),
+    (
+        '0 0 * * */8', 'day-of-week', '*/8', 'has step ''8'', not a whole number from 1 to 7',
+        'The day-of-week field takes 0-7 or SUN-SAT, such as MON-FRI, 1-5, SAT,SUN or 0 (Sunday, as 7).'
+    )
 ) AS r (cron, field, text, problem, hint);
 
-INSERT INTO refusal (call, sqlstate, message, hint)
+-- The hints that the refusals of a whole expression, a zone and a count carry.
+CREATE TEMP TABLE refusal_hint (kind text PRIMARY KEY, hint text NOT NULL);
+
+INSERT INTO refusal_hint (kind, hint) VALUES
+(
+    'five',
+    'Write five fields, minute hour day-of-month month day-of-week, such as ''*/15 9-17 * * MON-FRI'' or '
+    '''30 2 1 * *'', or one of @hourly, @daily, @weekly, @monthly, @yearly.'
+),
+(
+    'days',
+    'Pick days that the months have (February has 29 at most, April, June, September and November 30), '
+    'such as ''0 0 28 2 *''.'
+),
+(
+    'zone',
+    'Name a zone of the IANA database, such as ''Europe/Berlin'', ''America/New_York'' or ''UTC'' '
+    '(SELECT name FROM pg_timezone_names); for a fixed offset, ''Etc/GMT-3'' is UTC+3.'
+),
+('count', 'Ask for 1 to 1000 instants at a time; pass the last one as after for more.');
+
+INSERT INTO refusal (stmt, sqlstate, message, hint)
 SELECT
-    pg_catalog.format('SELECT * FROM x_jobs.cron_next(%s)', r.arg),
+    pg_catalog.format('SELECT * FROM x_jobs.cron_next(%s)', r.arg) AS stmt,
     r.sqlstate,
     r.message,
     h.hint
@@ -442,16 +505,24 @@ FROM (
     ($a$'  '$a$, 'XJ043', $m$X_CRON_INVALID: cron '  ' has 0 fields, not 5$m$, 'five'),
     ('NULL', 'XJ043', 'X_CRON_INVALID: cron NULL has 0 fields, not 5', 'five'),
     ($a$'@reboot'$a$, 'XJ043', $m$X_CRON_INVALID: cron '@reboot' is not a schedule x_jobs knows$m$, 'five'),
-    ($a$'0 0 30 2 *'$a$, 'XJ043',
-     $m$X_CRON_INVALID: cron '0 0 30 2 *' never fires: no month of its month field has day 30$m$, 'days'),
-    ($a$'0 0 31 4,6,9,11 *'$a$, 'XJ043',
-     $m$X_CRON_INVALID: cron '0 0 31 4,6,9,11 *' never fires: no month of its month field has day 31$m$, 'days'),
-    ($a$'0 0 * * *', 'Mars/Olympus'$a$, 'XJ046',
-     $m$X_TIME_ZONE_INVALID: 'Mars/Olympus' is not a time zone name$m$, 'zone'),
+    (
+        $a$'0 0 30 2 *'$a$, 'XJ043',
+        $m$X_CRON_INVALID: cron '0 0 30 2 *' never fires: no month of its month field has day 30$m$, 'days'
+    ),
+    (
+        $a$'0 0 31 4,6,9,11 *'$a$, 'XJ043',
+        $m$X_CRON_INVALID: cron '0 0 31 4,6,9,11 *' never fires: no month of its month field has day 31$m$, 'days'
+    ),
+    (
+        $a$'0 0 * * *', 'Mars/Olympus'$a$, 'XJ046',
+        $m$X_TIME_ZONE_INVALID: 'Mars/Olympus' is not a time zone name$m$, 'zone'
+    ),
     ($a$'0 0 * * *', 'UTC+3'$a$, 'XJ046', $m$X_TIME_ZONE_INVALID: 'UTC+3' is not a time zone name$m$, 'zone'),
     ($a$'0 0 * * *', 'GMT+3'$a$, 'XJ046', $m$X_TIME_ZONE_INVALID: 'GMT+3' is not a time zone name$m$, 'zone'),
-    ($a$'0 0 * * *', 'Europe/Berlin+1'$a$, 'XJ046',
-     $m$X_TIME_ZONE_INVALID: 'Europe/Berlin+1' is not a time zone name$m$, 'zone'),
+    (
+        $a$'0 0 * * *', 'Europe/Berlin+1'$a$, 'XJ046',
+        $m$X_TIME_ZONE_INVALID: 'Europe/Berlin+1' is not a time zone name$m$, 'zone'
+    ),
     ($a$'0 0 * * *', '+03'$a$, 'XJ046', $m$X_TIME_ZONE_INVALID: '+03' is not a time zone name$m$, 'zone'),
     ($a$'0 0 * * *', 'localtime'$a$, 'XJ046', $m$X_TIME_ZONE_INVALID: 'localtime' is not a time zone name$m$, 'zone'),
     ($a$'0 0 * * *', ''$a$, 'XJ046', $m$X_TIME_ZONE_INVALID: '' is not a time zone name$m$, 'zone'),
@@ -460,31 +531,21 @@ FROM (
     ($a$'0 0 * * *', count => 1001$a$, 'XJ013', 'X_QTY_INVALID: count 1001 is outside 1..1000', 'count'),
     ($a$'0 0 * * *', count => NULL$a$, 'XJ013', 'X_QTY_INVALID: count NULL is outside 1..1000', 'count')
 ) AS r (arg, sqlstate, message, hint_kind)
-CROSS JOIN LATERAL (
-    SELECT CASE r.hint_kind
-        WHEN 'five' THEN 'Write five fields, minute hour day-of-month month day-of-week, such as '
-            '''*/15 9-17 * * MON-FRI'' or ''30 2 1 * *'', or one of @hourly, @daily, @weekly, @monthly, @yearly.'
-        WHEN 'days' THEN 'Pick days that the months have (February has 29 at most, April, June, September and '
-            'November 30), such as ''0 0 28 2 *''.'
-        WHEN 'zone' THEN 'Name a zone of the IANA database, such as ''Europe/Berlin'', ''America/New_York'' or '
-            '''UTC'' (SELECT name FROM pg_timezone_names); for a fixed offset, ''Etc/GMT-3'' is UTC+3.'
-        WHEN 'count' THEN 'Ask for 1 to 1000 instants at a time; pass the last one as after for more.'
-    END AS hint
-) AS h;
+INNER JOIN refusal_hint AS h ON r.hint_kind = h.kind;
 
 SELECT is((SELECT count(*)::integer FROM refusal), 40, 'The refusals below should be the 40 listed');
 
 SELECT
     throws_ok(
-        r.call, r.sqlstate, r.message,
-        pg_catalog.format('%s should be refused with %s, naming what is wrong', r.call, r.sqlstate)
+        r.stmt, r.sqlstate, r.message,
+        pg_catalog.format('%s should be refused with %s, naming what is wrong', r.stmt, r.sqlstate)
     )
 FROM refusal AS r
 ORDER BY r.n;
 
 SELECT is_empty(
-    $$SELECT r.call, c.err_hint, r.hint
-      FROM refusal AS r CROSS JOIN LATERAL tap_helpers.caught(r.call) AS c
+    $$SELECT r.stmt, c.err_hint, r.hint
+      FROM refusal AS r CROSS JOIN LATERAL tap_helpers.caught(r.stmt) AS c
       WHERE c.err_hint IS DISTINCT FROM r.hint$$,
     'Every refusal should carry its hint: the field''s values and an example, or what to write instead'
 );

@@ -96,7 +96,10 @@ SELECT results_eq(
 );
 
 SELECT is(
-    (SELECT count(*)::integer FROM x_jobs.job WHERE name = 't45_job'),
+    (
+        SELECT count(*)::integer FROM x_jobs.job
+        WHERE name = 't45_job'
+    ),
     0,
     'set_schedule''s trial of the enqueue should leave no job behind'
 );
@@ -156,7 +159,10 @@ SELECT results_eq(
 );
 
 SELECT is(
-    (SELECT count(*)::integer FROM x_jobs.list_schedules() WHERE name = 't45_a'),
+    (
+        SELECT count(*)::integer FROM x_jobs.list_schedules()
+        WHERE name = 't45_a'
+    ),
     1,
     'Setting a schedule again should keep one row of its name'
 );
@@ -181,25 +187,53 @@ INSERT INTO refusal (args, sqlstate, message) VALUES
 ($$'t45_r', 'j', '* * * * *', input => NULL$$, 'XJ049', 'X_SCHEDULE_INVALID: input NULL is not a JSON object'),
 ($$'t45_r', 'j', '* * * * *', input => '[1]'$$, 'XJ049', 'X_SCHEDULE_INVALID: input [1] is not a JSON object'),
 ($$'t45_r', 'j', '* * * * *', input => '"x"'$$, 'XJ049', 'X_SCHEDULE_INVALID: input "x" is not a JSON object'),
-($$'t45_r', 'j', '* * * * *', input => '{"_schedule": 1}'$$, 'XJ049',
- 'X_SCHEDULE_INVALID: input has a key _schedule, which each run gets from its schedule'),
-($$'t45_r', 'j', '* * * * *', catchup => 'sometimes'$$, 'XJ049',
- $m$X_SCHEDULE_INVALID: catchup 'sometimes' is not latest, all or none$m$),
-($$'t45_r', 'j', '* * * * *', catchup => NULL$$, 'XJ049', 'X_SCHEDULE_INVALID: catchup NULL is not latest, all or none'),
+(
+    $$'t45_r', 'j', '* * * * *', input => '{"_schedule": 1}'$$, 'XJ049',
+    'X_SCHEDULE_INVALID: input has a key _schedule, which each run gets from its schedule'
+),
+(
+    $$'t45_r', 'j', '* * * * *', catchup => 'sometimes'$$, 'XJ049',
+    $m$X_SCHEDULE_INVALID: catchup 'sometimes' is not latest, all or none$m$
+),
+(
+    $$'t45_r', 'j', '* * * * *', catchup => NULL$$,
+    'XJ049',
+    'X_SCHEDULE_INVALID: catchup NULL is not latest, all or none'
+),
 ($$'t45_r', 'j', '* * * * *', catchup_max => 0$$, 'XJ049', 'X_SCHEDULE_INVALID: catchup_max 0 is outside 1..10000'),
-($$'t45_r', 'j', '* * * * *', catchup_max => 10001$$, 'XJ049',
- 'X_SCHEDULE_INVALID: catchup_max 10001 is outside 1..10000'),
-($$'t45_r', 'j', '* * * * *', catchup_max => NULL$$, 'XJ049', 'X_SCHEDULE_INVALID: catchup_max NULL is outside 1..10000'),
-($$'t45_r', 'j', '* * * * *', overlap => 'never'$$, 'XJ049', $m$X_SCHEDULE_INVALID: overlap 'never' is not allow or skip$m$),
+(
+    $$'t45_r', 'j', '* * * * *', catchup_max => 10001$$, 'XJ049',
+    'X_SCHEDULE_INVALID: catchup_max 10001 is outside 1..10000'
+),
+(
+    $$'t45_r', 'j', '* * * * *', catchup_max => NULL$$,
+    'XJ049',
+    'X_SCHEDULE_INVALID: catchup_max NULL is outside 1..10000'
+),
+(
+    $$'t45_r', 'j', '* * * * *', overlap => 'never'$$,
+    'XJ049',
+    $m$X_SCHEDULE_INVALID: overlap 'never' is not allow or skip$m$
+),
 ($$'t45_r', 'j', '* * * * *', overlap => NULL$$, 'XJ049', 'X_SCHEDULE_INVALID: overlap NULL is not allow or skip'),
-($$'t45_r', 'j', '* * * * *', grace => '-1 second'$$, 'XJ049', 'X_SCHEDULE_INVALID: grace -00:00:01 is outside 0 to 1 day'),
-($$'t45_r', 'j', '* * * * *', grace => '1 day 1 second'$$, 'XJ049',
- 'X_SCHEDULE_INVALID: grace 1 day 00:00:01 is outside 0 to 1 day'),
+(
+    $$'t45_r', 'j', '* * * * *', grace => '-1 second'$$,
+    'XJ049',
+    'X_SCHEDULE_INVALID: grace -00:00:01 is outside 0 to 1 day'
+),
+(
+    $$'t45_r', 'j', '* * * * *', grace => '1 day 1 second'$$, 'XJ049',
+    'X_SCHEDULE_INVALID: grace 1 day 00:00:01 is outside 0 to 1 day'
+),
 ($$'t45_r', 'j', '* * * * *', grace => NULL$$, 'XJ049', 'X_SCHEDULE_INVALID: grace NULL is outside 0 to 1 day'),
-($$'t45_r', 'j', '* * * * *', origin => repeat('o', 201)$$, 'XJ049',
- 'X_SCHEDULE_INVALID: origin or declared_by is longer than 200 characters'),
-($$'t45_r', 'j', '* * * * *', declared_by => repeat('d', 201)$$, 'XJ049',
- 'X_SCHEDULE_INVALID: origin or declared_by is longer than 200 characters'),
+(
+    $$'t45_r', 'j', '* * * * *', origin => repeat('o', 201)$$, 'XJ049',
+    'X_SCHEDULE_INVALID: origin or declared_by is longer than 200 characters'
+),
+(
+    $$'t45_r', 'j', '* * * * *', declared_by => repeat('d', 201)$$, 'XJ049',
+    'X_SCHEDULE_INVALID: origin or declared_by is longer than 200 characters'
+),
 -- The options enqueue takes, refused by enqueue itself (its trial), with enqueue's codes.
 ($$'t45_r', NULL, '* * * * *'$$, 'XJ001', 'X_NAME_INVALID: job name NULL is not a name'),
 ($$'t45_r', '', '* * * * *'$$, 'XJ001', $m$X_NAME_INVALID: job name '' is not a name$m$),
@@ -207,15 +241,23 @@ INSERT INTO refusal (args, sqlstate, message) VALUES
 ($$'t45_r', 'j', '* * * * *', max_attempts => 0$$, 'XJ004', 'X_MAX_ATTEMPTS_INVALID: max_attempts 0 is below 1'),
 ($$'t45_r', 'j', '* * * * *', priority => 40000$$, 'XJ005', 'X_PRIORITY_INVALID: priority 40000 is out of range'),
 ($$'t45_r', 'j', '* * * * *', tenant_id => ''$$, 'XJ006', $m$X_TENANT_INVALID: tenant_id '' is empty$m$),
-($$'t45_r', 'j', '* * * * *', concurrency_limit => 2$$, 'XJ007',
- 'X_CONCURRENCY_INVALID: concurrency limit 2 with key NULL is not a limit'),
-($$'t45_r', 'j', '* * * * *', backoff_base => '2 hours'$$, 'XJ008',
- 'X_BACKOFF_INVALID: backoff from 02:00:00 to 01:00:00 is not a range'),
+(
+    $$'t45_r', 'j', '* * * * *', concurrency_limit => 2$$, 'XJ007',
+    'X_CONCURRENCY_INVALID: concurrency limit 2 with key NULL is not a limit'
+),
+(
+    $$'t45_r', 'j', '* * * * *', backoff_base => '2 hours'$$, 'XJ008',
+    'X_BACKOFF_INVALID: backoff from 02:00:00 to 01:00:00 is not a range'
+),
 ($$'t45_r', 'j', '* * * * *', input => jsonb_build_object('pad', repeat('x', 2000000))$$, 'XJ003', NULL),
-($$'t45_r', 'j', '61 * * * *'$$, 'XJ043',
- $m$X_CRON_INVALID: cron '61 * * * *': the minute field '61' has 61, outside 0-59$m$),
-($$'t45_r', 'j', '0 0 30 2 *'$$, 'XJ043',
- $m$X_CRON_INVALID: cron '0 0 30 2 *' never fires: no month of its month field has day 30$m$),
+(
+    $$'t45_r', 'j', '61 * * * *'$$, 'XJ043',
+    $m$X_CRON_INVALID: cron '61 * * * *': the minute field '61' has 61, outside 0-59$m$
+),
+(
+    $$'t45_r', 'j', '0 0 30 2 *'$$, 'XJ043',
+    $m$X_CRON_INVALID: cron '0 0 30 2 *' never fires: no month of its month field has day 30$m$
+),
 ($$'t45_r', 'j', NULL$$, 'XJ043', 'X_CRON_INVALID: cron NULL has 0 fields, not 5'),
 ($$'t45_r', 'j', '* * * * *', tz => 'UTC+3'$$, 'XJ046', $m$X_TIME_ZONE_INVALID: 'UTC+3' is not a time zone name$m$),
 ($$'t45_r', 'j', '* * * * *', tz => NULL$$, 'XJ046', 'X_TIME_ZONE_INVALID: NULL is not a time zone name');
@@ -274,7 +316,8 @@ SELECT results_eq(
     $$SELECT name, input, run_at, enqueued_by, queue, priority::integer, max_attempts, tenant_id, concurrency_key,
              concurrency_limit, dead_letter, backoff_base, backoff_max, keep_done, idempotency_key, state::text
       FROM x_jobs.job WHERE enqueued_by = 'schedule:t45_b'$$,
-    $$VALUES ('t45_b_job', '{"n": 1, "_schedule": {"at": "2030-01-01T11:05:00+00:00", "late": false, "name": "t45_b"}}'::jsonb,
+    $$VALUES ('t45_b_job',
+              '{"n": 1, "_schedule": {"at": "2030-01-01T11:05:00+00:00", "late": false, "name": "t45_b"}}'::jsonb,
               '2030-01-01 11:05:00+00'::timestamptz, 'schedule:t45_b', 't45-b', 1, 2, 't1', 'k45b', 3, FALSE,
               interval '5 seconds', interval '5 minutes', FALSE, NULL::text, 'ready')$$,
     'The fired job should be an ordinary job with the schedule''s options, due at the instant, its input the '
@@ -310,7 +353,10 @@ SET LOCAL "x_jobs.fake_now" = '2030-01-01 11:19:00+00';
 SELECT is(pg_temp.tick(), '1 1 0 2030-01-01 11:20', 'A tick four minutes after an instant should fire it');
 
 SELECT is(
-    (SELECT j.input -> '_schedule' -> 'late' FROM x_jobs.job AS j WHERE j.run_at = '2030-01-01 11:15:00+00'),
+    (
+        SELECT j.input -> '_schedule' -> 'late' FROM x_jobs.job AS j
+        WHERE j.run_at = '2030-01-01 11:15:00+00'
+    ),
     'false'::jsonb,
     'A job enqueued within the grace should not say it is late'
 );
@@ -352,8 +398,10 @@ SELECT is(
 
 SELECT is(
     pg_temp.fired('t45_all'),
-    ARRAY['12:05 late', '12:10 late', '12:15 late', '12:20 late', '12:25 late', '12:30 late', '12:35 late',
-          '12:40 late', '12:45 late', '12:50 late', '12:55 late', '13:00 late'],
+    ARRAY[
+        '12:05 late', '12:10 late', '12:15 late', '12:20 late', '12:25 late', '12:30 late', '12:35 late',
+        '12:40 late', '12:45 late', '12:50 late', '12:55 late', '13:00 late'
+    ],
     'catchup all should fire every missed instant, oldest first'
 );
 
@@ -407,7 +455,8 @@ SET LOCAL "x_jobs.fake_now" = '2030-01-01 14:05:10+00';
 SELECT is(pg_temp.tick(), '2 2 0 2030-01-01 14:10', 'The first instant should fire both');
 
 SELECT results_eq(
-    $$SELECT enqueued_by, idempotency_key FROM x_jobs.job WHERE enqueued_by IN ('schedule:t45_skip', 'schedule:t45_allow')
+    $$SELECT enqueued_by, idempotency_key FROM x_jobs.job
+      WHERE enqueued_by IN ('schedule:t45_skip', 'schedule:t45_allow')
       ORDER BY enqueued_by$$,
     $$VALUES ('schedule:t45_allow', NULL::text), ('schedule:t45_skip', 'x_jobs.schedule:t45_skip')$$,
     'overlap skip should key its run by the schedule''s name, overlap allow not at all'
@@ -493,7 +542,10 @@ SET LOCAL "x_jobs.fake_now" = '2030-01-01 15:16:00+00';
 
 SELECT is(pg_temp.tick(), '0 0 0 -', 'A paused schedule should never fire, however long it is due');
 
-SELECT is(pg_temp.fired('t45_p') || pg_temp.fired('t45_born_paused'), '{}'::text[], 'No paused schedule should have fired');
+SELECT
+    is(
+        pg_temp.fired('t45_p') || pg_temp.fired('t45_born_paused'), '{}'::text[], 'No paused schedule should have fired'
+    );
 
 SELECT results_eq(
     $$SELECT name, paused, next_fire_at, updated_at FROM x_jobs.resume_schedule('t45_p')$$,
@@ -521,7 +573,10 @@ SELECT results_eq(
     'list_schedules(name) should answer that schedule only'
 );
 
-SELECT is_empty($$SELECT * FROM x_jobs.list_schedules('t45_nope')$$, 'list_schedules of an unknown name should answer nothing');
+SELECT
+    is_empty(
+        $$SELECT * FROM x_jobs.list_schedules('t45_nope')$$, 'list_schedules of an unknown name should answer nothing'
+    );
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 15:20:30+00';
 
@@ -608,7 +663,8 @@ SELECT throws_ok(
 );
 
 SELECT results_eq(
-    $$SELECT c.err_state, c.err_message, c.err_hint FROM tap_helpers.caught($q$SELECT * FROM x_jobs.tick_schedules(NULL)$q$) AS c$$,
+    $$SELECT c.err_state, c.err_message, c.err_hint
+      FROM tap_helpers.caught($q$SELECT * FROM x_jobs.tick_schedules(NULL)$q$) AS c$$,
     $$VALUES ('XJ013', 'X_QTY_INVALID: max_rows NULL is outside 1..100000',
               'Tick at most 1 to 100000 schedules a call (default 1000), and again while it answers that many.')$$,
     'tick_schedules(NULL) should be refused with XJ013 and a hint'
@@ -635,7 +691,8 @@ DELETE FROM x_jobs.schedule;
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 17:00:00+00';
 
 SELECT lives_ok(
-    $$SELECT x_jobs.set_schedule('t45_big', 't45_big_job', '*/5 * * * *', input => jsonb_build_object('pad', repeat('x', 300))),
+    $$SELECT x_jobs.set_schedule('t45_big', 't45_big_job', '*/5 * * * *',
+                                 input => jsonb_build_object('pad', repeat('x', 300))),
              x_jobs.set_schedule('t45_small', 't45_small_job', '*/5 * * * *')$$,
     'A schedule with a large input and one with none should be set (under the default limit of 1 MiB)'
 );
@@ -652,7 +709,8 @@ SELECT is(
 );
 
 SELECT results_eq(
-    $$SELECT name, next_fire_at, fires, skips, last_error LIKE 'X_PAYLOAD_TOO_LARGE: input of % bytes exceeds the limit of 200'
+    $$SELECT name, next_fire_at, fires, skips,
+             last_error LIKE 'X_PAYLOAD_TOO_LARGE: input of % bytes exceeds the limit of 200'
       FROM x_jobs.list_schedules()$$,
     $$VALUES ('t45_big', '2030-01-01 17:10:00+00'::timestamptz, 0::bigint, 1::bigint, TRUE),
              ('t45_small', '2030-01-01 17:10:00+00', 1, 0, NULL)$$,
@@ -685,7 +743,8 @@ RESET "x_jobs.max_payload_bytes";
 
 SELECT results_eq(
     $$SELECT name, next_fire_at, last_error FROM x_jobs.list_schedules()$$,
-    $$VALUES ('t45_big', '2030-01-01 17:15:00+00'::timestamptz, NULL::text), ('t45_small', '2030-01-01 17:15:00+00', NULL)$$,
+    $$VALUES ('t45_big', '2030-01-01 17:15:00+00'::timestamptz, NULL::text),
+             ('t45_small', '2030-01-01 17:15:00+00', NULL)$$,
     'The refused tick should leave every schedule due, with no error recorded'
 );
 
@@ -726,7 +785,7 @@ SELECT is(
 
 SET LOCAL "x_jobs.fake_now" = '2030-03-31 01:00:30+00';
 
-SELECT is(pg_temp.tick(), '1 1 0 2030-04-01 00:30', 'The tick at 03:00 CEST should fire it once, and answer tomorrow''s');
+SELECT is(pg_temp.tick(), '1 1 0 2030-04-01 00:30', 'The tick at 03:00 CEST should fire it once, the next tomorrow');
 
 SET LOCAL "x_jobs.fake_now" = '2030-03-31 02:00:00+00';
 

@@ -1322,7 +1322,10 @@ SELECT results_eq(
 RESET ROLE;
 
 SELECT is(
-    (SELECT j.enqueued_by FROM x_jobs.job AS j WHERE j.name = 't80_s_job'),
+    (
+        SELECT j.enqueued_by FROM x_jobs.job AS j
+        WHERE j.name = 't80_s_job'
+    ),
     'schedule:t80_s1',
     'The worker''s tick should have enqueued the schedule''s job'
 );
