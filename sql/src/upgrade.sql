@@ -154,9 +154,9 @@ SELECT pg_catalog.pg_extension_config_dump('x_jobs.schedule', '');
 -- functions from before hold no PUBLIC right, so this changes none of theirs.
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA x_jobs FROM public;
 REVOKE ALL ON TABLE x_jobs.schedule FROM public;
--- Schedules. Anyone may preview a cron expression (cron_next runs as its caller, through the
--- pure helpers granted with it). Workers declare their app's schedules, read them and tick,
--- through functions that run as their owner; pg_cron's job ticks as a login granted
+-- Schedules. Every x_jobs role may preview a cron expression (cron_next runs as its caller,
+-- through the pure helpers granted with it). Workers declare their app's schedules, read them
+-- and tick, through functions that run as their owner; pg_cron's job ticks as a login granted
 -- x_jobs_worker. Admins pause, resume and drop schedules, as themselves, holding the rights on
 -- the rows; run_schedule_now enqueues, as its owner.
 GRANT EXECUTE ON FUNCTION x_jobs.cron_next(text, text, timestamptz, integer) TO x_jobs_producer;

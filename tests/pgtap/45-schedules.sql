@@ -6,7 +6,7 @@
 -- job that knows its instant and whether it ran late; a schedule whose job is refused records
 -- the error and does not stop the others. Every tick fires every due schedule of the database,
 -- so each section deletes its schedules before the next. The clock is moved with SET LOCAL
--- "x_jobs.fake_now"; 2030-01-01 is a Tuesday.
+-- "x_jobs.fake_now"; 2030-01-01 is a Tuesday. Instants are written in UTC.
 
 -- The isolation check needs a transaction whose isolation is set before its first query, which
 -- the test transaction cannot be: as in 20-claim.sql, two short transactions of their own catch
@@ -32,6 +32,9 @@ COMMIT;
 RESET default_transaction_isolation;
 BEGIN;
 SELECT plan(124);
+
+-- The session's zone plays no part: instants are absolute, and a job's _schedule.at is in UTC.
+SET LOCAL "TimeZone" = 'America/Los_Angeles';
 
 -- The jobs schedule p_name enqueued, oldest instant first: the instant (run_at, in UTC), and
 -- whether the job says it ran late.
