@@ -5,7 +5,9 @@
 -- The values one field of a cron expression allows, sorted, or a refusal naming the field:
 -- comma-separated terms, each '*', a value, or a range 'a-b', optionally stepped ('*/15',
 -- '10-40/10', and '5/15' from 5 to the field's end). p_names spell the values from p_min up
--- (JAN for 1, SUN for 0), in any case. Day-of-week 7 is Sunday, as 0.
+-- (JAN for 1, SUN for 0), in any case. Day-of-week takes 7 for Sunday, as 0 (cron's two
+-- spellings), so its ranges and a stepped lone value run up to 7 ('1/2': MON, WED, FRI, SUN).
+-- A range of one value stepped ('5-5/2') is that value, as Vixie cron reads it.
 CREATE FUNCTION x_jobs._cron_field(
     p_cron text, p_field text, p_text text, p_min integer, p_max integer, p_names text[],
     p_example text
@@ -17,32 +19,32 @@ PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    v_top integer := p_max + (p_field = 'day-of-week')::integer;  -- the highest value taken
     v_term text;
     v_parts text[];
     v_bounds text[];
     v_low integer;
     v_high integer;
-    v_step integer := 1;
-    v_values integer[] := '{}';
+    v_step integer;
+    v_values integer[] := ARRAY[]::integer[];
     v_value text;
     v_problem text;
     v_number integer;
 BEGIN
-    FOREACH v_term IN ARRAY pg_catalog.string_to_array(pg_catalog.upper(p_text), ',') LOOP
+    FOREACH v_term IN ARRAY pg_catalog.string_to_array(p_text, ',') LOOP
         v_problem := NULL;
+        v_step := 1;
         v_parts := pg_catalog.string_to_array(v_term, '/');
         IF pg_catalog.cardinality(v_parts) > 2 OR v_term = '' THEN
             v_problem := 'is not a value, a range or a step';
         ELSIF pg_catalog.cardinality(v_parts) = 2 THEN
-            IF v_parts[2] !~ '^[0-9]{1,4}$' OR v_parts[2]::integer < 1
-                OR v_parts[2]::integer > p_max - p_min + 1 THEN
+            -- Matched before the cast, so the cast cannot fail.
+            IF v_parts[2] !~ '^[0-9]{1,4}$' OR v_parts[2]::integer < 1 OR v_parts[2]::integer > p_max - p_min + 1 THEN
                 v_problem := pg_catalog.format('has step %L, not a whole number from 1 to %s',
                     v_parts[2], p_max - p_min + 1);
             ELSE
                 v_step := v_parts[2]::integer;
             END IF;
-        ELSE
-            v_step := 1;
         END IF;
         IF v_problem IS NULL THEN
             IF v_parts[1] = '*' THEN
@@ -50,23 +52,24 @@ BEGIN
                 v_high := p_max;
             ELSE
                 v_bounds := pg_catalog.string_to_array(v_parts[1], '-');
-                IF pg_catalog.cardinality(v_bounds) > 2 THEN
+                IF pg_catalog.cardinality(v_bounds) > 2 OR '' = ANY (v_bounds) THEN
                     v_problem := 'is not a value, a range or a step';
                 END IF;
                 FOR i IN 1..least(pg_catalog.cardinality(v_bounds), 2) LOOP
                     EXIT WHEN v_problem IS NOT NULL;
                     v_value := v_bounds[i];
-                    IF v_value ~ '^[0-9]{1,4}$' THEN
-                        v_number := v_value::integer;
-                    ELSIF pg_catalog.array_position(p_names, v_value) IS NOT NULL THEN
-                        v_number := p_min + pg_catalog.array_position(p_names, v_value) - 1;
+                    IF v_value ~ '^[0-9]+$' THEN
+                        -- Past 9 digits, a number no field takes (and no cast to overflow).
+                        v_number := CASE WHEN pg_catalog.length(pg_catalog.ltrim(v_value, '0')) <= 9
+                            THEN v_value::integer ELSE 2147483647 END;
+                    ELSIF pg_catalog.array_position(p_names, pg_catalog.upper(v_value)) IS NOT NULL THEN
+                        v_number := p_min + pg_catalog.array_position(p_names, pg_catalog.upper(v_value)) - 1;
                     ELSE
                         v_problem := pg_catalog.format('has %L, which is not a value', v_value);
                         EXIT;
                     END IF;
-                    -- Day-of-week 7 is Sunday, as 0 (cron's two spellings).
-                    IF v_number < p_min OR v_number > p_max + (p_field = 'day-of-week')::integer THEN
-                        v_problem := pg_catalog.format('has %s, outside %s-%s', v_number, p_min, p_max);
+                    IF v_number < p_min OR v_number > v_top THEN
+                        v_problem := pg_catalog.format('has %s, outside %s-%s', v_value, p_min, v_top);
                     ELSIF i = 1 THEN
                         v_low := v_number;
                     ELSE
@@ -75,7 +78,7 @@ BEGIN
                 END LOOP;
                 IF v_problem IS NULL AND pg_catalog.cardinality(v_bounds) = 1 THEN
                     -- A lone value with a step runs to the field's end ('5/15': 5, 20, 35, 50).
-                    v_high := CASE WHEN pg_catalog.cardinality(v_parts) = 2 THEN p_max ELSE v_low END;
+                    v_high := CASE WHEN pg_catalog.cardinality(v_parts) = 2 THEN v_top ELSE v_low END;
                 END IF;
                 IF v_problem IS NULL AND v_low > v_high THEN
                     v_problem := pg_catalog.format('has the range %s, which runs backwards', v_parts[1]);
@@ -87,7 +90,7 @@ BEGIN
                 ERRCODE = 'XJ043',
                 MESSAGE = pg_catalog.format('X_CRON_INVALID: cron %L: the %s field %L %s',
                     p_cron, p_field, p_text, v_problem),
-                HINT = pg_catalog.format('The %s field takes %s-%s%s, such as %s.', p_field, p_min, p_max,
+                HINT = pg_catalog.format('The %s field takes %s-%s%s, such as %s.', p_field, p_min, v_top,
                     CASE WHEN p_names IS NULL THEN ''
                          ELSE pg_catalog.format(' or %s-%s', p_names[1], p_names[pg_catalog.cardinality(p_names)])
                     END,
@@ -96,8 +99,8 @@ BEGIN
         v_values := v_values || ARRAY(SELECT pg_catalog.generate_series(v_low, v_high, v_step));
     END LOOP;
     RETURN ARRAY(
-        SELECT DISTINCT CASE WHEN p_field = 'day-of-week' THEN v % 7 ELSE v END AS v
-        FROM unnest(v_values) AS v ORDER BY 1
+        SELECT DISTINCT CASE WHEN p_field = 'day-of-week' THEN v.v % 7 ELSE v.v END
+        FROM unnest(v_values) AS v (v) ORDER BY 1
     );
 END
 $$;
@@ -140,10 +143,12 @@ BEGIN
     IF v_text = '' OR pg_catalog.cardinality(v_parts) <> 5 THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ043',
-            MESSAGE = pg_catalog.format('X_CRON_INVALID: cron %L has %s fields, not 5',
-                p_cron, CASE WHEN v_text = '' THEN 0 ELSE pg_catalog.cardinality(v_parts) END),
-            DETAIL = CASE WHEN pg_catalog.cardinality(v_parts) = 6
-                THEN 'x_jobs fires at whole minutes: it takes no seconds field.' END,
+            MESSAGE = pg_catalog.format('X_CRON_INVALID: cron %s has %s fields, not 5',
+                coalesce(pg_catalog.quote_literal(p_cron), 'NULL'),
+                CASE WHEN v_text = '' THEN 0 ELSE pg_catalog.cardinality(v_parts) END),
+            DETAIL = CASE WHEN v_text <> '' AND pg_catalog.cardinality(v_parts) = 6
+                THEN 'x_jobs fires at whole minutes: it takes no seconds field.'
+                ELSE 'The fields are separated by spaces.' END,
             HINT = v_hint;
     END IF;
     v_fields.minutes := x_jobs._cron_field(p_cron, 'minute', v_parts[1], 0, 59, NULL,
@@ -157,7 +162,7 @@ BEGIN
         '1, JAN-MAR, */3 or JUN,DEC');
     v_fields.weekdays := x_jobs._cron_field(p_cron, 'day-of-week', v_parts[5], 0, 6,
         ARRAY['SUN', 'MON', 'TUE', 'WED', 'THU', 'FRI', 'SAT'],
-        'MON-FRI, 0 or 7 (Sunday), 1-5 or SAT,SUN');
+        'MON-FRI, 1-5, SAT,SUN or 0 (Sunday, as 7)');
     -- Vixie cron: when either day field starts with '*', both must match (the starred one
     -- matches every day it allows); when both are restricted, either one matching will do.
     v_fields.day_and := v_parts[3] LIKE '*%' OR v_parts[5] LIKE '*%';
@@ -179,29 +184,11 @@ BEGIN
 END
 $$;
 
--- The first of p_values (sorted) at or after p_from, or NULL.
-CREATE FUNCTION x_jobs._cron_value_from(p_values integer[], p_from integer)
-RETURNS integer
-LANGUAGE plpgsql
-IMMUTABLE
-PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    v integer;
-BEGIN
-    FOREACH v IN ARRAY p_values LOOP
-        IF v >= p_from THEN
-            RETURN v;
-        END IF;
-    END LOOP;
-    RETURN NULL;
-END
-$$;
-
 -- The first wall-clock minute after p_local that the fields match, or NULL when there is none
 -- in the next 30 years. Walks field by field, from the month down, so that a step skips what
--- cannot match (the rest of a month, a day, an hour) rather than trying each minute.
+-- cannot match (the rest of a month, a day, an hour) rather than trying each minute. The first
+-- value of a field at or after x is values[width_bucket(x - 1, values) + 1]: width_bucket counts
+-- the values below x by a binary search of the sorted array (NULL past the last), in C.
 CREATE FUNCTION x_jobs._cron_match_after(p_fields x_jobs.cron_fields, p_local timestamp)
 RETURNS timestamp
 LANGUAGE plpgsql
@@ -211,21 +198,25 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_t timestamp := pg_catalog.date_trunc('minute', p_local) + interval '1 minute';
-    v_year integer := pg_catalog.date_part('year', v_t);
-    v_month integer := pg_catalog.date_part('month', v_t);
-    v_day integer := pg_catalog.date_part('day', v_t);
-    v_hour integer := pg_catalog.date_part('hour', v_t);
-    v_minute integer := pg_catalog.date_part('minute', v_t);
+    v_year integer := pg_catalog.date_part('year', v_t)::integer;
+    v_month integer := pg_catalog.date_part('month', v_t)::integer;
+    v_day integer := pg_catalog.date_part('day', v_t)::integer;
+    v_hour integer := pg_catalog.date_part('hour', v_t)::integer;
+    v_minute integer := pg_catalog.date_part('minute', v_t)::integer;
     v_last_year integer := v_year + 30;
+    v_minutes integer[] := p_fields.minutes;
+    v_hours integer[] := p_fields.hours;
+    v_days integer[] := p_fields.days;
+    v_months integer[] := p_fields.months;
+    v_weekdays integer[] := p_fields.weekdays;
+    -- The days alone decide: both fields must match and every weekday does.
+    v_days_only boolean := p_fields.day_and AND pg_catalog.cardinality(p_fields.weekdays) = 7;
+    v_day_and boolean := p_fields.day_and;
     v_month_days integer;
+    v_dow integer;
     v_next integer;
-    v_any_weekday boolean := pg_catalog.cardinality(p_fields.weekdays) = 7;
 BEGIN
     LOOP
-        IF v_hour > 23 THEN
-            v_day := v_day + 1;
-            v_hour := 0;
-        END IF;
         IF v_month > 12 THEN
             v_year := v_year + 1;
             v_month := 1;
@@ -233,10 +224,10 @@ BEGIN
         IF v_year > v_last_year OR v_year > 9999 THEN
             RETURN NULL;
         END IF;
-        v_next := x_jobs._cron_value_from(p_fields.months, v_month);
+        v_next := v_months[pg_catalog.width_bucket(v_month - 1, v_months) + 1];
         IF v_next IS NULL THEN
             v_year := v_year + 1;
-            v_month := p_fields.months[1];
+            v_month := v_months[1];
             v_day := 1;
             v_hour := 0;
             v_minute := 0;
@@ -248,20 +239,20 @@ BEGIN
             v_minute := 0;
         END IF;
         v_month_days := pg_catalog.date_part('day',
-            pg_catalog.make_date(v_year, v_month, 1) + interval '1 month - 1 day');
-        -- The day: with every weekday allowed and the fields combined by AND, the days alone.
-        IF p_fields.day_and AND v_any_weekday THEN
-            v_next := x_jobs._cron_value_from(p_fields.days, v_day);
+            pg_catalog.make_date(v_year, v_month, 1) + interval '1 month - 1 day')::integer;
+        IF v_days_only THEN
+            v_next := v_days[pg_catalog.width_bucket(v_day - 1, v_days) + 1];
         ELSE
+            -- Day by day, the weekday advancing with the day: AND, or Vixie's OR.
             v_next := v_day;
+            v_dow := pg_catalog.date_part('dow', pg_catalog.make_date(v_year, v_month, v_day))::integer;
             WHILE v_next <= v_month_days LOOP
                 EXIT WHEN CASE
-                    WHEN p_fields.day_and THEN v_next = ANY (p_fields.days) AND pg_catalog.date_part('dow',
-                        pg_catalog.make_date(v_year, v_month, v_next))::integer = ANY (p_fields.weekdays)
-                    ELSE v_next = ANY (p_fields.days) OR pg_catalog.date_part('dow',
-                        pg_catalog.make_date(v_year, v_month, v_next))::integer = ANY (p_fields.weekdays)
+                    WHEN v_day_and THEN v_next = ANY (v_days) AND v_dow = ANY (v_weekdays)
+                    ELSE v_next = ANY (v_days) OR v_dow = ANY (v_weekdays)
                 END;
                 v_next := v_next + 1;
+                v_dow := (v_dow + 1) % 7;
             END LOOP;
         END IF;
         IF v_next IS NULL OR v_next > v_month_days THEN
@@ -275,7 +266,7 @@ BEGIN
             v_hour := 0;
             v_minute := 0;
         END IF;
-        v_next := x_jobs._cron_value_from(p_fields.hours, v_hour);
+        v_next := v_hours[pg_catalog.width_bucket(v_hour - 1, v_hours) + 1];
         IF v_next IS NULL THEN
             v_day := v_day + 1;
             v_hour := 0;
@@ -289,7 +280,7 @@ BEGIN
             v_hour := v_next;
             v_minute := 0;
         END IF;
-        v_next := x_jobs._cron_value_from(p_fields.minutes, v_minute);
+        v_next := v_minutes[pg_catalog.width_bucket(v_minute - 1, v_minutes) + 1];
         IF v_next IS NULL THEN
             v_hour := v_hour + 1;
             v_minute := 0;
@@ -319,8 +310,8 @@ PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_low bigint := pg_catalog.floor(pg_catalog.date_part('epoch', p_low));
-    v_high bigint := pg_catalog.ceil(pg_catalog.date_part('epoch', p_high));
+    v_low bigint := pg_catalog.floor(pg_catalog.date_part('epoch', p_low))::bigint;
+    v_high bigint := pg_catalog.ceil(pg_catalog.date_part('epoch', p_high))::bigint;
     v_offset interval := p_low::timestamp - (p_low AT TIME ZONE 'UTC');
     v_mid bigint;
     v_at timestamptz;
@@ -383,9 +374,7 @@ BEGIN
     END IF;
     LOOP
         v_local := x_jobs._cron_match_after(p_fields, v_start);
-        IF v_local IS NULL THEN
-            RETURN v_best;
-        END IF;
+        EXIT WHEN v_local IS NULL;
         -- The instants that show v_local: with the offsets of a day before and a day after it,
         -- each kept if it does show v_local. None: the clock skips it; two: it repeats it.
         v_as_utc := v_local AT TIME ZONE 'UTC';
@@ -421,6 +410,7 @@ BEGIN
         END IF;
         v_start := v_local;
     END LOOP;
+    RETURN v_best;
 END
 $$;
 
@@ -465,6 +455,11 @@ $$;
 -- p_tz as the name of a time zone in the IANA database, spelled as the database spells it
 -- ('europe/berlin' is Europe/Berlin), or XJ046. POSIX zone strings are refused: 'UTC+3' means
 -- three hours west of Greenwich, a classic trap; Etc/GMT-3 is the zone three hours east.
+-- PostgreSQL reads a text it has no zone file for as a POSIX string where it can (an offset in
+-- hours, 'GMT+3', even 'Europe/Berlin+1'), and answers it in capitals or as '<+03>-03'; a zone
+-- file comes back named as the database spells it. Few zones have a digit in their name
+-- (Etc/GMT-14 to Etc/GMT+12, GMT0 and the four US zones of 1970s rules): a name with a digit is
+-- taken only as one of those, spelled as their files are.
 CREATE FUNCTION x_jobs._require_time_zone(p_tz text)
 RETURNS text
 LANGUAGE plpgsql
@@ -475,9 +470,7 @@ AS $$
 DECLARE
     v_name text;
 BEGIN
-    IF p_tz IS NOT NULL AND p_tz <> '' AND pg_catalog.length(p_tz) <= 100 AND p_tz !~ '[<>,:]'
-        AND (p_tz ~ '/' OR p_tz !~ '[0-9]' OR pg_catalog.upper(p_tz) IN ('EST5EDT', 'CST6CDT', 'MST7MDT', 'PST8PDT'))
-    THEN
+    IF p_tz <> '' AND pg_catalog.length(p_tz) <= 100 THEN
         BEGIN
             -- A setting of this function's only (its SET clause restores the caller's).
             v_name := pg_catalog.set_config('TimeZone', p_tz, TRUE);
@@ -485,7 +478,13 @@ BEGIN
             v_name := NULL;
         END;
     END IF;
-    IF v_name IS NULL OR pg_catalog.lower(v_name) = 'localtime' THEN
+    IF v_name ~ '[0-9]'
+        AND v_name !~ '^(posix/)?(Etc/GMT[+-]?[0-9]{1,2}|Etc/GMT0|GMT[+-]?0|GMT0|CST6CDT|EST5EDT|MST7MDT|PST8PDT)$'
+        OR pg_catalog.lower(v_name) = 'localtime'
+    THEN
+        v_name := NULL;
+    END IF;
+    IF v_name IS NULL THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ046',
             MESSAGE = pg_catalog.format('X_TIME_ZONE_INVALID: %s is not a time zone name',
@@ -533,4 +532,4 @@ BEGIN
 END
 $$;
 
--- Tests: tests/pgtap/60-cron.sql, tests/python/test_cron_oracle.py
+-- Tests: tests/pgtap/44-cron.sql, tests/python/test_cron_oracle.py

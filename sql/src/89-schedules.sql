@@ -6,19 +6,21 @@
 -- name, the instant in UTC, whether it is enqueued later than the schedule's grace, and for a
 -- run asked by hand `manual`), due at p_at. overlap 'skip' keys it by the schedule's name: an
 -- idempotency key is unique among live rows, so no run starts while another one is live.
+-- One expression and no SET clause, so that it inlines into the tick's statement: the instant
+-- is written in UTC whatever the session's TimeZone ("2030-01-01T10:00:00+00:00").
 CREATE FUNCTION x_jobs._schedule_request(
     p_schedule x_jobs.schedule, p_at timestamptz, p_now timestamptz, p_manual boolean
 )
 RETURNS x_jobs.enqueue_request
 LANGUAGE sql
 STABLE
-SET search_path = pg_catalog, pg_temp
-SET "TimeZone" = 'UTC'
 AS $$
     SELECT ROW(
         p_schedule.job,
         p_schedule.input || pg_catalog.jsonb_build_object('_schedule',
-            pg_catalog.jsonb_build_object('name', p_schedule.name, 'at', p_at,
+            pg_catalog.jsonb_build_object(
+                'name', p_schedule.name,
+                'at', (pg_catalog.to_jsonb(p_at AT TIME ZONE 'UTC') #>> '{}') || '+00:00',
                 'late', p_now - p_at > p_schedule.grace)
             || CASE WHEN p_manual THEN '{"manual": true}'::jsonb ELSE '{}'::jsonb END),
         p_schedule.queue,
@@ -187,11 +189,16 @@ BEGIN
     v_new.origin := set_schedule.origin;
     v_new.declared_by := coalesce(set_schedule.declared_by, SESSION_USER::text);
 
+    -- The trial: enqueue takes the job or refuses it as a tick would, and the sentinel XJ999
+    -- then rolls the block's subtransaction back, the trial's row with it (its id is spent).
+    -- XJ999 is caught here and nowhere else raised: no caller ever meets it.
     BEGIN
         PERFORM x_jobs._enqueue(ARRAY[x_jobs._schedule_request(v_new, v_now, v_now, FALSE)]);
-        RAISE EXCEPTION USING ERRCODE = 'XJ999';
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ999',
+            MESSAGE = 'X_TRIAL_UNDONE: the trial enqueue of set_schedule is rolled back';
     EXCEPTION WHEN SQLSTATE 'XJ999' THEN
-        NULL;  -- enqueue took it: undone, as it was only a trial
+        NULL;
     END;
 
     INSERT INTO x_jobs.schedule AS s (
@@ -335,9 +342,66 @@ BEGIN
     SET fires = s.fires + (NOT v_result.deduped)::integer,
         skips = s.skips + v_result.deduped::integer,
         last_job_id = CASE WHEN v_result.deduped THEN s.last_job_id ELSE v_result.id END,
+        last_fire_at = CASE WHEN v_result.deduped THEN s.last_fire_at ELSE v_now END,
         last_enqueued_at = CASE WHEN v_result.deduped THEN s.last_enqueued_at ELSE v_now END
     WHERE s.name = v_row.name;
     RETURN v_result;
+END
+$$;
+
+-- What a tick fires of the due schedule p_schedule at p_now, by its catchup: ats, the instants
+-- it enqueues a job for, oldest first (none: its catch-up fires none); next_at, the instant it
+-- fires next (infinity: none in 30 years); dropped, 1 if it passed over an instant that came
+-- without a job for it (a catch-up that passes over several counts one: counting them would
+-- mean stepping over each, 20,160 for two weeks of a schedule every minute).
+--   latest: one run, for the last instant that came; all: one run each, oldest first, at most
+--   catchup_max, then on from the next instant after p_now; none: one run for the last instant
+--   if it came within grace, else none.
+CREATE FUNCTION x_jobs._schedule_due(
+    p_schedule x_jobs.schedule, p_now timestamptz,
+    OUT ats timestamptz[], OUT next_at timestamptz, OUT dropped integer
+)
+RETURNS record
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_fields x_jobs.cron_fields := p_schedule.fields;
+    v_tz text := p_schedule.tz;
+    v_at timestamptz := p_schedule.next_fire_at;
+    v_next timestamptz := x_jobs._cron_next(v_fields, v_tz, v_at);
+BEGIN
+    dropped := 0;
+    IF v_next IS NULL OR v_next > p_now THEN
+        -- The usual case: one instant has come.
+        IF p_schedule.catchup = 'none' AND p_now - v_at > p_schedule.grace THEN
+            ats := ARRAY[]::timestamptz[];
+            dropped := 1;
+        ELSE
+            ats := ARRAY[v_at];
+        END IF;
+    ELSIF p_schedule.catchup = 'all' THEN
+        ats := ARRAY[v_at];
+        WHILE v_next <= p_now AND pg_catalog.cardinality(ats) < p_schedule.catchup_max LOOP
+            ats := ats || v_next;
+            v_next := x_jobs._cron_next(v_fields, v_tz, v_next);
+        END LOOP;
+        IF v_next <= p_now THEN
+            dropped := 1;
+            v_next := x_jobs._cron_next(v_fields, v_tz, p_now);
+        END IF;
+    ELSE
+        v_at := x_jobs._cron_last(v_fields, v_tz, v_next, p_now);
+        dropped := 1;
+        IF p_schedule.catchup = 'latest' OR p_now - v_at <= p_schedule.grace THEN
+            ats := ARRAY[v_at];
+        ELSE
+            ats := ARRAY[]::timestamptz[];
+        END IF;
+        v_next := x_jobs._cron_next(v_fields, v_tz, v_at);
+    END IF;
+    next_at := coalesce(v_next, 'infinity');
 END
 $$;
 
@@ -348,12 +412,17 @@ $$;
 -- advanced no longer qualifies when another one gets to lock it (READ COMMITTED rechecks the
 -- condition on the newest version), so no instant fires twice; and the enqueue and the
 -- advance commit together, so a crash between them cannot lose or repeat one.
--- Which instants fire: those come since next_fire_at by the schedule's catchup (see
--- set_schedule). A job that enqueue refuses (its input grew past x_jobs.max_payload_bytes)
--- does not stop the others: its schedule records the error and moves on.
+-- Which instants fire: those come since next_fire_at, by the schedule's catchup
+-- (x_jobs._schedule_due). A job that enqueue refuses (its input grew past
+-- x_jobs.max_payload_bytes, its declaration changed) does not stop the others: its schedule
+-- records the error in last_error, counts the instant skipped, and moves on. Any other error
+-- (a race, a malformed x_jobs.max_payload_bytes, the server's) ends the tick with nothing
+-- fired, for the next tick to fire.
 -- Answers how many schedules it advanced (a caller ticks again while that is max_rows), how
 -- many jobs it enqueued, how many instants it skipped (overlap, catch-up, a refused job; a
 -- catch-up that skipped instants counts one), and the next instant any schedule is due at.
+-- Set-based: one statement locks the due rows and builds every request, one enqueue takes
+-- them all, one statement advances the rows (per row, only the cron arithmetic).
 -- SECURITY DEFINER: workers and pg_cron's jobs tick with no right on the tables.
 CREATE FUNCTION x_jobs.tick_schedules(max_rows integer DEFAULT 1000)
 RETURNS TABLE (schedules integer, enqueued integer, skipped integer, next_fire_at timestamptz)
@@ -365,22 +434,19 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := x_jobs.now();
-    v_row x_jobs.schedule;
-    v_next timestamptz;
-    v_at timestamptz;
-    v_last timestamptz;
-    v_fired integer;
-    v_dropped integer;
-    v_names text[] := '{}';
-    v_nexts timestamptz[] := '{}';
-    v_drops integer[] := '{}';
-    v_errors text[] := '{}';
-    v_requests x_jobs.enqueue_request[] := '{}';
-    v_owners integer[] := '{}';
-    v_ats timestamptz[] := '{}';
+    -- One entry per due schedule, in the order of owner (1, 2, ...).
+    v_names text[];
+    v_nexts timestamptz[];
+    v_drops integer[];
+    v_errors text[];
+    -- One entry per instant to fire, its schedule's owner number beside it, ascending.
+    v_requests x_jobs.enqueue_request[];
+    v_owners integer[];
+    v_ats timestamptz[];
     v_ids bigint[];
     v_deduped boolean[];
-    v_part integer[];
+    v_first integer;
+    v_last integer;
     v_part_ids bigint[];
     v_part_deduped boolean[];
     v_enqueued integer;
@@ -401,102 +467,93 @@ BEGIN
             HINT = 'Call tick_schedules in its own READ COMMITTED transaction (autocommit).';
     END IF;
 
-    FOR v_row IN
-        SELECT s.* FROM x_jobs.schedule AS s
+    -- The due rows, locked, first due first, and what each fires. An instant's row joins its
+    -- schedule's (a schedule that fires none joins a row of NULLs, k NULL): the schedule's
+    -- entries are read from its first row, the instants' from every row that has one.
+    WITH due AS (
+        SELECT s AS schedule
+        FROM x_jobs.schedule AS s
         WHERE NOT s.paused AND s.next_fire_at <= v_now
         ORDER BY s.next_fire_at
         LIMIT tick_schedules.max_rows
         FOR UPDATE SKIP LOCKED
-    LOOP
-        v_names := v_names || v_row.name;
-        v_dropped := 0;
-        v_next := x_jobs._cron_next(v_row.fields, v_row.tz, v_row.next_fire_at);
-        IF v_next IS NULL OR v_next > v_now THEN
-            -- The usual case: one instant has come.
-            IF v_row.catchup = 'none' AND v_now - v_row.next_fire_at > v_row.grace THEN
-                v_dropped := 1;
-            ELSE
-                v_requests := v_requests || x_jobs._schedule_request(v_row, v_row.next_fire_at, v_now, FALSE);
-                v_owners := v_owners || pg_catalog.cardinality(v_names);
-                v_ats := v_ats || v_row.next_fire_at;
-            END IF;
-        ELSIF v_row.catchup = 'all' THEN
-            v_at := v_row.next_fire_at;
-            v_fired := 0;
-            WHILE v_at <= v_now AND v_fired < v_row.catchup_max LOOP
-                v_requests := v_requests || x_jobs._schedule_request(v_row, v_at, v_now, FALSE);
-                v_owners := v_owners || pg_catalog.cardinality(v_names);
-                v_ats := v_ats || v_at;
-                v_fired := v_fired + 1;
-                v_at := x_jobs._cron_next(v_row.fields, v_row.tz, v_at);
-            END LOOP;
-            v_next := v_at;
-            IF v_at <= v_now THEN
-                v_dropped := 1;
-                v_next := x_jobs._cron_next(v_row.fields, v_row.tz, v_now);
-            END IF;
-        ELSE
-            -- latest, or none: the last instant that has come, once (none: if within grace).
-            v_last := x_jobs._cron_last(v_row.fields, v_row.tz, v_row.next_fire_at, v_now);
-            v_dropped := 1;
-            IF v_row.catchup = 'latest' OR v_now - v_last <= v_row.grace THEN
-                v_requests := v_requests || x_jobs._schedule_request(v_row, v_last, v_now, FALSE);
-                v_owners := v_owners || pg_catalog.cardinality(v_names);
-                v_ats := v_ats || v_last;
-            END IF;
-            v_next := x_jobs._cron_next(v_row.fields, v_row.tz, v_last);
-        END IF;
-        v_nexts := v_nexts || coalesce(v_next, 'infinity');
-        v_drops := v_drops || v_dropped;
-        v_errors := v_errors || NULL::text;
-    END LOOP;
+    ),
+    planned AS (
+        SELECT
+            pg_catalog.row_number() OVER ()::integer AS owner,
+            d.schedule,
+            p.ats,
+            p.next_at,
+            p.dropped
+        FROM due AS d
+        CROSS JOIN LATERAL x_jobs._schedule_due(d.schedule, v_now) AS p
+    )
+    SELECT
+        pg_catalog.array_agg((p.schedule).name ORDER BY p.owner) FILTER (WHERE coalesce(a.k, 1) = 1),
+        pg_catalog.array_agg(p.next_at ORDER BY p.owner) FILTER (WHERE coalesce(a.k, 1) = 1),
+        pg_catalog.array_agg(p.dropped ORDER BY p.owner) FILTER (WHERE coalesce(a.k, 1) = 1),
+        pg_catalog.array_agg(x_jobs._schedule_request(p.schedule, a.at, v_now, FALSE) ORDER BY p.owner, a.k)
+            FILTER (WHERE a.k IS NOT NULL),
+        pg_catalog.array_agg(p.owner ORDER BY p.owner, a.k) FILTER (WHERE a.k IS NOT NULL),
+        pg_catalog.array_agg(a.at ORDER BY p.owner, a.k) FILTER (WHERE a.k IS NOT NULL)
+    INTO v_names, v_nexts, v_drops, v_requests, v_owners, v_ats
+    FROM planned AS p
+    LEFT JOIN LATERAL unnest(p.ats) WITH ORDINALITY AS a (at, k) ON TRUE;
 
-    IF pg_catalog.cardinality(v_names) = 0 THEN
+    IF v_names IS NULL THEN
         RETURN QUERY SELECT 0, 0, 0, (
             SELECT min(s.next_fire_at) FROM x_jobs.schedule AS s WHERE NOT s.paused
         );
         RETURN;
     END IF;
 
-    IF pg_catalog.cardinality(v_requests) > 0 THEN
+    v_errors := pg_catalog.array_fill(NULL::text, ARRAY[pg_catalog.cardinality(v_names)]);
+    IF v_requests IS NOT NULL THEN
         BEGIN
             SELECT pg_catalog.array_agg(e.id ORDER BY e.ord), pg_catalog.array_agg(e.deduped ORDER BY e.ord)
             INTO v_ids, v_deduped
             FROM x_jobs._enqueue(v_requests) AS e;
         EXCEPTION WHEN OTHERS THEN
-            IF SQLSTATE = '40001' THEN
+            -- A refusal of a request (an XJ code) is its schedule's; anything else ends the tick.
+            IF SQLSTATE NOT LIKE 'XJ%' OR SQLSTATE IN ('XJ038', 'XJ040') THEN
                 RAISE;
             END IF;
-            -- One schedule's job is refused: each schedule's jobs again, on their own, so that
-            -- only the refused ones are left out.
+            -- Each schedule's jobs again, on their own, so that only the refused ones are left
+            -- out. A schedule's requests are side by side (v_owners ascends).
             v_ids := pg_catalog.array_fill(NULL::bigint, ARRAY[pg_catalog.cardinality(v_requests)]);
             v_deduped := pg_catalog.array_fill(FALSE, ARRAY[pg_catalog.cardinality(v_requests)]);
-            FOR i IN 1..pg_catalog.cardinality(v_names) LOOP
-                v_part := ARRAY(SELECT k FROM pg_catalog.generate_subscripts(v_owners, 1) AS k WHERE v_owners[k] = i ORDER BY k);
-                CONTINUE WHEN pg_catalog.cardinality(v_part) = 0;
+            v_first := 1;
+            WHILE v_first <= pg_catalog.cardinality(v_requests) LOOP
+                v_last := v_first;
+                WHILE v_last < pg_catalog.cardinality(v_requests) AND v_owners[v_last + 1] = v_owners[v_first] LOOP
+                    v_last := v_last + 1;
+                END LOOP;
                 BEGIN
                     SELECT pg_catalog.array_agg(e.id ORDER BY e.ord), pg_catalog.array_agg(e.deduped ORDER BY e.ord)
                     INTO v_part_ids, v_part_deduped
-                    FROM x_jobs._enqueue(ARRAY(SELECT v_requests[k] FROM unnest(v_part) AS k)) AS e;
-                    -- A schedule's requests are side by side (v_owners ascends).
-                    v_ids[v_part[1]:v_part[pg_catalog.cardinality(v_part)]] := v_part_ids;
-                    v_deduped[v_part[1]:v_part[pg_catalog.cardinality(v_part)]] := v_part_deduped;
+                    FROM x_jobs._enqueue(v_requests[v_first:v_last]) AS e;
+                    v_ids[v_first:v_last] := v_part_ids;
+                    v_deduped[v_first:v_last] := v_part_deduped;
                 EXCEPTION WHEN OTHERS THEN
-                    IF SQLSTATE = '40001' THEN
+                    IF SQLSTATE NOT LIKE 'XJ%' OR SQLSTATE IN ('XJ038', 'XJ040') THEN
                         RAISE;
                     END IF;
-                    v_errors[i] := SQLERRM;
+                    v_errors[v_owners[v_first]] := SQLERRM;
                 END;
+                v_first := v_last + 1;
             END LOOP;
         END;
     END IF;
 
+    -- Each schedule advanced, with what it fired: the jobs it enqueued (not deduped onto a live
+    -- run), the instants it missed (deduped, refused, passed over), its last job and instant.
     WITH fired AS (
-        SELECT f.owner,
-               pg_catalog.count(*) FILTER (WHERE f.id IS NOT NULL AND NOT f.deduped) AS fires,
-               pg_catalog.count(*) FILTER (WHERE f.id IS NULL OR f.deduped) AS misses,
-               (pg_catalog.array_agg(f.id ORDER BY f.k DESC) FILTER (WHERE f.id IS NOT NULL AND NOT f.deduped))[1] AS last_id,
-               max(f.at) AS last_at
+        SELECT
+            f.owner,
+            pg_catalog.count(*) FILTER (WHERE f.id IS NOT NULL AND NOT f.deduped) AS fires,
+            pg_catalog.count(*) FILTER (WHERE f.id IS NULL OR f.deduped) AS misses,
+            (pg_catalog.array_agg(f.id ORDER BY f.k DESC) FILTER (WHERE f.id IS NOT NULL AND NOT f.deduped))[1] AS last_id,
+            max(f.at) FILTER (WHERE f.id IS NOT NULL AND NOT f.deduped) AS last_at
         FROM unnest(v_owners, v_ids, v_deduped, v_ats) WITH ORDINALITY AS f (owner, id, deduped, at, k)
         GROUP BY f.owner
     ),
@@ -514,7 +571,9 @@ BEGIN
         WHERE s.name = n.name
         RETURNING coalesce(f.fires, 0) AS fires, coalesce(f.misses, 0) + n.dropped AS skips
     )
-    SELECT coalesce(sum(a.fires), 0), coalesce(sum(a.skips), 0) INTO v_enqueued, v_skipped FROM advanced AS a;
+    SELECT coalesce(sum(a.fires), 0)::integer, coalesce(sum(a.skips), 0)::integer
+    INTO v_enqueued, v_skipped
+    FROM advanced AS a;
 
     RETURN QUERY SELECT pg_catalog.cardinality(v_names), v_enqueued, v_skipped, (
         SELECT min(s.next_fire_at) FROM x_jobs.schedule AS s WHERE NOT s.paused
@@ -522,4 +581,4 @@ BEGIN
 END
 $$;
 
--- Tests: tests/pgtap/61-schedules.sql, tests/python/test_schedules_tick.py
+-- Tests: tests/pgtap/45-schedules.sql, tests/pgtap/00-schema.sql, tests/pgtap/80-privileges.sql

@@ -135,9 +135,9 @@ GRANT EXECUTE ON FUNCTION x_jobs.hand_back(bigint[], text, interval) TO x_jobs_w
 GRANT EXECUTE ON FUNCTION x_jobs.drop_job_type(text) TO x_jobs_admin;
 GRANT SELECT, DELETE ON x_jobs.job_type TO x_jobs_admin;
 
--- Schedules. Anyone may preview a cron expression (cron_next runs as its caller, through the
--- pure helpers granted with it). Workers declare their app's schedules, read them and tick,
--- through functions that run as their owner; pg_cron's job ticks as a login granted
+-- Schedules. Every x_jobs role may preview a cron expression (cron_next runs as its caller,
+-- through the pure helpers granted with it). Workers declare their app's schedules, read them
+-- and tick, through functions that run as their owner; pg_cron's job ticks as a login granted
 -- x_jobs_worker. Admins pause, resume and drop schedules, as themselves, holding the rights on
 -- the rows; run_schedule_now enqueues, as its owner.
 GRANT EXECUTE ON FUNCTION x_jobs.cron_next(text, text, timestamptz, integer) TO x_jobs_producer;
@@ -146,7 +146,6 @@ GRANT EXECUTE ON FUNCTION x_jobs._cron_field(text, text, text, integer, integer,
 GRANT EXECUTE ON FUNCTION x_jobs._require_time_zone(text) TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs._cron_next(x_jobs.cron_fields, text, timestamptz) TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs._cron_match_after(x_jobs.cron_fields, timestamp) TO x_jobs_producer;
-GRANT EXECUTE ON FUNCTION x_jobs._cron_value_from(integer[], integer) TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs._zone_change(timestamptz, timestamptz) TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs.set_schedule(
     text, text, text, text, jsonb, text, text, integer, text, interval, integer, integer, text, text,

@@ -9,19 +9,19 @@
 --@function x_jobs.claim
 --@function x_jobs.relay_outbox
 
--- A cron expression as x_jobs._cron_parse reads it: the values each field allows, sorted, and
--- two flags. day_and: the day-of-month and day-of-week fields both have to match (one of them
--- starts with '*'); otherwise either does, as Vixie cron has it. fixed: neither the minute nor
--- the hour field starts with '*', so that the schedule keeps to the wall clock across a change of
--- UTC offset (a time the clock skips fires once at the first valid instant after it, a time it
--- repeats fires at its first occurrence only); a schedule that is not fixed fires as the clock
--- reads, at every instant whose local time matches.
+-- A cron expression as x_jobs._cron_parse reads it: the values each field allows, sorted (the
+-- weekdays from 0, Sunday, to 6), and two flags. day_and: the day-of-month and day-of-week
+-- fields both have to match (one of them starts with '*'); otherwise either does, as Vixie cron
+-- has it. fixed: neither the minute nor the hour field starts with '*', so that the schedule
+-- keeps to the wall clock across a change of UTC offset (a time the clock skips fires once at the
+-- first valid instant after it, a time it repeats fires at its first occurrence only); a schedule
+-- that is not fixed fires as the clock reads, at every instant whose local time matches.
 CREATE TYPE x_jobs.cron_fields AS (
-    minutes integer[],
-    hours integer[],
-    days integer[],
-    months integer[],
-    weekdays integer[],  -- 0 (Sunday) to 6
+    minutes integer[], -- noqa: LT01
+    hours integer[], -- noqa: LT01
+    days integer[], -- noqa: LT01
+    months integer[], -- noqa: LT01
+    weekdays integer[], -- noqa: LT01
     day_and boolean,
     fixed boolean
 );
@@ -35,7 +35,7 @@ CREATE TABLE x_jobs.schedule (
     job text NOT NULL,
     cron text NOT NULL,
     tz text NOT NULL,
-    fields x_jobs.cron_fields NOT NULL,
+    fields x_jobs.cron_fields NOT NULL, -- noqa: RF04
     input jsonb NOT NULL, -- noqa: RF04
     queue text,
     priority integer,
@@ -69,12 +69,22 @@ CREATE TABLE x_jobs.schedule (
     CONSTRAINT schedule_catchup_max_positive CHECK (catchup_max >= 1)
 );
 
-COMMENT ON TABLE x_jobs.schedule IS 'Schedules: a cron expression in a time zone, the job it enqueues, and when it fires next.';
-COMMENT ON COLUMN x_jobs.schedule.next_fire_at IS 'The next instant to fire; a tick fires every schedule whose instant has come.';
-COMMENT ON COLUMN x_jobs.schedule.catchup IS 'After missed instants: latest (one run, the last), all (each, up to catchup_max), none (skip them).';
-COMMENT ON COLUMN x_jobs.schedule.overlap IS 'allow: every instant enqueues; skip: no new run while one of the schedule''s is live.';
-COMMENT ON COLUMN x_jobs.schedule.grace IS 'How late a run may start and still count as on time (not late; with catchup none, still fired).';
-COMMENT ON COLUMN x_jobs.schedule.origin IS 'Who keeps the schedule: ''code'' for an app''s declarations (sync may prune them), NULL for SQL.';
+COMMENT ON TABLE x_jobs.schedule IS
+'Schedules: a cron expression in a time zone, the job it enqueues, and when it fires next.';
+COMMENT ON COLUMN x_jobs.schedule.next_fire_at IS
+'The next instant to fire; a tick fires every schedule whose instant has come.';
+COMMENT ON COLUMN x_jobs.schedule.catchup IS
+'After missed instants: latest (one run, the last), all (each, up to catchup_max), none (none past grace).';
+COMMENT ON COLUMN x_jobs.schedule.overlap IS
+'allow: every instant enqueues; skip: no new run while one of the schedule''s is live.';
+COMMENT ON COLUMN x_jobs.schedule.grace IS
+'How late a run may be enqueued and not be late (_schedule.late); with catchup none, the latest it still fires.';
+COMMENT ON COLUMN x_jobs.schedule.last_fire_at IS
+'The instant of the last job the schedule enqueued (that job''s _schedule.at), by a tick or by hand.';
+COMMENT ON COLUMN x_jobs.schedule.skips IS
+'Instants that enqueued no job: deduped onto a live run, refused by enqueue, passed over by a catch-up (one a tick).';
+COMMENT ON COLUMN x_jobs.schedule.origin IS
+'Who keeps the schedule: ''code'' for an app''s declarations (sync may prune them), NULL for SQL.';
 
 -- A tick reads the due rows from the first: one probe of an empty range while nothing is due,
 -- whatever the number of schedules. Paused rows are in no entry.
@@ -122,7 +132,6 @@ SELECT pg_catalog.pg_extension_config_dump('x_jobs.schedule', '');
 --@function x_jobs.error_codes
 --@function x_jobs._cron_field
 --@function x_jobs._cron_parse
---@function x_jobs._cron_value_from
 --@function x_jobs._cron_match_after
 --@function x_jobs._zone_change
 --@function x_jobs._cron_next
@@ -130,6 +139,7 @@ SELECT pg_catalog.pg_extension_config_dump('x_jobs.schedule', '');
 --@function x_jobs._require_time_zone
 --@function x_jobs.cron_next
 --@function x_jobs._schedule_request
+--@function x_jobs._schedule_due
 --@function x_jobs._schedule_info
 --@function x_jobs._schedule_not_found
 --@function x_jobs.set_schedule
@@ -144,9 +154,9 @@ SELECT pg_catalog.pg_extension_config_dump('x_jobs.schedule', '');
 -- functions from before hold no PUBLIC right, so this changes none of theirs.
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA x_jobs FROM public;
 REVOKE ALL ON TABLE x_jobs.schedule FROM public;
--- Schedules. Anyone may preview a cron expression (cron_next runs as its caller, through the
--- pure helpers granted with it). Workers declare their app's schedules, read them and tick,
--- through functions that run as their owner; pg_cron's job ticks as a login granted
+-- Schedules. Every x_jobs role may preview a cron expression (cron_next runs as its caller,
+-- through the pure helpers granted with it). Workers declare their app's schedules, read them
+-- and tick, through functions that run as their owner; pg_cron's job ticks as a login granted
 -- x_jobs_worker. Admins pause, resume and drop schedules, as themselves, holding the rights on
 -- the rows; run_schedule_now enqueues, as its owner.
 GRANT EXECUTE ON FUNCTION x_jobs.cron_next(text, text, timestamptz, integer) TO x_jobs_producer;
@@ -155,7 +165,6 @@ GRANT EXECUTE ON FUNCTION x_jobs._cron_field(text, text, text, integer, integer,
 GRANT EXECUTE ON FUNCTION x_jobs._require_time_zone(text) TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs._cron_next(x_jobs.cron_fields, text, timestamptz) TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs._cron_match_after(x_jobs.cron_fields, timestamp) TO x_jobs_producer;
-GRANT EXECUTE ON FUNCTION x_jobs._cron_value_from(integer[], integer) TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs._zone_change(timestamptz, timestamptz) TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs.set_schedule(
     text, text, text, text, jsonb, text, text, integer, text, interval, integer, integer, text, text,

@@ -2,7 +2,7 @@
 -- volatile it is, whose rights it runs with, which settings it pins, and who may use what.
 -- A change to any of these is a change to the API: it shows up here first, on purpose.
 BEGIN;
-SELECT plan(864);
+SELECT plan(1035);
 
 -- The functions of the API, one row each, with what 00-schema pins about them. `args` is how
 -- pgTAP's catalog view spells the argument types (regtype output: 'timestamp with time zone',
@@ -206,7 +206,54 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
 ('held_jobs', '{text}', 'setof record', 'STABLE', NULL),
 ('list_outbox', '{text,text,text,bigint,integer}', 'setof x_jobs.outbox_entry', 'STABLE', NULL),
 ('outbox_message', '{bigint}', 'setof x_jobs.outbox_entry', 'STABLE', NULL),
-('job_counters', '{timestamp with time zone}', 'setof record', 'STABLE', NULL);
+('job_counters', '{timestamp with time zone}', 'setof record', 'STABLE', NULL),
+-- Schedules (0.4.2): the cron reader and evaluator, pure but for the zone they set while they
+-- run; the functions of the schedules, of which those a worker calls run as their owner.
+('_cron_field', '{text,text,text,integer,integer,text[],text}', 'integer[]', 'IMMUTABLE', NULL),
+('_cron_parse', '{text}', 'x_jobs.cron_fields', 'IMMUTABLE', NULL),
+(
+    '_cron_match_after',
+    '{x_jobs.cron_fields,timestamp without time zone}',
+    'timestamp without time zone',
+    'IMMUTABLE',
+    NULL
+),
+('_zone_change', '{timestamp with time zone,timestamp with time zone}', 'timestamp with time zone', 'STABLE', NULL),
+('_cron_next', '{x_jobs.cron_fields,text,timestamp with time zone}', 'timestamp with time zone', 'STABLE', NULL),
+(
+    '_cron_last', '{x_jobs.cron_fields,text,timestamp with time zone,timestamp with time zone}',
+    'timestamp with time zone', 'STABLE', NULL
+),
+('_require_time_zone', '{text}', 'text', 'STABLE', NULL),
+('cron_next', '{text,text,timestamp with time zone,integer}', 'setof timestamp with time zone', 'STABLE', NULL),
+(
+    '_schedule_request', '{x_jobs.schedule,timestamp with time zone,timestamp with time zone,boolean}',
+    'x_jobs.enqueue_request', 'STABLE', NULL
+),
+('_schedule_info', '{x_jobs.schedule}', 'x_jobs.schedule_info', 'STABLE', NULL),
+('_schedule_not_found', '{text}', 'void', 'STABLE', NULL),
+('_schedule_due', '{x_jobs.schedule,timestamp with time zone}', 'record', 'STABLE', NULL),
+(
+    'set_schedule',
+    '{text,text,text,text,jsonb,text,text,integer,text,interval,integer,integer,text,text,integer,boolean,'
+    'interval,interval,boolean,boolean,text,text}',
+    'x_jobs.schedule_info', 'VOLATILE', 'so a worker declares its app''s schedules with no right on the table'
+),
+('drop_schedule', '{text}', 'boolean', 'VOLATILE', NULL),
+('pause_schedule', '{text}', 'x_jobs.schedule_info', 'VOLATILE', NULL),
+('resume_schedule', '{text}', 'x_jobs.schedule_info', 'VOLATILE', NULL),
+(
+    'list_schedules', '{text}', 'setof x_jobs.schedule_info', 'STABLE',
+    'so a worker reads its app''s schedules with no right on the table'
+),
+(
+    'run_schedule_now', '{text}', 'x_jobs.enqueue_result', 'VOLATILE',
+    'so an admin enqueues a schedule''s job through the helper only enqueue''s owner calls'
+),
+(
+    'tick_schedules', '{integer}', 'setof record', 'VOLATILE',
+    'so workers and pg_cron''s jobs tick with no right on the tables'
+);
 
 -- Who may execute what, as the Grants section states it: the lowest x_jobs role granted
 -- EXECUTE (a worker is a member of producer and an admin of worker, and has_function_privilege,
@@ -313,7 +360,30 @@ INSERT INTO api_grant (fn, lowest_role, to_pg_monitor) VALUES
 ('outbox_message', 'x_jobs_admin', FALSE),
 ('job_counters', 'x_jobs_admin', FALSE),
 ('job_states', 'x_jobs_worker', FALSE),
-('held_jobs', 'x_jobs_worker', FALSE);
+('held_jobs', 'x_jobs_worker', FALSE),
+-- Schedules (0.4.2): anyone previews a cron expression (cron_next runs as its caller, through
+-- the pure helpers); a worker declares, lists and ticks schedules (as their owner); an admin
+-- drops, pauses and resumes them as itself, and runs one by hand. The tick's own helpers run
+-- inside the functions that run as their owner.
+('cron_next', 'x_jobs_producer', FALSE),
+('_cron_parse', 'x_jobs_producer', FALSE),
+('_cron_field', 'x_jobs_producer', FALSE),
+('_cron_match_after', 'x_jobs_producer', FALSE),
+('_zone_change', 'x_jobs_producer', FALSE),
+('_cron_next', 'x_jobs_producer', FALSE),
+('_require_time_zone', 'x_jobs_producer', FALSE),
+('_cron_last', NULL, FALSE),
+('_schedule_request', NULL, FALSE),
+('_schedule_due', NULL, FALSE),
+('_schedule_info', 'x_jobs_admin', FALSE),
+('_schedule_not_found', 'x_jobs_admin', FALSE),
+('set_schedule', 'x_jobs_worker', FALSE),
+('list_schedules', 'x_jobs_worker', FALSE),
+('tick_schedules', 'x_jobs_worker', FALSE),
+('drop_schedule', 'x_jobs_admin', FALSE),
+('pause_schedule', 'x_jobs_admin', FALSE),
+('resume_schedule', 'x_jobs_admin', FALSE),
+('run_schedule_now', 'x_jobs_admin', FALSE);
 
 -- The roles a grant is checked for, in the order of their membership chain.
 CREATE TEMP TABLE grant_role (grantee name PRIMARY KEY, chain_rank integer);
@@ -343,10 +413,10 @@ SELECT tables_are(
     'x_jobs',
     ARRAY[
         'job', 'job_error', 'queue_pause', 'worker', 'queue_snapshot', 'counter', 'step', 'event', 'outbox',
-        'webhook_ledger', 'job_type'
+        'webhook_ledger', 'job_type', 'schedule'
     ],
     'The x_jobs schema should hold exactly the tables job, job_error, queue_pause, worker, queue_snapshot, counter, '
-    'step, event, outbox, webhook_ledger and job_type'
+    'step, event, outbox, webhook_ledger, job_type and schedule'
 );
 
 SELECT sequences_are(
@@ -363,10 +433,10 @@ SELECT types_are(
     'x_jobs',
     ARRAY[
         'job_state', 'enqueue_request', 'enqueue_result', 'enqueue_many_result', 'step_status', 'outbox_state',
-        'outbox_entry'
+        'outbox_entry', 'cron_fields', 'schedule_info'
     ],
     'The x_jobs schema should define exactly the types job_state, enqueue_request, enqueue_result, '
-    'enqueue_many_result, step_status, outbox_state and outbox_entry'
+    'enqueue_many_result, step_status, outbox_state, outbox_entry, cron_fields and schedule_info'
 );
 
 SELECT enum_has_labels(
@@ -557,6 +627,149 @@ SELECT is(
         WHERE a.attrelid = 'x_jobs.worker'::regclass AND a.attname = 'jobs'
     ),
     'x_jobs.worker.jobs should be the last column, where the 0.3.9 -> 0.4.0 update adds it'
+);
+
+-- A schedule is what set_schedule writes and list_schedules answers (0.4.2): the cron expression
+-- beside what _cron_parse read of it, the job's options, the catch-up and overlap policies, the
+-- instant it fires next and what it fired last.
+SELECT results_eq(
+    $$
+    SELECT
+        a.attrelid::regclass::text,
+        a.attname::text COLLATE "default",
+        pg_catalog.format_type(a.atttypid, a.atttypmod),
+        a.attnotnull
+    FROM pg_catalog.pg_attribute AS a
+    WHERE a.attrelid = 'x_jobs.schedule'::regclass AND a.attnum > 0 AND NOT a.attisdropped
+    ORDER BY a.attnum
+    $$,
+    $$
+    VALUES
+        ('x_jobs.schedule', 'name', 'text', TRUE),
+        ('x_jobs.schedule', 'job', 'text', TRUE),
+        ('x_jobs.schedule', 'cron', 'text', TRUE),
+        ('x_jobs.schedule', 'tz', 'text', TRUE),
+        ('x_jobs.schedule', 'fields', 'x_jobs.cron_fields', TRUE),
+        ('x_jobs.schedule', 'input', 'jsonb', TRUE),
+        ('x_jobs.schedule', 'queue', 'text', FALSE),
+        ('x_jobs.schedule', 'priority', 'integer', FALSE),
+        ('x_jobs.schedule', 'max_attempts', 'integer', FALSE),
+        ('x_jobs.schedule', 'tenant_id', 'text', FALSE),
+        ('x_jobs.schedule', 'concurrency_key', 'text', FALSE),
+        ('x_jobs.schedule', 'concurrency_limit', 'integer', FALSE),
+        ('x_jobs.schedule', 'dead_letter', 'boolean', FALSE),
+        ('x_jobs.schedule', 'backoff_base', 'interval', FALSE),
+        ('x_jobs.schedule', 'backoff_max', 'interval', FALSE),
+        ('x_jobs.schedule', 'keep_done', 'boolean', FALSE),
+        ('x_jobs.schedule', 'catchup', 'text', TRUE),
+        ('x_jobs.schedule', 'catchup_max', 'integer', TRUE),
+        ('x_jobs.schedule', 'overlap', 'text', TRUE),
+        ('x_jobs.schedule', 'grace', 'interval', TRUE),
+        ('x_jobs.schedule', 'paused', 'boolean', TRUE),
+        ('x_jobs.schedule', 'next_fire_at', 'timestamp with time zone', TRUE),
+        ('x_jobs.schedule', 'last_fire_at', 'timestamp with time zone', FALSE),
+        ('x_jobs.schedule', 'last_enqueued_at', 'timestamp with time zone', FALSE),
+        ('x_jobs.schedule', 'last_job_id', 'bigint', FALSE),
+        ('x_jobs.schedule', 'fires', 'bigint', TRUE),
+        ('x_jobs.schedule', 'skips', 'bigint', TRUE),
+        ('x_jobs.schedule', 'last_error', 'text', FALSE),
+        ('x_jobs.schedule', 'origin', 'text', FALSE),
+        ('x_jobs.schedule', 'declared_by', 'text', FALSE),
+        ('x_jobs.schedule', 'created_at', 'timestamp with time zone', TRUE),
+        ('x_jobs.schedule', 'updated_at', 'timestamp with time zone', TRUE)
+    $$,
+    'The schedule table should have the documented columns, types and NOT NULLs, in order'
+);
+
+SELECT results_eq(
+    $$
+    SELECT c.conname::text COLLATE "default", pg_catalog.pg_get_constraintdef(c.oid)
+    FROM pg_catalog.pg_constraint AS c
+    WHERE c.conrelid = 'x_jobs.schedule'::regclass
+    ORDER BY 1
+    $$,
+    $$
+    VALUES
+        ('schedule_catchup_known', 'CHECK ((catchup = ANY (ARRAY[''latest''::text, ''all''::text, ''none''::text])))'),
+        ('schedule_catchup_max_positive', 'CHECK ((catchup_max >= 1))'),
+        ('schedule_overlap_known', 'CHECK ((overlap = ANY (ARRAY[''allow''::text, ''skip''::text])))'),
+        ('schedule_pkey', 'PRIMARY KEY (name)')
+    $$,
+    'The schedule table should have exactly its documented key and checks'
+);
+
+-- A tick seeks the due rows in next_fire_at order; tick_schedules repeats the predicate word
+-- for word (NOT paused), so that the planner can use the partial index.
+SELECT results_eq(
+    $$
+    SELECT i.indexrelid::regclass::text, pg_catalog.pg_get_indexdef(i.indexrelid)
+    FROM pg_catalog.pg_index AS i
+    WHERE i.indrelid = 'x_jobs.schedule'::regclass
+    ORDER BY 1
+    $$,
+    $$
+    VALUES
+        ('x_jobs.schedule_due_idx',
+         'CREATE INDEX schedule_due_idx ON x_jobs.schedule USING btree (next_fire_at) WHERE (NOT paused)'),
+        ('x_jobs.schedule_pkey', 'CREATE UNIQUE INDEX schedule_pkey ON x_jobs.schedule USING btree (name)')
+    $$,
+    'x_jobs.schedule should have exactly its primary key and the index of the due rows'
+);
+
+-- What _cron_parse answers and the functions of the schedules answer, read by name.
+SELECT results_eq(
+    $$
+    SELECT a.attrelid::regclass::text, a.attname::text COLLATE "default", pg_catalog.format_type(a.atttypid, a.atttypmod)
+    FROM pg_catalog.pg_attribute AS a
+    WHERE
+        a.attrelid IN ('x_jobs.cron_fields'::regclass, 'x_jobs.schedule_info'::regclass)
+        AND a.attnum > 0
+        AND NOT a.attisdropped
+    ORDER BY a.attrelid::regclass::text, a.attnum
+    $$,
+    $$
+    VALUES
+        ('x_jobs.cron_fields', 'minutes', 'integer[]'),
+        ('x_jobs.cron_fields', 'hours', 'integer[]'),
+        ('x_jobs.cron_fields', 'days', 'integer[]'),
+        ('x_jobs.cron_fields', 'months', 'integer[]'),
+        ('x_jobs.cron_fields', 'weekdays', 'integer[]'),
+        ('x_jobs.cron_fields', 'day_and', 'boolean'),
+        ('x_jobs.cron_fields', 'fixed', 'boolean'),
+        ('x_jobs.schedule_info', 'name', 'text'),
+        ('x_jobs.schedule_info', 'job', 'text'),
+        ('x_jobs.schedule_info', 'cron', 'text'),
+        ('x_jobs.schedule_info', 'tz', 'text'),
+        ('x_jobs.schedule_info', 'input', 'jsonb'),
+        ('x_jobs.schedule_info', 'queue', 'text'),
+        ('x_jobs.schedule_info', 'priority', 'integer'),
+        ('x_jobs.schedule_info', 'max_attempts', 'integer'),
+        ('x_jobs.schedule_info', 'tenant_id', 'text'),
+        ('x_jobs.schedule_info', 'concurrency_key', 'text'),
+        ('x_jobs.schedule_info', 'concurrency_limit', 'integer'),
+        ('x_jobs.schedule_info', 'dead_letter', 'boolean'),
+        ('x_jobs.schedule_info', 'backoff_base', 'interval'),
+        ('x_jobs.schedule_info', 'backoff_max', 'interval'),
+        ('x_jobs.schedule_info', 'keep_done', 'boolean'),
+        ('x_jobs.schedule_info', 'catchup', 'text'),
+        ('x_jobs.schedule_info', 'catchup_max', 'integer'),
+        ('x_jobs.schedule_info', 'overlap', 'text'),
+        ('x_jobs.schedule_info', 'grace', 'interval'),
+        ('x_jobs.schedule_info', 'paused', 'boolean'),
+        ('x_jobs.schedule_info', 'next_fire_at', 'timestamp with time zone'),
+        ('x_jobs.schedule_info', 'last_fire_at', 'timestamp with time zone'),
+        ('x_jobs.schedule_info', 'last_enqueued_at', 'timestamp with time zone'),
+        ('x_jobs.schedule_info', 'last_job_id', 'bigint'),
+        ('x_jobs.schedule_info', 'last_job_state', 'x_jobs.job_state'),
+        ('x_jobs.schedule_info', 'fires', 'bigint'),
+        ('x_jobs.schedule_info', 'skips', 'bigint'),
+        ('x_jobs.schedule_info', 'last_error', 'text'),
+        ('x_jobs.schedule_info', 'origin', 'text'),
+        ('x_jobs.schedule_info', 'declared_by', 'text'),
+        ('x_jobs.schedule_info', 'created_at', 'timestamp with time zone'),
+        ('x_jobs.schedule_info', 'updated_at', 'timestamp with time zone')
+    $$,
+    'The cron_fields and schedule_info types should have the documented fields, in order'
 );
 
 -- The composite types are the shape of what enqueue takes and answers: callers read them by name.
@@ -783,11 +996,12 @@ SELECT results_eq(
         ('x_jobs.outbox', ''),
         ('x_jobs.outbox_id_seq', ''),
         ('x_jobs.queue_pause', ''),
+        ('x_jobs.schedule', ''),
         ('x_jobs.step', ''),
         ('x_jobs.webhook_ledger', '')
     $$,
-    'pg_dump should keep every row of job, job_error, queue_pause, counter, step, event, outbox, webhook_ledger and '
-    'job_type, and the three id sequences'
+    'pg_dump should keep every row of job, job_error, queue_pause, counter, step, event, outbox, webhook_ledger, '
+    'job_type and schedule, and the three id sequences'
 );
 
 -- Every function: return type, volatility, security ------------------------------------------
@@ -885,6 +1099,16 @@ SELECT is(
     'TABLE(job_id bigint, duplicate boolean)',
     'x_jobs.receive_webhook() should answer (job_id, duplicate)'
 );
+SELECT is(
+    pg_catalog.pg_get_function_result('x_jobs.cron_next(text, text, timestamptz, integer)'::regprocedure),
+    'TABLE(fire_at timestamp with time zone)',
+    'x_jobs.cron_next() should answer (fire_at)'
+);
+SELECT is(
+    pg_catalog.pg_get_function_result('x_jobs.tick_schedules(integer)'::regprocedure),
+    'TABLE(schedules integer, enqueued integer, skipped integer, next_fire_at timestamp with time zone)',
+    'x_jobs.tick_schedules() should answer (schedules, enqueued, skipped, next_fire_at)'
+);
 
 -- search_path ---------------------------------------------------------------------------------
 
@@ -898,9 +1122,9 @@ SELECT set_eq(
             SELECT FROM unnest(p.proconfig) AS s (setting) WHERE s.setting LIKE 'search\_path=%'
         )
     $$,
-    ARRAY['now', '_minute', '_shard', '_max_payload_bytes', '_payload_bytes', '_clock', '_filled'],
+    ARRAY['now', '_minute', '_shard', '_max_payload_bytes', '_payload_bytes', '_clock', '_filled', '_schedule_request'],
     'Every function should pin search_path except the tiny SQL helpers now, _minute, _shard, _max_payload_bytes, '
-    '_payload_bytes, _clock and _filled'
+    '_payload_bytes, _clock, _filled and _schedule_request'
 );
 
 SELECT is_empty(
@@ -910,7 +1134,9 @@ SELECT is_empty(
     INNER JOIN pg_catalog.pg_language AS l ON p.prolang = l.oid
     WHERE
         p.pronamespace = 'x_jobs'::regnamespace
-        AND p.proname IN ('now', '_minute', '_shard', '_max_payload_bytes', '_payload_bytes', '_clock', '_filled')
+        AND p.proname IN (
+            'now', '_minute', '_shard', '_max_payload_bytes', '_payload_bytes', '_clock', '_filled', '_schedule_request'
+        )
         AND (l.lanname <> 'sql' OR p.proconfig IS NOT NULL OR p.prosecdef)
     $$,
     'The helpers that skip search_path should be plain SQL functions with no SET clause, so they can inline'
@@ -937,7 +1163,9 @@ SELECT is_empty(
 -- functions that take a batch of ids seek each id whatever the batch's size, and lock the rows
 -- in id order (index plans only, 0.3.4; no bitmap scans either, 0.3.9); list_jobs plans each
 -- call for its values (0.3.7); claim joins by seeks only too (its keyed windows, 0.3.8); the bulk
--- operations plan each statement for its values and walk their indexes in id order (0.4.0).
+-- operations plan each statement for its values and walk their indexes in id order (0.4.0); the
+-- cron evaluator and the zone check run in the zone they read (TimeZone, restored on return:
+-- AT TIME ZONE would read a zone named like an abbreviation, CET, as the abbreviation, 0.4.2).
 SELECT set_eq(
     $$
     SELECT p.proname::text COLLATE "default", s.setting
@@ -976,11 +1204,12 @@ SELECT set_eq(
         ('cancel_jobs', 'enable_bitmapscan=off'),
         ('retry_jobs', 'plan_cache_mode=force_custom_plan'),
         ('retry_jobs', 'enable_seqscan=off'),
-        ('retry_jobs', 'enable_bitmapscan=off')
+        ('retry_jobs', 'enable_bitmapscan=off'),
+        ('_cron_next', 'TimeZone=UTC'),
+        ('_require_time_zone', 'TimeZone=UTC')
     $$,
-    'Only claim, relay_outbox, the batch settlers, list_jobs, list_outbox and the bulk operations should pin '
-    'settings besides '
-    'search_path'
+    'Only claim, relay_outbox, the batch settlers, list_jobs, list_outbox, the bulk operations, the cron '
+    'evaluator and the zone check should pin settings besides search_path'
 );
 
 -- Parameter names and defaults: callers use named notation, so both are API -----------------
@@ -1138,7 +1367,30 @@ INSERT INTO api_param (fn, arguments) VALUES
     'before_id bigint DEFAULT NULL::bigint, max_rows integer DEFAULT 50'
 ),
 ('outbox_message', 'id bigint'),
-('job_counters', 'since timestamp with time zone DEFAULT NULL::timestamp with time zone');
+('job_counters', 'since timestamp with time zone DEFAULT NULL::timestamp with time zone'),
+(
+    'cron_next',
+    'cron text, tz text DEFAULT ''UTC''::text, after timestamp with time zone DEFAULT NULL::timestamp with time zone, '
+    'count integer DEFAULT 1'
+),
+(
+    'set_schedule',
+    'name text, job text, cron text, tz text DEFAULT ''UTC''::text, input jsonb DEFAULT ''{}''::jsonb, '
+    'queue text DEFAULT NULL::text, catchup text DEFAULT ''latest''::text, catchup_max integer DEFAULT 100, '
+    'overlap text DEFAULT ''allow''::text, grace interval DEFAULT ''00:01:00''::interval, '
+    'priority integer DEFAULT NULL::integer, max_attempts integer DEFAULT NULL::integer, '
+    'tenant_id text DEFAULT NULL::text, concurrency_key text DEFAULT NULL::text, '
+    'concurrency_limit integer DEFAULT NULL::integer, dead_letter boolean DEFAULT NULL::boolean, '
+    'backoff_base interval DEFAULT NULL::interval, backoff_max interval DEFAULT NULL::interval, '
+    'keep_done boolean DEFAULT NULL::boolean, paused boolean DEFAULT NULL::boolean, '
+    'origin text DEFAULT NULL::text, declared_by text DEFAULT NULL::text'
+),
+('drop_schedule', 'name text'),
+('pause_schedule', 'name text'),
+('resume_schedule', 'name text'),
+('list_schedules', 'name text DEFAULT NULL::text'),
+('run_schedule_now', 'name text'),
+('tick_schedules', 'max_rows integer DEFAULT 1000');
 
 SELECT set_eq(
     $$ SELECT e.fn FROM api_param AS e $$,
@@ -1259,7 +1511,12 @@ SELECT set_eq(
         ('webhook_ledger', 'x_jobs_admin', 'DELETE'),
         -- Declarations: workers write them through declare_job(s), which run as their owner.
         ('job_type', 'x_jobs_admin', 'SELECT'),
-        ('job_type', 'x_jobs_admin', 'DELETE')
+        ('job_type', 'x_jobs_admin', 'DELETE'),
+        -- Schedules: workers set, list and tick them through functions that run as their owner;
+        -- an admin pauses, resumes and drops them as itself.
+        ('schedule', 'x_jobs_admin', 'SELECT'),
+        ('schedule', 'x_jobs_admin', 'UPDATE'),
+        ('schedule', 'x_jobs_admin', 'DELETE')
     $$,
     'Table and sequence privileges should be granted directly only as the Grants section states, none to PUBLIC'
 );
@@ -1401,7 +1658,12 @@ FROM (
     ('job_type', 'x_jobs_worker', '{}'),
     ('job_type', 'x_jobs_admin', '{DELETE,SELECT}'),
     ('job_type', 'pg_monitor', '{}'),
-    ('job_type', 'public', '{}')
+    ('job_type', 'public', '{}'),
+    ('schedule', 'x_jobs_producer', '{}'),
+    ('schedule', 'x_jobs_worker', '{}'),
+    ('schedule', 'x_jobs_admin', '{DELETE,SELECT,UPDATE}'),
+    ('schedule', 'pg_monitor', '{}'),
+    ('schedule', 'public', '{}')
 ) AS t (tbl, grantee, privs)
 INNER JOIN grant_role AS r ON t.grantee = r.grantee
 ORDER BY t.tbl, r.grantee;

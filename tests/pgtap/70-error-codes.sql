@@ -2,7 +2,7 @@
 -- (every SQLSTATE and X_ code an x_jobs body raises is in it, paired as raised) and true (every
 -- entry is raised somewhere), with unique codes and SQLSTATEs. The bodies are read from pg_proc.
 BEGIN;
-SELECT plan(17);
+SELECT plan(19);
 
 -- Every RAISE EXCEPTION of every x_jobs function, one row each: the text from that RAISE to the
 -- next one (or the end of the body), the ERRCODE it names and the X_ code its MESSAGE starts with
@@ -40,14 +40,19 @@ SELECT is_empty(
     'Every RAISE EXCEPTION should be USING ERRCODE, then a MESSAGE that starts with an X_ code'
 );
 
+-- XJ999 (X_TRIAL_UNDONE) is the one SQLSTATE raised but not catalogued: set_schedule raises it
+-- right after its trial enqueue, to roll that back, and catches it in the same block, so that no
+-- caller can meet it. The test after these holds it there.
 SELECT is_empty(
     $$SELECT m[1] AS sqlstate
       FROM pg_catalog.pg_proc AS p
       CROSS JOIN LATERAL regexp_matches(p.prosrc, $re$ERRCODE\s*=\s*'([^']*)'$re$, 'g') AS m
       WHERE p.pronamespace = 'x_jobs'::regnamespace
       EXCEPT
-      SELECT sqlstate FROM x_jobs.error_codes()$$,
-    'Every SQLSTATE in an ERRCODE of an x_jobs body should be in error_codes()'
+      SELECT sqlstate FROM x_jobs.error_codes()
+      EXCEPT
+      SELECT 'XJ999'$$,
+    'Every SQLSTATE in an ERRCODE of an x_jobs body should be in error_codes(), but set_schedule''s XJ999'
 );
 
 -- X_STEP_TIMEOUT is the one code that starts a text but is not raised: it is the error recorded
@@ -61,8 +66,9 @@ SELECT is_empty(
       EXCEPT
       SELECT code FROM x_jobs.error_codes()
       EXCEPT
-      SELECT 'X_STEP_TIMEOUT'$$,
-    'Every X_ code that starts a message in an x_jobs body should be in error_codes(), but the recorded X_STEP_TIMEOUT'
+      VALUES ('X_STEP_TIMEOUT'), ('X_TRIAL_UNDONE')$$,
+    'Every X_ code that starts a message in an x_jobs body should be in error_codes(), but the recorded '
+    'X_STEP_TIMEOUT and set_schedule''s X_TRIAL_UNDONE'
 );
 
 SELECT results_eq(
@@ -79,8 +85,23 @@ SELECT is_empty(
     'X_STEP_TIMEOUT should never be raised: it is recorded on the step, not a SQLSTATE'
 );
 
+SELECT results_eq(
+    $$SELECT r.fn COLLATE "default", r.sqlstate COLLATE "default", r.code COLLATE "default",
+             (SELECT count(*)::integer
+              FROM pg_catalog.pg_proc AS p
+              CROSS JOIN LATERAL regexp_matches(p.prosrc, $re$EXCEPTION\s+WHEN\s+SQLSTATE\s+'XJ999'\s+THEN$re$, 'g') AS m
+              WHERE p.pronamespace = 'x_jobs'::regnamespace AND p.proname = 'set_schedule')
+      FROM raised AS r
+      WHERE r.sqlstate = 'XJ999' OR r.code = 'X_TRIAL_UNDONE'$$,
+    $$VALUES (
+        'x_jobs.set_schedule(text,text,text,text,jsonb,text,text,integer,text,interval,integer,integer,text,text,'
+        'integer,boolean,interval,interval,boolean,boolean,text,text)', 'XJ999', 'X_TRIAL_UNDONE', 1
+    )$$,
+    'XJ999 should be raised once, by set_schedule, which catches it (its trial enqueue''s undo)'
+);
+
 SELECT is_empty(
-    $$SELECT sqlstate, code FROM raised
+    $$SELECT sqlstate, code FROM raised WHERE sqlstate <> 'XJ999'
       EXCEPT
       SELECT sqlstate, code FROM x_jobs.error_codes()$$,
     'Every RAISE should pair its SQLSTATE and X_ code as error_codes() does'
@@ -120,7 +141,7 @@ SELECT is_empty(
 -- (the outbox and the webhook ledger), 0.3.3 XJ038 (the test clock), 0.3.5 XJ039 (times clients cannot read),
 -- 0.3.8 XJ040 (a malformed x_jobs.max_payload_bytes), 0.4.0 XJ041 and XJ042 (the roles an install
 -- finds), XJ044 and XJ045 (the bulk operations' filters), XJ047 and XJ048 (declarations), XJ051
--- (queue_gauges' max_age).
+-- (queue_gauges' max_age), 0.4.2 XJ043, XJ046, XJ049 and XJ050 (schedules).
 SELECT set_eq(
     $$SELECT sqlstate, code FROM x_jobs.error_codes()$$,
     $$VALUES
@@ -138,8 +159,9 @@ SELECT set_eq(
         ('XJ034', 'X_TOPIC_INVALID'), ('XJ035', 'X_MESSAGE_INVALID'), ('XJ036', 'X_RELAY_INVALID'),
         ('XJ037', 'X_WEBHOOK_INVALID'), ('XJ038', 'X_CLOCK_REFUSED'), ('XJ039', 'X_TIME_INVALID'),
         ('XJ040', 'X_SETTING_INVALID'), ('XJ041', 'X_ROLE_UNSAFE'), ('XJ042', 'X_ROLES_MISSING'),
-        ('XJ044', 'X_STATE_NOT_ALLOWED'), ('XJ045', 'X_RANGE_EMPTY'), ('XJ047', 'X_DECLARATIONS_INVALID'),
-        ('XJ048', 'X_JOB_TIMEOUT_INVALID'), ('XJ051', 'X_MAX_AGE_INVALID'),
+        ('XJ043', 'X_CRON_INVALID'), ('XJ044', 'X_STATE_NOT_ALLOWED'), ('XJ045', 'X_RANGE_EMPTY'),
+        ('XJ046', 'X_TIME_ZONE_INVALID'), ('XJ047', 'X_DECLARATIONS_INVALID'), ('XJ048', 'X_JOB_TIMEOUT_INVALID'),
+        ('XJ049', 'X_SCHEDULE_INVALID'), ('XJ050', 'X_SCHEDULE_NOT_FOUND'), ('XJ051', 'X_MAX_AGE_INVALID'),
         ('40001', 'X_ENQUEUE_RACE')$$,
     'error_codes() should list exactly the documented SQLSTATE and X_ code pairs'
 );
@@ -182,6 +204,17 @@ SELECT set_eq(
       WHERE r.sqlstate IN ('XJ047', 'XJ048')$$,
     $$VALUES ('XJ047', '_declare'), ('XJ047', 'declare_jobs'), ('XJ048', '_declare')$$,
     'XJ047 and XJ048 should be raised only by the declaring functions'
+);
+
+-- The schedules' own codes come from the cron reader, the zone check and the schedule functions.
+SELECT set_eq(
+    $$SELECT DISTINCT r.sqlstate, regexp_replace(r.fn, '^x_jobs\.|\(.*$', '', 'g')
+      FROM raised AS r
+      WHERE r.sqlstate IN ('XJ043', 'XJ046', 'XJ049', 'XJ050')$$,
+    $$VALUES ('XJ043', '_cron_field'), ('XJ043', '_cron_parse'), ('XJ046', '_require_time_zone'),
+             ('XJ049', 'set_schedule'), ('XJ050', '_schedule_not_found')$$,
+    'XJ043, XJ046, XJ049 and XJ050 should be raised only by the cron reader, the zone check and set_schedule, '
+    'and the helper that refuses an unknown schedule'
 );
 
 SELECT * FROM finish();

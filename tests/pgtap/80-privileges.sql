@@ -7,7 +7,7 @@
 -- the test; each block runs under SET ROLE and ends with RESET ROLE. The clock is moved with
 -- SET LOCAL "x_jobs.fake_now", which only a superuser's session may do (the last block).
 BEGIN;
-SELECT plan(154);
+SELECT plan(176);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
@@ -1208,6 +1208,183 @@ SELECT throws_ok(
     '42501',
     'permission denied for function held_jobs',
     'A pg_monitor member should not be able to ask what a worker holds'
+);
+
+RESET ROLE;
+
+------------------------------------------------------------------------------------------------
+-- Schedules (0.4.2): anyone with a role previews a cron expression; a worker declares, lists and
+-- ticks schedules through functions that run as their owner, with no right on the table; an
+-- admin pauses, resumes, drops and runs them, as itself; PUBLIC reaches none of it
+------------------------------------------------------------------------------------------------
+
+SET LOCAL "x_jobs.fake_now" = '2030-01-01 14:00:00+00';
+
+SET ROLE t80_producer;
+
+SELECT is(
+    (SELECT f.fire_at FROM x_jobs.cron_next('*/5 * * * *', 'Europe/Berlin', '2030-01-01 14:01+00') AS f),
+    '2030-01-01 14:05:00+00'::timestamptz,
+    'A producer should be able to preview a cron expression'
+);
+
+SELECT throws_ok(
+    $$SELECT x_jobs.set_schedule('t80_s0', 't80_s_job', '*/5 * * * *')$$,
+    '42501',
+    'permission denied for function set_schedule',
+    'A producer should not be able to set a schedule'
+);
+
+SELECT throws_ok(
+    $$SELECT * FROM x_jobs.tick_schedules()$$,
+    '42501',
+    'permission denied for function tick_schedules',
+    'A producer should not be able to tick the schedules'
+);
+
+SELECT throws_ok(
+    $$SELECT * FROM x_jobs.list_schedules()$$,
+    '42501',
+    'permission denied for function list_schedules',
+    'A producer should not be able to list the schedules'
+);
+
+RESET ROLE;
+
+SET ROLE t80_worker;
+
+SELECT is(
+    (SELECT s.next_fire_at FROM x_jobs.set_schedule('t80_s1', 't80_s_job', '*/5 * * * *', queue => 't80-s') AS s),
+    '2030-01-01 14:05:00+00'::timestamptz,
+    'A worker should be able to set a schedule (set_schedule runs as its owner)'
+);
+
+SELECT is(
+    (SELECT s.declared_by FROM x_jobs.list_schedules('t80_s1') AS s),
+    session_user::text,
+    'A worker should be able to list the schedules, each declared by the login that set it'
+);
+
+SELECT throws_ok(
+    $$SELECT * FROM x_jobs.schedule$$,
+    '42501',
+    'permission denied for table schedule',
+    'A worker should not be able to read the schedule table itself'
+);
+
+SELECT throws_ok(
+    $$UPDATE x_jobs.schedule SET next_fire_at = now()$$,
+    '42501',
+    'permission denied for table schedule',
+    'A worker should not be able to move a schedule but through its functions'
+);
+
+SELECT throws_ok(
+    $$SELECT x_jobs.pause_schedule('t80_s1')$$,
+    '42501',
+    'permission denied for function pause_schedule',
+    'A worker should not be able to pause a schedule'
+);
+
+SELECT throws_ok(
+    $$SELECT x_jobs.resume_schedule('t80_s1')$$,
+    '42501',
+    'permission denied for function resume_schedule',
+    'A worker should not be able to resume a schedule'
+);
+
+SELECT throws_ok(
+    $$SELECT x_jobs.drop_schedule('t80_s1')$$,
+    '42501',
+    'permission denied for function drop_schedule',
+    'A worker should not be able to drop a schedule'
+);
+
+SELECT throws_ok(
+    $$SELECT x_jobs.run_schedule_now('t80_s1')$$,
+    '42501',
+    'permission denied for function run_schedule_now',
+    'A worker should not be able to run a schedule by hand'
+);
+
+RESET ROLE;
+
+SET LOCAL "x_jobs.fake_now" = '2030-01-01 14:05:10+00';
+
+SET ROLE t80_worker;
+
+SELECT results_eq(
+    $$SELECT schedules, enqueued, skipped FROM x_jobs.tick_schedules()$$,
+    $$VALUES (1, 1, 0)$$,
+    'A worker should be able to tick the schedules, which enqueues their jobs as the owner'
+);
+
+RESET ROLE;
+
+SELECT is(
+    (
+        SELECT j.enqueued_by FROM x_jobs.job AS j
+        WHERE j.name = 't80_s_job'
+    ),
+    'schedule:t80_s1',
+    'The worker''s tick should have enqueued the schedule''s job'
+);
+
+SET ROLE t80_admin;
+
+SELECT is(
+    (SELECT s.paused FROM x_jobs.pause_schedule('t80_s1') AS s),
+    TRUE,
+    'An admin should be able to pause a schedule'
+);
+
+SELECT is(
+    (SELECT s.paused FROM x_jobs.resume_schedule('t80_s1') AS s),
+    FALSE,
+    'An admin should be able to resume a schedule'
+);
+
+SELECT is(
+    (SELECT r.deduped FROM x_jobs.run_schedule_now('t80_s1') AS r),
+    FALSE,
+    'An admin should be able to run a schedule by hand (it enqueues as the owner)'
+);
+
+SELECT results_eq(
+    $$SELECT name, fires FROM x_jobs.schedule WHERE name = 't80_s1'$$,
+    $$VALUES ('t80_s1', 2::bigint)$$,
+    'An admin should be able to read the schedule table'
+);
+
+SELECT is(x_jobs.drop_schedule('t80_s1'), TRUE, 'An admin should be able to drop a schedule');
+
+RESET ROLE;
+
+SET ROLE t80_nobody;
+
+SELECT throws_ok(
+    $$SELECT * FROM x_jobs.cron_next('* * * * *')$$,
+    '42501',
+    'permission denied for schema x_jobs',
+    'A role without a grant should not be able to preview a cron expression'
+);
+
+RESET ROLE;
+
+SET ROLE t80_monitor;
+
+SELECT throws_ok(
+    $$SELECT * FROM x_jobs.list_schedules()$$,
+    '42501',
+    'permission denied for function list_schedules',
+    'A pg_monitor member should not be able to list the schedules (their inputs)'
+);
+
+SELECT throws_ok(
+    $$SELECT * FROM x_jobs.cron_next('* * * * *')$$,
+    '42501',
+    'permission denied for function cron_next',
+    'A pg_monitor member should not be able to preview a cron expression'
 );
 
 RESET ROLE;
