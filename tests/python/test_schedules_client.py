@@ -214,11 +214,6 @@ def test_refusals_are_typed_and_a_refused_sync_writes_nothing(dsn: str, conn: Co
     assert schedules.drop(conn, "nope") is False
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SQL bug: x_jobs._cron_parse raises with DETAIL NULL for a field count other than 6"
-    " (RAISE statement option cannot be null, SQLSTATE 22004) instead of XJ043",
-)
 @pytest.mark.parametrize("expr", ["* * *", "", "* * * * * * *"])
 def test_an_expression_of_the_wrong_number_of_fields_is_cron_invalid(conn: Conn, expr: str) -> None:
     with pytest.raises(errors.CronInvalid, match="fields, not 5"):
