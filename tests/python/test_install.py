@@ -184,6 +184,7 @@ def test_install_gives_the_schema_create_extension_gives(plain_dsn: str, dsn: st
         "outbox",
         "queue_pause",
         "queue_snapshot",
+        "schedule",
         "step",
         "webhook_ledger",
         "worker",
