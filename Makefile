@@ -100,7 +100,7 @@ check-upgrade:
 # PYTEST_WORKERS processes (pytest-xdist, a whole file each at a time), each with a server of its
 # own (scripts/pg-python): the tests mostly wait (on workers, leases, restarts), so they overlap
 # well even on two cores. PYTEST_WORKERS=0 runs them in this process, on PGHOST's server.
-PYTEST_WORKERS ?= 4
+PYTEST_WORKERS ?= 2
 check-python:
 ifeq ($(PYTEST_WORKERS),0)
 	$(VENV)/bin/pytest -q tests/python

@@ -165,8 +165,15 @@ def restart_server(admin: Conn, *mode: str) -> None:
 def crash_backend(admin: Conn, victim: Conn) -> None:
     """kill -9 the server process of ``victim``: the postmaster ends every session, recovers
     from the WAL and takes connections again, without starting anew (its start time stays)."""
-    os.kill(victim.info.backend_pid, signal.SIGKILL)
+    pid = victim.info.backend_pid
+    os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + DEADLINE_SECONDS
+    # Until the postmaster has reaped it, it has not begun to end the other sessions: a probe
+    # let in before then, and the admin's reset after it, would be ended in their turn.
+    while os.path.exists(f"/proc/{pid}"):
+        if time.monotonic() > deadline:
+            pytest.fail(f"the server process {pid} outlived its SIGKILL")
+        time.sleep(0.01)
     while True:
         try:
             with psycopg.connect(autocommit=True) as probe:
