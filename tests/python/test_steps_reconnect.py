@@ -184,15 +184,21 @@ def _claimed(app: x_jobs.App, conn: Conn, store: StepStore) -> x_jobs.JobContext
 
 def _kill_step_connections(conn: Conn) -> None:
     """What a server restart does to the step pool: its backends terminated (AdminShutdown)."""
+    killed = [
+        pid
+        for (pid,) in conn.execute(
+            "SELECT pid FROM pg_catalog.pg_stat_activity"
+            " WHERE application_name = 'x_jobs steps' AND datname = current_database()"
+        ).fetchall()
+    ]
     conn.execute(
-        "SELECT pg_catalog.pg_terminate_backend(pid) FROM pg_catalog.pg_stat_activity"
-        " WHERE application_name = 'x_jobs steps' AND datname = current_database()"
+        "SELECT pg_catalog.pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", [killed]
     )
+    # Those backends, not every step connection: the pool may open new ones meanwhile.
     wait_for(
         lambda: (
             not conn.execute(
-                "SELECT 1 FROM pg_catalog.pg_stat_activity"
-                " WHERE application_name = 'x_jobs steps' AND datname = current_database()"
+                "SELECT 1 FROM pg_catalog.pg_stat_activity WHERE pid = ANY (%s)", [killed]
             ).fetchall()
         ),
         "the step connections to end",
