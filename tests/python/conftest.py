@@ -200,10 +200,10 @@ def server_stopped(admin: Conn) -> Iterator[None]:
 
 
 @contextmanager
-def serving(app: x_jobs.App, concurrency: int = 4) -> Iterator[x_jobs.Worker]:
+def serving(app: x_jobs.App, concurrency: int = 4, **options: Any) -> Iterator[x_jobs.Worker]:
     """A Worker running ``app``'s jobs on a thread of this process until the block ends; the
-    app is closed after it."""
-    worker = x_jobs.Worker(app, concurrency=concurrency, poll_interval=0.05, grace=1)
+    app is closed after it. ``options``: more of the Worker's."""
+    worker = x_jobs.Worker(app, concurrency=concurrency, poll_interval=0.05, grace=1, **options)
     thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
     thread.start()
     try:

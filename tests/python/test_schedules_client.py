@@ -13,15 +13,13 @@ import json
 import os
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Conn, wait_for
+from conftest import Conn, serving, wait_for
 from psycopg import sql
 from pydantic import BaseModel
 from test_cli import as_json, failed, x_jobs
@@ -311,17 +309,8 @@ def test_cli_schedules_commands(dsn: str, conn: Conn) -> None:
 # --- the worker -------------------------------------------------------------------------------
 
 
-@contextmanager
-def worker_of(app: xj.App, **options: Any) -> Iterator[xj.Worker]:
-    worker = xj.Worker(app, concurrency=2, poll_interval=0.05, grace=1, **options)
-    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
-    thread.start()
-    try:
-        yield worker
-    finally:
-        worker.stop()
-        thread.join(timeout=30)
-        app.close()
+def worker_of(app: xj.App, **options: Any) -> AbstractContextManager[xj.Worker]:
+    return serving(app, concurrency=2, **options)
 
 
 def test_a_worker_syncs_ticks_and_hands_the_handler_its_schedule(dsn: str, conn: Conn) -> None:
