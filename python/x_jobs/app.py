@@ -58,7 +58,8 @@ logger = logging.getLogger(__name__)
 #: The SQL API versions this client speaks to (``x_jobs.version()``): it reads nothing of the
 #: tables but through the reader functions (x_jobs.job_detail, job_states, held_jobs, ...),
 #: which 0.4.1 brings. An older database is refused with a hint to update it (ALTER EXTENSION
-#: x_jobs UPDATE). 0.4.2 changes how the claim is planned, nothing a client calls or reads.
+#: x_jobs UPDATE). 0.4.2 adds schedules: on 0.4.1 the worker neither syncs nor ticks them, and
+#: refuses to start for an app that declares any (x_jobs.worker._ticker).
 SUPPORTED_VERSIONS = frozenset({"0.4.1", "0.4.2"})
 
 RESULT: LiteralString = "SELECT state, output, last_error FROM x_jobs.result(%s)"
