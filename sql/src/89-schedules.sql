@@ -191,15 +191,30 @@ BEGIN
 
     -- The trial: enqueue takes the job or refuses it as a tick would, and the sentinel XJ999
     -- then rolls the block's subtransaction back, the trial's row with it (its id is spent).
-    -- XJ999 is caught here and nowhere else raised: no caller ever meets it.
-    BEGIN
-        PERFORM x_jobs._enqueue(ARRAY[x_jobs._schedule_request(v_new, v_now, v_now, FALSE)]);
-        RAISE EXCEPTION USING
-            ERRCODE = 'XJ999',
-            MESSAGE = 'X_TRIAL_UNDONE: the trial enqueue of set_schedule is rolled back';
-    EXCEPTION WHEN SQLSTATE 'XJ999' THEN
-        NULL;
-    END;
+    -- XJ999 is caught here and nowhere else raised: no caller ever meets it. A schedule set
+    -- again as it is (each worker's start declares its app's) was tried when it was set: no
+    -- trial, so that restarts leave no dead rows in x_jobs.job.
+    SELECT s.* INTO v_row FROM x_jobs.schedule AS s WHERE s.name = v_new.name;
+    IF NOT FOUND OR ROW(
+        v_row.job, v_row.fields, v_row.tz, v_row.input, v_row.queue, v_row.priority,
+        v_row.max_attempts, v_row.tenant_id, v_row.concurrency_key, v_row.concurrency_limit,
+        v_row.dead_letter, v_row.backoff_base, v_row.backoff_max, v_row.keep_done, v_row.overlap,
+        v_row.grace
+    ) IS DISTINCT FROM ROW(
+        v_new.job, v_new.fields, v_new.tz, v_new.input, v_new.queue, v_new.priority,
+        v_new.max_attempts, v_new.tenant_id, v_new.concurrency_key, v_new.concurrency_limit,
+        v_new.dead_letter, v_new.backoff_base, v_new.backoff_max, v_new.keep_done, v_new.overlap,
+        v_new.grace
+    ) THEN
+        BEGIN
+            PERFORM x_jobs._enqueue(ARRAY[x_jobs._schedule_request(v_new, v_now, v_now, FALSE)]);
+            RAISE EXCEPTION USING
+                ERRCODE = 'XJ999',
+                MESSAGE = 'X_TRIAL_UNDONE: the trial enqueue of set_schedule is rolled back';
+        EXCEPTION WHEN SQLSTATE 'XJ999' THEN
+            NULL;
+        END;
+    END IF;
 
     INSERT INTO x_jobs.schedule AS s (
         name, job, cron, tz, fields, input, queue, priority, max_attempts, tenant_id,

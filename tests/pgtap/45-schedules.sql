@@ -31,7 +31,7 @@ COMMIT;
 
 RESET default_transaction_isolation;
 BEGIN;
-SELECT plan(124);
+SELECT plan(126);
 
 -- The session's zone plays no part: instants are absolute, and a job's _schedule.at is in UTC.
 SET LOCAL "TimeZone" = 'America/Los_Angeles';
@@ -105,6 +105,23 @@ SELECT is(
     ),
     0,
     'set_schedule''s trial of the enqueue should leave no job behind'
+);
+
+-- Set again as it is (a worker's start): no trial, so no job id spent and no dead job row.
+SELECT x_jobs.set_schedule(name => 't45-again', job => 't45_job', cron => '0 9 * * *');
+CREATE TEMP TABLE t45_ids AS SELECT pg_catalog.pg_sequence_last_value('x_jobs.job_id_seq'::regclass) AS last_id;
+SELECT x_jobs.set_schedule(name => 't45-again', job => 't45_job', cron => '0 9 * * *');
+SELECT is(
+    pg_catalog.pg_sequence_last_value('x_jobs.job_id_seq'::regclass),
+    (SELECT t.last_id FROM t45_ids AS t),
+    'set_schedule of a schedule as it is should not try the enqueue again'
+);
+SELECT x_jobs.set_schedule(name => 't45-again', job => 't45_job', cron => '0 10 * * *');
+SELECT cmp_ok(
+    pg_catalog.pg_sequence_last_value('x_jobs.job_id_seq'::regclass),
+    '>',
+    (SELECT t.last_id FROM t45_ids AS t),
+    'set_schedule of a changed schedule should try the enqueue'
 );
 
 ------------------------------------------------------------------------------------------------
