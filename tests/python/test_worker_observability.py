@@ -49,6 +49,12 @@ def test_metrics_count_what_the_worker_did(dsn: str, conn: Conn) -> None:
             ),
             "the five jobs to be done",
         )
+        # The settler counts a settle once its commit has returned: the page may be a moment
+        # behind the rows.
+        wait_for(
+            lambda: scrape(port).get('x_jobs_settled_total{job_name="flaky",state="done"}') == 5,
+            "the page to count the five settles",
+        )
         samples = scrape(port)
     finally:
         worker.stop()
