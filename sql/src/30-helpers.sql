@@ -311,6 +311,22 @@ BEGIN
 END
 $$;
 
+-- Who calls: the role the session acts as after SET ROLE (the `role` setting, which entering a
+-- SECURITY DEFINER function leaves as it was), else the login (session_user). Inside such a
+-- function current_user is the owner and says nothing of the caller. What claims are fenced by
+-- and tenants are bound to: a role is the trust domain.
+CREATE FUNCTION x_jobs._caller()
+RETURNS name
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE pg_catalog.current_setting('role')
+        WHEN 'none' THEN session_user
+        ELSE pg_catalog.current_setting('role')::name
+    END
+$$;
+
 -- The refusal of a missing, empty or over-long worker id, shared by every function a worker
 -- calls. `p_hint` is the fix for the caller at hand: a new id to claim with, or the id it
 -- claimed with. The id is the primary key of x_jobs.worker: past a btree entry's size (about

@@ -8,6 +8,7 @@
 --@function x_jobs.version
 --@function x_jobs.claim
 --@function x_jobs.relay_outbox
+--@function x_jobs._caller
 
 -- A cron expression as x_jobs._cron_parse reads it: the values each field allows, sorted (the
 -- weekdays from 0, Sunday, to 6), and two flags. day_and: the day-of-month and day-of-week

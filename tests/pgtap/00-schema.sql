@@ -2,7 +2,7 @@
 -- volatile it is, whose rights it runs with, which settings it pins, and who may use what.
 -- A change to any of these is a change to the API: it shows up here first, on purpose.
 BEGIN;
-SELECT plan(1035);
+SELECT plan(1043);
 
 -- The functions of the API, one row each, with what 00-schema pins about them. `args` is how
 -- pgTAP's catalog view spells the argument types (regtype output: 'timestamp with time zone',
@@ -29,6 +29,7 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
 ('_require_worker', '{text,text}', 'void', 'IMMUTABLE', NULL),
 ('_require_lease', '{interval,text}', 'void', 'IMMUTABLE', NULL),
 ('_notify', '{text,text}', 'void', 'VOLATILE', NULL),
+('_caller', '{}', 'name', 'STABLE', NULL),
 ('_require_retention', '{text,interval,integer,text}', 'void', 'IMMUTABLE', NULL),
 ('_enqueue', '{x_jobs.enqueue_request[]}', 'setof x_jobs.enqueue_many_result', 'VOLATILE', NULL),
 ('_run_ids', '{integer}', 'uuid[]', 'VOLATILE', NULL),
@@ -284,6 +285,7 @@ INSERT INTO api_grant (fn, lowest_role, to_pg_monitor) VALUES
 ('_role_problems', 'x_jobs_worker', TRUE),
 ('health', 'x_jobs_worker', TRUE),
 ('_notify', NULL, FALSE),
+('_caller', NULL, FALSE),
 ('_require_retention', 'x_jobs_admin', FALSE),
 ('enqueue', 'x_jobs_producer', FALSE),
 ('enqueue_many', 'x_jobs_producer', FALSE),
