@@ -244,6 +244,21 @@ class MaxAgeInvalid(InvalidArgument):
     code, sqlstate = "X_MAX_AGE_INVALID", "XJ051"
 
 
+class WorkerNotYours(XJobsError):
+    """A claim or announce with a worker id that another login claimed or announced with first:
+    an id belongs to one login (the fence), so that no other can act on the runs it holds. Give
+    each worker process an id of its own."""
+
+    code, sqlstate = "X_WORKER_NOT_YOURS", "XJ052"
+
+
+class AttemptsInvalid(InvalidArgument):
+    """A settle, heartbeat, release or hand-back got a list of attempts that does not pair with
+    its ids (one attempt per id, in the same order)."""
+
+    code, sqlstate = "X_ATTEMPTS_INVALID", "XJ053"
+
+
 class CronInvalid(InvalidArgument):
     """A cron expression x_jobs cannot read: a wrong number of fields, a bad term, a value out of
     its field's range, or a day no month of it has. The message names the field."""

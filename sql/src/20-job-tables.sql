@@ -159,6 +159,24 @@ COMMENT ON COLUMN x_jobs.worker.draining_at IS
 COMMENT ON COLUMN x_jobs.worker.jobs IS
 'The job names the worker has handlers for; NULL: it did not say, and is taken to serve every job of its queues.';
 
+-- Which login a worker id belongs to: the fence that makes a claim a credential. A worker id is
+-- no secret (x_jobs.job.claimed_by shows it to every worker), so the functions that act on a
+-- held run (settles, heartbeats, releases, steps, progress, hand-backs) take it only from the
+-- login it is bound to (x_jobs._caller(), see x_jobs._fence). The first claim or announce of an
+-- id binds it to its caller. A table of its own, not a column of x_jobs.worker: announce_worker
+-- answers that row type, and a column added to it would change the result of a running older
+-- worker's prepared announce; and a claimer need not announce. Swept by announce_worker a day
+-- after its worker row is gone and it holds no running row.
+CREATE TABLE x_jobs.worker_login (
+    worker text NOT NULL,
+    login name NOT NULL,
+    bound_at timestamptz NOT NULL,
+    CONSTRAINT worker_login_pkey PRIMARY KEY (worker)
+);
+
+COMMENT ON TABLE x_jobs.worker_login IS
+'The login each worker id is bound to: only it may act on the runs the id holds.';
+
 -- The last count queue_gauges took, in one row: when, and what queue_stats answered then (a JSON
 -- array of its rows). A cache, not data: pg_dump leaves its row out, and a restored database
 -- counts afresh at its first read.

@@ -101,6 +101,8 @@ AS $$
         ('XJ049', 'X_SCHEDULE_INVALID', 'set_schedule got a schedule name that is missing, empty or longer than 200 characters, an input that is not an object or holds _schedule, a catchup, catchup_max, overlap or grace out of range, or an origin or declared_by longer than 200 characters.'),
         ('XJ050', 'X_SCHEDULE_NOT_FOUND', 'No schedule has this name.'),
         ('XJ051', 'X_MAX_AGE_INVALID', 'A queue_gauges max_age is missing, negative, or longer than a day.'),
+        ('XJ052', 'X_WORKER_NOT_YOURS', 'claim or announce_worker got a worker id bound to another login (the fence: an id belongs to the login that first claimed or announced with it).'),
+        ('XJ053', 'X_ATTEMPTS_INVALID', 'A settle, heartbeat, release or hand-back got an attempts list whose length is not that of its ids.'),
         ('XJ047', 'X_DECLARATIONS_INVALID', 'declare_jobs got something other than an array of declaration objects, an unknown field or one of the wrong type, or a job declared twice in one call.'),
         ('XJ048', 'X_JOB_TIMEOUT_INVALID', 'A declared job timeout is not above zero, or longer than 1000 years.'),
         ('40001', 'X_ENQUEUE_RACE', 'An idempotency key kept changing hands during enqueue; retry the call.')
@@ -354,6 +356,97 @@ BEGIN
             HINT = 'Use a worker id of 1 to 400 characters, such as host:pid:random.';
     END IF;
 END
+$$;
+
+-- The fence: is worker id `p_worker` the caller's? True when it is bound to the login the call
+-- acts for (x_jobs._caller(): SET ROLE's role, else the session's login), false when another
+-- login's. An id bound to no login yet is bound to the caller here, first come (an id claimed
+-- before the fence existed, or one whose binding was swept): no existing caller needs a new
+-- argument, and after the first claim of an id nobody else can take it. One primary-key probe a
+-- call, whatever the number of rows the call then acts on; a write only the first time.
+-- The callers (claim, the settles, heartbeats, releases, steps, progress, hand_back) answer a
+-- false as "not held", each as it answers a row it does not hold; claim and announce_worker
+-- refuse it (XJ052). Worker ids themselves stay what they were: labels shown to operators.
+-- SECURITY DEFINER: it writes x_jobs.worker_login, which no x_jobs role may write, for the
+-- functions a worker calls (some of which run as their caller).
+CREATE FUNCTION x_jobs._fence(p_worker text)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_caller name := x_jobs._caller();
+    v_login name;
+BEGIN
+    SELECT l.login INTO v_login FROM x_jobs.worker_login AS l WHERE l.worker = p_worker;
+    IF NOT FOUND THEN
+        INSERT INTO x_jobs.worker_login AS l (worker, login, bound_at)
+        VALUES (p_worker, v_caller, x_jobs.now())
+        ON CONFLICT (worker) DO NOTHING;
+        -- Another caller may have bound it between the probe and the insert: read who won.
+        SELECT l.login INTO v_login FROM x_jobs.worker_login AS l WHERE l.worker = p_worker;
+    END IF;
+    RETURN v_login = v_caller;
+END
+$$;
+
+-- The refusal of a worker id bound to another login, for the functions that have no "not held"
+-- answer to give instead: claim and announce_worker.
+CREATE FUNCTION x_jobs._require_fence(p_worker text)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT x_jobs._fence(p_worker) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ052',
+            MESSAGE = pg_catalog.format('X_WORKER_NOT_YOURS: worker id %L belongs to another login',
+                pg_catalog.left(p_worker, 400)),
+            HINT = 'Give each worker process an id of its own, such as host:pid:random.';
+    END IF;
+END
+$$;
+
+-- The refusal of an attempts list that does not pair with its ids: one attempt per id, in the
+-- same order (an element NULL: that id's attempt is not checked).
+CREATE FUNCTION x_jobs._require_attempts(p_ids bigint[], p_attempts integer[])
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF p_attempts IS NOT NULL
+        AND pg_catalog.cardinality(p_attempts) <> coalesce(pg_catalog.cardinality(p_ids), 0) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ053',
+            MESSAGE = pg_catalog.format('X_ATTEMPTS_INVALID: %s attempts for %s ids',
+                pg_catalog.cardinality(p_attempts), coalesce(pg_catalog.cardinality(p_ids), 0)),
+            HINT = 'Pass one attempt per id, in the same order (the attempt each claim answered), or NULL.';
+    END IF;
+END
+$$;
+
+-- The attempts of a many-form call as a map from id (as text) to attempt, NULL when none were
+-- passed: each row looks its attempt up by key (a binary search) rather than scan the array, so
+-- a batch costs what it did. Ids with a NULL attempt are left out: not checked.
+CREATE FUNCTION x_jobs._attempt_map(p_ids bigint[], p_attempts integer[])
+RETURNS jsonb
+LANGUAGE sql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN p_attempts IS NOT NULL THEN
+        coalesce((
+            SELECT pg_catalog.jsonb_object_agg(a.id::text, a.attempt)
+            FROM unnest(p_ids, p_attempts) AS a (id, attempt)
+            WHERE a.id IS NOT NULL AND a.attempt IS NOT NULL
+        ), '{}'::jsonb)
+    END
 $$;
 
 -- The refusal of a lease that is missing, not positive, or over 1000 years (one of many

@@ -140,6 +140,10 @@ BEGIN
                 pg_catalog.current_setting('transaction_isolation')),
             HINT = 'Call claim in its own READ COMMITTED transaction (autocommit).';
     END IF;
+    -- The fence (see x_jobs._fence): the first claim with an id binds it to the caller's login,
+    -- and only that login claims, and then settles, with it. Claiming with another login's id
+    -- would hand it rows it could settle in that worker's name, so that is refused (XJ052).
+    PERFORM x_jobs._require_fence(claim.worker);
 
     -- While the server was down no holder could heartbeat: every lease that ran out meanwhile
     -- looks lapsed once it is back, and the first worker to reconnect took the jobs of the
@@ -622,9 +626,15 @@ $$;
 
 -- The heartbeat: push the lease of the running rows `worker` holds among `ids` to now + lease.
 -- Answers the ids still held; an id missing from the answer was lost (lapsed and re-claimed,
--- cancelled, or settled), and its body should stop.
+-- cancelled, or settled), and its body should stop. As complete_many: `worker` must be the
+-- caller's (x_jobs._fence), and with `attempts` (one per id) a row only at its attempt.
 -- SECURITY DEFINER: workers hold no right to write the tables (see Grants).
-CREATE FUNCTION x_jobs.extend_lease(ids bigint[], worker text, lease interval DEFAULT '30 seconds')
+CREATE FUNCTION x_jobs.extend_lease(
+    ids bigint[],
+    worker text,
+    lease interval DEFAULT '30 seconds',
+    attempts integer[] DEFAULT NULL
+)
 RETURNS SETOF bigint
 LANGUAGE plpgsql
 VOLATILE
@@ -640,11 +650,17 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := x_jobs.now();
+    v_attempts jsonb;
 BEGIN
     PERFORM x_jobs._require_worker(extend_lease.worker, 'Pass the id the worker claimed with.');
     PERFORM x_jobs._require_lease(
         extend_lease.lease, 'Pass a lease longer than the heartbeat interval, such as ''30 seconds''.'
     );
+    PERFORM x_jobs._require_attempts(extend_lease.ids, extend_lease.attempts);
+    v_attempts := x_jobs._attempt_map(extend_lease.ids, extend_lease.attempts);
+    IF NOT x_jobs._fence(extend_lease.worker) THEN
+        RETURN;
+    END IF;
 
     RETURN QUERY
     UPDATE x_jobs.job AS j
@@ -653,6 +669,7 @@ BEGIN
     WHERE j.id = ANY (extend_lease.ids)
         AND j.state::text = 'running' -- by id only: see job_running_idx
         AND j.claimed_by = extend_lease.worker
+        AND (v_attempts IS NULL OR coalesce((v_attempts ->> j.id::text)::integer, j.attempt) = j.attempt)
     RETURNING j.id;
 END
 $$;
@@ -661,8 +678,10 @@ $$;
 -- drain whose grace ran out, a shutdown). They are due again at once, in their old place in the
 -- queue (run_at is kept), and the interrupted attempt is not counted, so that deploys cannot
 -- use up a job's attempts. Answers the ids released; those the worker no longer held are left.
+-- As complete_many: `worker` must be the caller's (x_jobs._fence), and with `attempts` (one
+-- per id) a row only at its attempt.
 -- SECURITY DEFINER: workers hold no right to write the tables (see Grants).
-CREATE FUNCTION x_jobs.release(ids bigint[], worker text)
+CREATE FUNCTION x_jobs.release(ids bigint[], worker text, attempts integer[] DEFAULT NULL)
 RETURNS SETOF bigint
 LANGUAGE plpgsql
 VOLATILE
@@ -680,8 +699,14 @@ DECLARE
     v_now timestamptz := x_jobs.now();
     v_queues text[];
     v_ids bigint[];
+    v_attempts jsonb;
 BEGIN
     PERFORM x_jobs._require_worker(release.worker, 'Pass the id the worker claimed with.');
+    PERFORM x_jobs._require_attempts(release.ids, release.attempts);
+    v_attempts := x_jobs._attempt_map(release.ids, release.attempts);
+    IF NOT x_jobs._fence(release.worker) THEN
+        RETURN;
+    END IF;
 
     WITH released AS (
         UPDATE x_jobs.job AS j
@@ -693,6 +718,7 @@ BEGIN
         WHERE j.id = ANY (release.ids)
             AND j.state::text = 'running' -- by id only: see job_running_idx
             AND j.claimed_by = release.worker
+            AND (v_attempts IS NULL OR coalesce((v_attempts ->> j.id::text)::integer, j.attempt) = j.attempt)
         RETURNING j.id, j.queue
     )
     SELECT coalesce(pg_catalog.array_agg(r.id), '{}'),

@@ -5,11 +5,20 @@
 -- Complete the running rows `worker` holds among `ids`, with outputs[i] as the output of ids[i]
 -- (outputs may be NULL: no output). Answers the ids it completed; an id missing from the answer
 -- was not held by this worker (lapsed and re-claimed, cancelled, settled) and is left as it is.
+-- The fence: `worker` must be the caller's (x_jobs._fence: bound to the login that claimed with
+-- it), else nothing is held; and with `attempts` (attempts[i] the attempt ids[i] was claimed
+-- at, as the claim answered it) a row settles only at that attempt, so that a stale result of
+-- an earlier attempt cannot settle the worker's newer claim of the same row.
 -- The same transaction adds to the job name's counter bucket. A job enqueued with keep_done =>
 -- false is deleted instead of kept as 'done', with its steps and error history: for jobs whose
 -- result nobody reads, so that the table does not fill with rows only purge would delete.
 -- SECURITY DEFINER: workers hold no right to write the tables (see Grants).
-CREATE FUNCTION x_jobs.complete_many(ids bigint[], worker text, outputs jsonb[] DEFAULT NULL)
+CREATE FUNCTION x_jobs.complete_many(
+    ids bigint[],
+    worker text,
+    outputs jsonb[] DEFAULT NULL,
+    attempts integer[] DEFAULT NULL
+)
 RETURNS SETOF bigint
 LANGUAGE plpgsql
 VOLATILE
@@ -45,8 +54,11 @@ DECLARE
     v_done_names text[] := ARRAY[]::text[];
     v_done_started timestamptz[] := ARRAY[]::timestamptz[];
     v_dropped bigint[] := ARRAY[]::bigint[];
+    v_attempts jsonb;
 BEGIN
     PERFORM x_jobs._require_worker(complete_many.worker, 'Pass the id the worker claimed with.');
+    PERFORM x_jobs._require_attempts(complete_many.ids, complete_many.attempts);
+    v_attempts := x_jobs._attempt_map(complete_many.ids, complete_many.attempts);
     IF complete_many.outputs IS NOT NULL
         AND pg_catalog.cardinality(complete_many.outputs) <> coalesce(pg_catalog.cardinality(complete_many.ids), 0) THEN
         RAISE EXCEPTION USING
@@ -69,6 +81,10 @@ BEGIN
                 DETAIL = pg_catalog.format('For job %s.', coalesce(v_big.id::text, 'NULL')),
                 HINT = 'Store large results elsewhere and return a reference, or raise x_jobs.max_payload_bytes.';
         END IF;
+    END IF;
+    -- Another login's worker id holds nothing for this caller (checked once, not per row).
+    IF NOT x_jobs._fence(complete_many.worker) THEN
+        RETURN;
     END IF;
 
     -- In id order, the order the rows are locked in (see enable_seqscan above). Without outputs
@@ -100,6 +116,7 @@ BEGIN
                 WHERE j.id = ANY (v_ids)
                     AND j.state::text = 'running' -- by id only: see job_running_idx
                     AND j.claimed_by = complete_many.worker
+                    AND (v_attempts IS NULL OR coalesce((v_attempts ->> j.id::text)::integer, j.attempt) = j.attempt)
                     AND j.keep_done
                 RETURNING j.id, j.name, j.started_at
             )
@@ -119,6 +136,7 @@ BEGIN
                 WHERE j.id = o.id
                     AND j.state::text = 'running' -- by id only: see job_running_idx
                     AND j.claimed_by = complete_many.worker
+                    AND (v_attempts IS NULL OR coalesce((v_attempts ->> j.id::text)::integer, j.attempt) = j.attempt)
                     AND j.keep_done
                 RETURNING j.id, j.name, j.started_at
             )
@@ -134,6 +152,7 @@ BEGIN
                 WHERE j.id = ANY (v_ids)
                     AND j.state::text = 'running' -- by id only: see job_running_idx
                     AND j.claimed_by = complete_many.worker
+                    AND (v_attempts IS NULL OR coalesce((v_attempts ->> j.id::text)::integer, j.attempt) = j.attempt)
                     AND NOT j.keep_done
                 RETURNING j.id, j.name, j.started_at
             )
@@ -178,10 +197,11 @@ BEGIN
 END
 $$;
 
--- Complete one job: complete_many for a single id. Answers true when this worker held the row
--- and it is now done, false when the worker no longer held it (nothing changed).
+-- Complete one job: complete_many for a single id (with its fence; `attempt` the one the claim
+-- answered). Answers true when this worker held the row (at that attempt) and it is now done,
+-- false when the worker no longer held it (nothing changed).
 -- SECURITY DEFINER: workers hold no right to write the tables (see Grants).
-CREATE FUNCTION x_jobs.complete(id bigint, worker text, output jsonb DEFAULT NULL)
+CREATE FUNCTION x_jobs.complete(id bigint, worker text, output jsonb DEFAULT NULL, attempt integer DEFAULT NULL)
 RETURNS boolean
 LANGUAGE sql
 VOLATILE
@@ -189,7 +209,9 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT EXISTS (
-        SELECT FROM x_jobs.complete_many(ARRAY[complete.id], complete.worker, ARRAY[complete.output])
+        SELECT FROM x_jobs.complete_many(
+            ARRAY[complete.id], complete.worker, ARRAY[complete.output], ARRAY[complete.attempt]
+        )
     )
 $$;
 
@@ -199,7 +221,8 @@ $$;
 -- added to the other half) so that a crowd failing together does not retry together. With no
 -- attempts left, or retryable false, it settles dead, or failed for a job that wants no dead
 -- letters. Answers the state the row is in now, or NULL when the worker no longer held it
--- (nothing changed). Every failed attempt is kept in x_jobs.job_error.
+-- (nothing changed): as complete_many, `worker` must be the caller's (x_jobs._fence), and with
+-- `attempt` the row must be at that attempt. Every failed attempt is kept in x_jobs.job_error.
 -- SECURITY DEFINER: workers hold no right to write the tables (see Grants).
 CREATE FUNCTION x_jobs.fail(
     id bigint,
@@ -207,7 +230,8 @@ CREATE FUNCTION x_jobs.fail(
     error text,
     error_stack text DEFAULT NULL,
     retry_delay interval DEFAULT NULL,
-    retryable boolean DEFAULT TRUE
+    retryable boolean DEFAULT TRUE,
+    attempt integer DEFAULT NULL
 )
 RETURNS x_jobs.job_state
 LANGUAGE plpgsql
@@ -236,6 +260,9 @@ BEGIN
             ERRCODE = 'XJ018',
             MESSAGE = pg_catalog.format('X_DELAY_INVALID: retry delay %s is negative', fail.retry_delay),
             HINT = 'Pass a delay of zero or more, or NULL for the job''s backoff policy.';
+    END IF;
+    IF NOT x_jobs._fence(fail.worker) THEN
+        RETURN NULL;
     END IF;
     -- The payload limit does not count error texts, and one of 5,000,000 characters was stored
     -- twice (the row and its history). Each is cut to 65,536 characters, with a note of its
@@ -295,6 +322,7 @@ BEGIN
         WHERE j.id = fail.id
             AND j.state::text = 'running' -- by id only: see job_running_idx
             AND j.claimed_by = fail.worker
+            AND (fail.attempt IS NULL OR j.attempt = fail.attempt)
         RETURNING j.id, j.name, j.queue, j.state, j.attempt, j.started_at
     ),
     logged AS (

@@ -37,9 +37,10 @@ AS $$
 $$;
 
 -- The refusals shared by the step functions: the worker must hold the job (it is running and
--- claimed by `p_worker`), and the step needs a name. Locks the job row, so that a cancel or a
+-- claimed by `p_worker`, `p_worker` is the caller's as x_jobs._fence has it, and the job is at
+-- attempt `p_attempt` when one is passed), and the step needs a name. Locks the job row, so that a cancel or a
 -- lapse-and-reclaim cannot slip in between the check and the write.
-CREATE FUNCTION x_jobs._require_held(p_id bigint, p_worker text, p_step text)
+CREATE FUNCTION x_jobs._require_held(p_id bigint, p_worker text, p_step text, p_attempt integer)
 RETURNS x_jobs.job
 LANGUAGE plpgsql
 VOLATILE
@@ -63,7 +64,11 @@ BEGIN
             MESSAGE = pg_catalog.format('X_JOB_NOT_FOUND: no job has id %s', coalesce(p_id::text, 'NULL')),
             HINT = 'Pass the id of the job the worker claimed.';
     END IF;
-    IF v_job.state <> 'running' OR v_job.claimed_by IS DISTINCT FROM p_worker THEN
+    -- Another login's worker id, or a stale attempt, holds nothing: the same answer as a row
+    -- the worker lost, so that it tells another login's caller nothing more.
+    IF v_job.state <> 'running' OR v_job.claimed_by IS DISTINCT FROM p_worker
+        OR v_job.attempt IS DISTINCT FROM coalesce(p_attempt, v_job.attempt)
+        OR NOT x_jobs._fence(p_worker) THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ026',
             MESSAGE = pg_catalog.format('X_JOB_NOT_HELD: job %s is %s and not held by worker %L',
@@ -120,7 +125,7 @@ $$;
 -- resolved (a sleep is done, a wait failed with a timeout), then every step is answered in the
 -- order the run reached them. Refused unless `worker` holds the job.
 -- SECURITY DEFINER: workers hold no right to write the tables (see Grants).
-CREATE FUNCTION x_jobs.steps(id bigint, worker text)
+CREATE FUNCTION x_jobs.steps(id bigint, worker text, attempt integer DEFAULT NULL)
 RETURNS SETOF x_jobs.step
 LANGUAGE plpgsql
 VOLATILE
@@ -131,7 +136,7 @@ AS $$
 DECLARE
     v_now timestamptz := x_jobs.now();
 BEGIN
-    PERFORM x_jobs._require_held(steps.id, steps.worker, NULL);
+    PERFORM x_jobs._require_held(steps.id, steps.worker, NULL, steps.attempt);
 
     UPDATE x_jobs.step AS s
     SET status = CASE WHEN s.kind = 'sleep' THEN 'done' ELSE 'failed' END::x_jobs.step_status,
@@ -164,7 +169,8 @@ CREATE FUNCTION x_jobs.step_record(
     step text,
     output jsonb DEFAULT NULL,
     error text DEFAULT NULL,
-    compensation boolean DEFAULT FALSE
+    compensation boolean DEFAULT FALSE,
+    attempt integer DEFAULT NULL
 )
 RETURNS x_jobs.step_status
 LANGUAGE plpgsql
@@ -179,7 +185,9 @@ DECLARE
     v_status x_jobs.step_status;
     v_kind text;
 BEGIN
-    v_job := x_jobs._require_held(step_record.id, step_record.worker, coalesce(step_record.step, ''));
+    v_job := x_jobs._require_held(
+        step_record.id, step_record.worker, coalesce(step_record.step, ''), step_record.attempt
+    );
     IF x_jobs._payload_bytes(step_record.output) > x_jobs._max_payload_bytes() THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ003',
@@ -239,7 +247,13 @@ $$;
 -- crash never restarts the sleep. Answers the step: status done when the time has come (go on),
 -- waiting when the run is now suspended (the caller stops the body; its row is no longer held).
 -- SECURITY DEFINER: workers hold no right to write the tables (see Grants).
-CREATE FUNCTION x_jobs.step_sleep(id bigint, worker text, step text, duration interval)
+CREATE FUNCTION x_jobs.step_sleep(
+    id bigint,
+    worker text,
+    step text,
+    duration interval,
+    attempt integer DEFAULT NULL
+)
 RETURNS x_jobs.step
 LANGUAGE plpgsql
 VOLATILE
@@ -252,7 +266,9 @@ DECLARE
     v_job x_jobs.job;
     v_step x_jobs.step;
 BEGIN
-    v_job := x_jobs._require_held(step_sleep.id, step_sleep.worker, coalesce(step_sleep.step, ''));
+    v_job := x_jobs._require_held(
+        step_sleep.id, step_sleep.worker, coalesce(step_sleep.step, ''), step_sleep.attempt
+    );
     IF step_sleep.duration IS NULL OR step_sleep.duration < interval '0' THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ025',
@@ -315,7 +331,8 @@ CREATE FUNCTION x_jobs.step_wait(
     event_key text DEFAULT NULL,
     match jsonb DEFAULT NULL,
     timeout interval DEFAULT NULL,
-    since timestamptz DEFAULT NULL
+    since timestamptz DEFAULT NULL,
+    attempt integer DEFAULT NULL
 )
 RETURNS x_jobs.step
 LANGUAGE plpgsql
@@ -341,7 +358,9 @@ BEGIN
                 pg_catalog.current_setting('transaction_isolation')),
             HINT = 'Wait from a READ COMMITTED transaction (the default).';
     END IF;
-    v_job := x_jobs._require_held(step_wait.id, step_wait.worker, coalesce(step_wait.step, ''));
+    v_job := x_jobs._require_held(
+        step_wait.id, step_wait.worker, coalesce(step_wait.step, ''), step_wait.attempt
+    );
     PERFORM x_jobs._require_event(step_wait.event);
     -- The key is in the events' and the waits' indexes with the name: past a btree entry's size
     -- (about 2.7 kB) an insert failed with a bare 54000. 400 characters keep both within it.
@@ -613,14 +632,16 @@ $$;
 
 -- A running job's progress, as its body reports it: done out of total (either may be NULL) and
 -- a note, with the instant. Answers true, or false when the worker no longer holds the job
--- (nothing changed: its body should stop).
+-- (nothing changed: its body should stop), its id is another login's (x_jobs._fence) or, with
+-- `attempt`, the job is at another attempt.
 -- SECURITY DEFINER: workers hold no right to write the tables (see Grants).
 CREATE FUNCTION x_jobs.progress(
     id bigint,
     worker text,
     done double precision DEFAULT NULL,
     total double precision DEFAULT NULL,
-    note text DEFAULT NULL
+    note text DEFAULT NULL,
+    attempt integer DEFAULT NULL
 )
 RETURNS boolean
 LANGUAGE plpgsql
@@ -650,6 +671,9 @@ BEGIN
                 pg_catalog.left(progress.note, 64), pg_catalog.length(progress.note)),
             HINT = 'Keep a progress note to 1000 characters; log the rest, or put it in the job''s output.';
     END IF;
+    IF NOT x_jobs._fence(progress.worker) THEN
+        RETURN FALSE;
+    END IF;
 
     UPDATE x_jobs.job AS j
     SET progress = pg_catalog.jsonb_strip_nulls(pg_catalog.jsonb_build_object(
@@ -657,7 +681,8 @@ BEGIN
             'at', x_jobs._clock()))
     WHERE j.id = progress.id
         AND j.state::text = 'running' -- by id only: see job_running_idx
-        AND j.claimed_by = progress.worker;
+        AND j.claimed_by = progress.worker
+        AND (progress.attempt IS NULL OR j.attempt = progress.attempt);
     RETURN FOUND;
 END
 $$;

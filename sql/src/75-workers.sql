@@ -12,6 +12,11 @@
 -- x_jobs.hand_back), at most 10,000 an announce, the rest at the next ones. At every announce, not
 -- only the first: a row parked by a hand-back that ran beside this worker's first announce saw
 -- no serving worker yet, and the announce did not see the row parked.
+--
+-- The fence (see x_jobs._fence): the first announce or claim of an id binds it to the caller's
+-- login, and an id bound to another login is refused (XJ052), so that no login can mark
+-- another's worker draining or change what it serves. A binding outlives its worker row by a
+-- day and lasts while the id holds a running row; older ones are swept here, 100 an announce.
 -- SECURITY DEFINER: workers hold no right to write the tables (see Grants).
 CREATE FUNCTION x_jobs.announce_worker(
     worker text,
@@ -72,6 +77,7 @@ BEGIN
             HINT = 'List the names of the jobs the worker has handlers for (1 to 200 characters each), '
                 'or pass NULL.';
     END IF;
+    PERFORM x_jobs._require_fence(announce_worker.worker);
 
     INSERT INTO x_jobs.worker AS w (id, queues, build, started_at, seen_at, expires_at, draining_at, jobs)
     VALUES (
@@ -93,6 +99,17 @@ BEGIN
     END IF;
 
     DELETE FROM x_jobs.worker AS w WHERE w.expires_at < v_now - interval '1 day';
+    DELETE FROM x_jobs.worker_login AS l
+    WHERE l.worker IN (
+        SELECT o.worker FROM x_jobs.worker_login AS o
+        WHERE o.bound_at < v_now - interval '1 day'
+            AND NOT EXISTS (SELECT FROM x_jobs.worker AS w WHERE w.id = o.worker)
+            AND NOT EXISTS (
+                SELECT FROM x_jobs.job AS j
+                WHERE j.state = 'running' AND j.claimed_by = o.worker
+            )
+        LIMIT 100
+    );
     RETURN v_row;
 END
 $$;

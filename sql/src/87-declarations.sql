@@ -485,9 +485,16 @@ $$;
 -- x_jobs.announce_worker, x_jobs._wake_parked). A worker that is not serving is seen only once
 -- its announce commits: a row parked beside the first announce of a worker that serves it waits
 -- for that worker's next announce. Answers each row handed back: id, name, whether it was
--- parked, and up to 10 of the live workers that serve it, by id.
+-- parked, and up to 10 of the live workers that serve it, by id. As complete_many: `worker`
+-- must be the caller's (x_jobs._fence), and with `attempts` (one per id) a row only at its
+-- attempt; the others are not handed back.
 -- SECURITY DEFINER: workers hold no right to write the tables (see Grants).
-CREATE FUNCTION x_jobs.hand_back(ids bigint[], worker text, delay interval DEFAULT '1 second')
+CREATE FUNCTION x_jobs.hand_back(
+    ids bigint[],
+    worker text,
+    delay interval DEFAULT '1 second',
+    attempts integer[] DEFAULT NULL
+)
 RETURNS TABLE (id bigint, name text, parked boolean, served_by text[])
 LANGUAGE plpgsql
 VOLATILE
@@ -497,6 +504,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := x_jobs.now();
+    v_attempts jsonb;
 BEGIN
     PERFORM x_jobs._require_worker(hand_back.worker, 'Pass the id the worker claimed with.');
     IF hand_back.delay IS NULL OR hand_back.delay < interval '0' OR hand_back.delay > interval '1000 years' THEN
@@ -506,6 +514,11 @@ BEGIN
                 coalesce(hand_back.delay::text, 'NULL')),
             HINT = 'Pass a delay from zero to 1000 years, such as ''1 second'' (the default).';
     END IF;
+    PERFORM x_jobs._require_attempts(hand_back.ids, hand_back.attempts);
+    v_attempts := x_jobs._attempt_map(hand_back.ids, hand_back.attempts);
+    IF NOT x_jobs._fence(hand_back.worker) THEN
+        RETURN;
+    END IF;
 
     RETURN QUERY
     WITH held AS (
@@ -514,6 +527,7 @@ BEGIN
         WHERE j.id = ANY (hand_back.ids)
             AND j.state::text = 'running' -- by id only: see job_running_idx
             AND j.claimed_by = hand_back.worker
+            AND (v_attempts IS NULL OR coalesce((v_attempts ->> j.id::text)::integer, j.attempt) = j.attempt)
         -- Locked in id order whatever the plan (the rows are locked as they leave the sort), as
         -- the heartbeat and the settling functions lock them: no deadlock with either.
         ORDER BY j.id

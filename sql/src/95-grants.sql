@@ -37,11 +37,11 @@ GRANT EXECUTE ON FUNCTION x_jobs._require_worker(text, text) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs._require_lease(interval, text) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs._shard() TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.claim(text[], text, interval, integer) TO x_jobs_worker;
-GRANT EXECUTE ON FUNCTION x_jobs.extend_lease(bigint[], text, interval) TO x_jobs_worker;
-GRANT EXECUTE ON FUNCTION x_jobs.release(bigint[], text) TO x_jobs_worker;
-GRANT EXECUTE ON FUNCTION x_jobs.complete(bigint, text, jsonb) TO x_jobs_worker;
-GRANT EXECUTE ON FUNCTION x_jobs.complete_many(bigint[], text, jsonb[]) TO x_jobs_worker;
-GRANT EXECUTE ON FUNCTION x_jobs.fail(bigint, text, text, text, interval, boolean) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.extend_lease(bigint[], text, interval, integer[]) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.release(bigint[], text, integer[]) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.complete(bigint, text, jsonb, integer) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.complete_many(bigint[], text, jsonb[], integer[]) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.fail(bigint, text, text, text, interval, boolean, integer) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.announce_worker(text, text[], text, boolean, interval, text[]) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.queue_demand() TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.queue_gauges(interval, text[]) TO x_jobs_worker;
@@ -70,6 +70,9 @@ GRANT SELECT, DELETE ON x_jobs.job_error TO x_jobs_admin;
 GRANT SELECT, INSERT, UPDATE, DELETE ON x_jobs.counter TO x_jobs_admin;
 GRANT SELECT, INSERT, DELETE ON x_jobs.queue_pause TO x_jobs_admin;
 GRANT SELECT ON x_jobs.worker TO x_jobs_admin;
+-- The fence's bindings (x_jobs._fence): workers never touch them but through the functions
+-- above; admins may read which login an id belongs to.
+GRANT SELECT ON x_jobs.worker_login TO x_jobs_admin;
 
 -- Monitoring: counts only (queue_demand and queue_gauges are SECURITY DEFINER, see above).
 GRANT EXECUTE ON FUNCTION x_jobs.queue_demand(), x_jobs.queue_gauges(interval, text[]), x_jobs.now(), x_jobs.version()
@@ -88,15 +91,15 @@ GRANT EXECUTE ON FUNCTION x_jobs.publish(text, jsonb, text) TO x_jobs_producer;
 -- run as their owner: they hold no right on x_jobs.step or x_jobs.event.
 GRANT EXECUTE ON FUNCTION x_jobs._clock() TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs._require_event(text) TO x_jobs_worker;
-GRANT EXECUTE ON FUNCTION x_jobs._require_held(bigint, text, text) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs._require_held(bigint, text, text, integer) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs._suspend(bigint, timestamptz) TO x_jobs_worker;
-GRANT EXECUTE ON FUNCTION x_jobs.steps(bigint, text) TO x_jobs_worker;
-GRANT EXECUTE ON FUNCTION x_jobs.step_record(bigint, text, text, jsonb, text, boolean) TO x_jobs_worker;
-GRANT EXECUTE ON FUNCTION x_jobs.step_sleep(bigint, text, text, interval) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.steps(bigint, text, integer) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.step_record(bigint, text, text, jsonb, text, boolean, integer) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.step_sleep(bigint, text, text, interval, integer) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.step_wait(
-    bigint, text, text, text, text, jsonb, interval, timestamptz
+    bigint, text, text, text, text, jsonb, interval, timestamptz, integer
 ) TO x_jobs_worker;
-GRANT EXECUTE ON FUNCTION x_jobs.progress(bigint, text, double precision, double precision, text)
+GRANT EXECUTE ON FUNCTION x_jobs.progress(bigint, text, double precision, double precision, text, integer)
 TO x_jobs_worker;
 -- Admins resolve steps by hand and purge old events (and the steps of purged jobs).
 GRANT EXECUTE ON FUNCTION x_jobs.resolve_step(bigint, text, jsonb) TO x_jobs_admin;
@@ -131,7 +134,7 @@ GRANT EXECUTE ON FUNCTION x_jobs.declare_job(
 ) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.declare_jobs(jsonb, text, text) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.job_types() TO x_jobs_worker;
-GRANT EXECUTE ON FUNCTION x_jobs.hand_back(bigint[], text, interval) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.hand_back(bigint[], text, interval, integer[]) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.drop_job_type(text) TO x_jobs_admin;
 GRANT SELECT, DELETE ON x_jobs.job_type TO x_jobs_admin;
 

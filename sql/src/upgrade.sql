@@ -151,6 +151,53 @@ SELECT pg_catalog.pg_extension_config_dump('x_jobs.schedule', '');
 --@function x_jobs.run_schedule_now
 --@function x_jobs.tick_schedules
 
+-- The fence: a claim is a credential. A worker id is bound to the login that first claims or
+-- announces with it (x_jobs.worker_login, x_jobs._fence), and only that login acts on the runs
+-- it holds; the settles, heartbeats, releases, steps, progress and hand_back take the attempt
+-- the claim answered, as an optional last argument, so a stale attempt settles nothing. The
+-- ids claimed before this update are bound at their first use (no login is known for them).
+CREATE TABLE x_jobs.worker_login (
+    worker text NOT NULL,
+    login name NOT NULL,
+    bound_at timestamptz NOT NULL,
+    CONSTRAINT worker_login_pkey PRIMARY KEY (worker)
+);
+
+COMMENT ON TABLE x_jobs.worker_login IS
+'The login each worker id is bound to: only it may act on the runs the id holds.';
+
+-- A new trailing parameter is a new signature: the old functions go, and with them their grants.
+DROP FUNCTION x_jobs.complete(bigint, text, jsonb);
+DROP FUNCTION x_jobs.complete_many(bigint[], text, jsonb[]);
+DROP FUNCTION x_jobs.fail(bigint, text, text, text, interval, boolean);
+DROP FUNCTION x_jobs.extend_lease(bigint[], text, interval);
+DROP FUNCTION x_jobs.release(bigint[], text);
+DROP FUNCTION x_jobs.hand_back(bigint[], text, interval);
+DROP FUNCTION x_jobs.progress(bigint, text, double precision, double precision, text);
+DROP FUNCTION x_jobs.steps(bigint, text);
+DROP FUNCTION x_jobs.step_record(bigint, text, text, jsonb, text, boolean);
+DROP FUNCTION x_jobs.step_sleep(bigint, text, text, interval);
+DROP FUNCTION x_jobs.step_wait(bigint, text, text, text, text, jsonb, interval, timestamptz);
+DROP FUNCTION x_jobs._require_held(bigint, text, text);
+
+--@function x_jobs._fence
+--@function x_jobs._require_fence
+--@function x_jobs._require_attempts
+--@function x_jobs._attempt_map
+--@function x_jobs.complete_many
+--@function x_jobs.complete
+--@function x_jobs.fail
+--@function x_jobs.extend_lease
+--@function x_jobs.release
+--@function x_jobs.hand_back
+--@function x_jobs._require_held
+--@function x_jobs.steps
+--@function x_jobs.step_record
+--@function x_jobs.step_sleep
+--@function x_jobs.step_wait
+--@function x_jobs.progress
+--@function x_jobs.announce_worker
+
 -- Nothing new left to PUBLIC (a new function is executable by PUBLIC until revoked); the
 -- functions from before hold no PUBLIC right, so this changes none of theirs.
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA x_jobs FROM public;
@@ -181,5 +228,24 @@ GRANT EXECUTE ON FUNCTION x_jobs._schedule_info(x_jobs.schedule) TO x_jobs_admin
 GRANT EXECUTE ON FUNCTION x_jobs._schedule_not_found(text) TO x_jobs_admin;
 GRANT SELECT, UPDATE, DELETE ON x_jobs.schedule TO x_jobs_admin;
 
+
+-- The fence's functions again, with their new signatures (see Grants).
+REVOKE ALL ON TABLE x_jobs.worker_login FROM public;
+GRANT SELECT ON x_jobs.worker_login TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.extend_lease(bigint[], text, interval, integer[]) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.release(bigint[], text, integer[]) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.complete(bigint, text, jsonb, integer) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.complete_many(bigint[], text, jsonb[], integer[]) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.fail(bigint, text, text, text, interval, boolean, integer) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs._require_held(bigint, text, text, integer) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.steps(bigint, text, integer) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.step_record(bigint, text, text, jsonb, text, boolean, integer) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.step_sleep(bigint, text, text, interval, integer) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.step_wait(
+    bigint, text, text, text, text, jsonb, interval, timestamptz, integer
+) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.progress(bigint, text, double precision, double precision, text, integer)
+TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.hand_back(bigint[], text, interval, integer[]) TO x_jobs_worker;
 
 SELECT x_jobs._adopt();
