@@ -2,7 +2,7 @@
 -- volatile it is, whose rights it runs with, which settings it pins, and who may use what.
 -- A change to any of these is a change to the API: it shows up here first, on purpose.
 BEGIN;
-SELECT plan(1043);
+SELECT plan(1080);
 
 -- The functions of the API, one row each, with what 00-schema pins about them. `args` is how
 -- pgTAP's catalog view spells the argument types (regtype output: 'timestamp with time zone',
@@ -30,6 +30,14 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
 ('_require_lease', '{interval,text}', 'void', 'IMMUTABLE', NULL),
 ('_notify', '{text,text}', 'void', 'VOLATILE', NULL),
 ('_caller', '{}', 'name', 'STABLE', NULL),
+-- The fence (0.4.2): a worker id is its first claimer's login's (see _fence).
+(
+    '_fence', '{text}', 'boolean', 'VOLATILE',
+    'so the functions a worker calls record which login a worker id belongs to, which no role may write'
+),
+('_require_fence', '{text}', 'void', 'VOLATILE', NULL),
+('_require_attempts', '{bigint[],integer[]}', 'void', 'IMMUTABLE', NULL),
+('_attempt_map', '{bigint[],integer[]}', 'jsonb', 'IMMUTABLE', NULL),
 ('_require_retention', '{text,interval,integer,text}', 'void', 'IMMUTABLE', NULL),
 ('_enqueue', '{x_jobs.enqueue_request[]}', 'setof x_jobs.enqueue_many_result', 'VOLATILE', NULL),
 ('_run_ids', '{integer}', 'uuid[]', 'VOLATILE', NULL),
@@ -58,23 +66,23 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
     'so a worker settles only what it claimed, with no right to write the tables'
 ),
 (
-    'extend_lease', '{bigint[],text,interval}', 'setof bigint', 'VOLATILE',
+    'extend_lease', '{bigint[],text,interval,integer[]}', 'setof bigint', 'VOLATILE',
     'so a worker settles only what it claimed, with no right to write the tables'
 ),
 (
-    'release', '{bigint[],text}', 'setof bigint', 'VOLATILE',
+    'release', '{bigint[],text,integer[]}', 'setof bigint', 'VOLATILE',
     'so a worker settles only what it claimed, with no right to write the tables'
 ),
 (
-    'complete_many', '{bigint[],text,jsonb[]}', 'setof bigint', 'VOLATILE',
+    'complete_many', '{bigint[],text,jsonb[],integer[]}', 'setof bigint', 'VOLATILE',
     'so a worker settles only what it claimed, with no right to write the tables'
 ),
 (
-    'complete', '{bigint,text,jsonb}', 'boolean', 'VOLATILE',
+    'complete', '{bigint,text,jsonb,integer}', 'boolean', 'VOLATILE',
     'so a worker settles only what it claimed, with no right to write the tables'
 ),
 (
-    'fail', '{bigint,text,text,text,interval,boolean}', 'x_jobs.job_state', 'VOLATILE',
+    'fail', '{bigint,text,text,text,interval,boolean,integer}', 'x_jobs.job_state', 'VOLATILE',
     'so a worker settles only what it claimed, with no right to write the tables'
 ),
 ('cancel', '{bigint}', 'boolean', 'VOLATILE', NULL),
@@ -114,23 +122,23 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
 ('purge', '{interval,integer}', 'bigint', 'VOLATILE', NULL),
 -- Steps and events (0.2.0).
 ('_clock', '{}', 'timestamp with time zone', 'VOLATILE', NULL),
-('_require_held', '{bigint,text,text}', 'x_jobs.job', 'VOLATILE', NULL),
+('_require_held', '{bigint,text,text,integer}', 'x_jobs.job', 'VOLATILE', NULL),
 ('_require_event', '{text}', 'void', 'IMMUTABLE', NULL),
 ('_suspend', '{bigint,timestamp with time zone}', 'void', 'VOLATILE', NULL),
 (
-    'steps', '{bigint,text}', 'setof x_jobs.step', 'VOLATILE',
+    'steps', '{bigint,text,integer}', 'setof x_jobs.step', 'VOLATILE',
     'so a worker settles only what it claimed, with no right to write the tables'
 ),
 (
-    'step_record', '{bigint,text,text,jsonb,text,boolean}', 'x_jobs.step_status', 'VOLATILE',
+    'step_record', '{bigint,text,text,jsonb,text,boolean,integer}', 'x_jobs.step_status', 'VOLATILE',
     'so a worker settles only what it claimed, with no right to write the tables'
 ),
 (
-    'step_sleep', '{bigint,text,text,interval}', 'x_jobs.step', 'VOLATILE',
+    'step_sleep', '{bigint,text,text,interval,integer}', 'x_jobs.step', 'VOLATILE',
     'so a worker settles only what it claimed, with no right to write the tables'
 ),
 (
-    'step_wait', '{bigint,text,text,text,text,jsonb,interval,timestamp with time zone}', 'x_jobs.step',
+    'step_wait', '{bigint,text,text,text,text,jsonb,interval,timestamp with time zone,integer}', 'x_jobs.step',
     'VOLATILE', 'so a worker settles only what it claimed, with no right to write the tables'
 ),
 (
@@ -139,7 +147,7 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
 ),
 ('resolve_step', '{bigint,text,jsonb}', 'x_jobs.step', 'VOLATILE', NULL),
 (
-    'progress', '{bigint,text,double precision,double precision,text}', 'boolean', 'VOLATILE',
+    'progress', '{bigint,text,double precision,double precision,text,integer}', 'boolean', 'VOLATILE',
     'so a worker settles only what it claimed, with no right to write the tables'
 ),
 ('purge_events', '{interval,integer}', 'bigint', 'VOLATILE', NULL),
@@ -196,7 +204,7 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
 ),
 ('drop_job_type', '{text}', 'boolean', 'VOLATILE', NULL),
 (
-    'hand_back', '{bigint[],text,interval}', 'setof record', 'VOLATILE',
+    'hand_back', '{bigint[],text,interval,integer[]}', 'setof record', 'VOLATILE',
     'so a worker settles only what it claimed, with no right to write the tables'
 ),
 -- Readers (0.4.1): what clients read of the tables, as their caller.
@@ -286,6 +294,10 @@ INSERT INTO api_grant (fn, lowest_role, to_pg_monitor) VALUES
 ('health', 'x_jobs_worker', TRUE),
 ('_notify', NULL, FALSE),
 ('_caller', NULL, FALSE),
+('_fence', NULL, FALSE),
+('_require_fence', NULL, FALSE),
+('_require_attempts', NULL, FALSE),
+('_attempt_map', NULL, FALSE),
 ('_require_retention', 'x_jobs_admin', FALSE),
 ('enqueue', 'x_jobs_producer', FALSE),
 ('enqueue_many', 'x_jobs_producer', FALSE),
@@ -415,10 +427,10 @@ SELECT tables_are(
     'x_jobs',
     ARRAY[
         'job', 'job_error', 'queue_pause', 'worker', 'queue_snapshot', 'counter', 'step', 'event', 'outbox',
-        'webhook_ledger', 'job_type', 'schedule'
+        'webhook_ledger', 'job_type', 'schedule', 'worker_login'
     ],
     'The x_jobs schema should hold exactly the tables job, job_error, queue_pause, worker, queue_snapshot, counter, '
-    'step, event, outbox, webhook_ledger, job_type and schedule'
+    'step, event, outbox, webhook_ledger, job_type, schedule and worker_login'
 );
 
 SELECT sequences_are(
@@ -1092,7 +1104,7 @@ SELECT is(
     'x_jobs.job_types() should answer the declaration, who serves it and how many rows are parked'
 );
 SELECT is(
-    pg_catalog.pg_get_function_result('x_jobs.hand_back(bigint[], text, interval)'::regprocedure),
+    pg_catalog.pg_get_function_result('x_jobs.hand_back(bigint[], text, interval, integer[])'::regprocedure),
     'TABLE(id bigint, name text, parked boolean, served_by text[])',
     'x_jobs.hand_back() should answer (id, name, parked, served_by)'
 );
@@ -1245,14 +1257,22 @@ INSERT INTO api_param (fn, arguments) VALUES
     'claim',
     'queues text[], worker text, lease interval DEFAULT ''00:00:30''::interval, qty integer DEFAULT 1'
 ),
-('release', 'ids bigint[], worker text'),
-('extend_lease', 'ids bigint[], worker text, lease interval DEFAULT ''00:00:30''::interval'),
-('complete_many', 'ids bigint[], worker text, outputs jsonb[] DEFAULT NULL::jsonb[]'),
-('complete', 'id bigint, worker text, output jsonb DEFAULT NULL::jsonb'),
+('release', 'ids bigint[], worker text, attempts integer[] DEFAULT NULL::integer[]'),
+(
+    'extend_lease',
+    'ids bigint[], worker text, lease interval DEFAULT ''00:00:30''::interval, '
+    'attempts integer[] DEFAULT NULL::integer[]'
+),
+(
+    'complete_many',
+    'ids bigint[], worker text, outputs jsonb[] DEFAULT NULL::jsonb[], attempts integer[] DEFAULT NULL::integer[]'
+),
+('complete', 'id bigint, worker text, output jsonb DEFAULT NULL::jsonb, attempt integer DEFAULT NULL::integer'),
 (
     'fail',
     'id bigint, worker text, error text, error_stack text DEFAULT NULL::text, '
-    'retry_delay interval DEFAULT NULL::interval, retryable boolean DEFAULT true'
+    'retry_delay interval DEFAULT NULL::interval, retryable boolean DEFAULT true, '
+    'attempt integer DEFAULT NULL::integer'
 ),
 ('cancel', 'id bigint'),
 ('retry', 'id bigint'),
@@ -1293,25 +1313,27 @@ INSERT INTO api_param (fn, arguments) VALUES
     'days_for interval DEFAULT ''400 days''::interval'
 ),
 ('purge', 'older_than interval, batch_size integer DEFAULT 10000'),
-('steps', 'id bigint, worker text'),
+('steps', 'id bigint, worker text, attempt integer DEFAULT NULL::integer'),
 (
     'step_record',
     'id bigint, worker text, step text, output jsonb DEFAULT NULL::jsonb, error text DEFAULT NULL::text, '
-    'compensation boolean DEFAULT false'
+    'compensation boolean DEFAULT false, attempt integer DEFAULT NULL::integer'
 ),
-('step_sleep', 'id bigint, worker text, step text, duration interval'),
+('step_sleep', 'id bigint, worker text, step text, duration interval, attempt integer DEFAULT NULL::integer'),
 (
     'step_wait',
     'id bigint, worker text, step text, event text, event_key text DEFAULT NULL::text, '
     'match jsonb DEFAULT NULL::jsonb, timeout interval DEFAULT NULL::interval, '
-    'since timestamp with time zone DEFAULT NULL::timestamp with time zone'
+    'since timestamp with time zone DEFAULT NULL::timestamp with time zone, '
+    'attempt integer DEFAULT NULL::integer'
 ),
 ('publish', 'event text, payload jsonb DEFAULT NULL::jsonb, key text DEFAULT NULL::text'),
 ('resolve_step', 'job bigint, step text, output jsonb DEFAULT NULL::jsonb'),
 (
     'progress',
     'id bigint, worker text, done double precision DEFAULT NULL::double precision, '
-    'total double precision DEFAULT NULL::double precision, note text DEFAULT NULL::text'
+    'total double precision DEFAULT NULL::double precision, note text DEFAULT NULL::text, '
+    'attempt integer DEFAULT NULL::integer'
 ),
 ('purge_events', 'older_than interval, batch_size integer DEFAULT 10000'),
 -- The outbox (0.2.0).
@@ -1357,7 +1379,11 @@ INSERT INTO api_param (fn, arguments) VALUES
 ('declare_jobs', 'jobs jsonb, declared_by text DEFAULT NULL::text, build text DEFAULT NULL::text'),
 ('job_types', ''),
 ('drop_job_type', 'name text'),
-('hand_back', 'ids bigint[], worker text, delay interval DEFAULT ''00:00:01''::interval'),
+(
+    'hand_back',
+    'ids bigint[], worker text, delay interval DEFAULT ''00:00:01''::interval, '
+    'attempts integer[] DEFAULT NULL::integer[]'
+),
 ('job_detail', 'id bigint'),
 ('job_errors', 'id bigint'),
 ('job_steps', 'id bigint'),
@@ -1495,6 +1521,7 @@ SELECT set_eq(
         ('queue_pause', 'x_jobs_admin', 'INSERT'),
         ('queue_pause', 'x_jobs_admin', 'DELETE'),
         ('worker', 'x_jobs_admin', 'SELECT'),
+        ('worker_login', 'x_jobs_admin', 'SELECT'),
         ('counter', 'x_jobs_admin', 'SELECT'),
         ('counter', 'x_jobs_admin', 'INSERT'),
         ('counter', 'x_jobs_admin', 'UPDATE'),
@@ -1624,6 +1651,12 @@ FROM (
     ('worker', 'x_jobs_admin', '{SELECT}'),
     ('worker', 'pg_monitor', '{}'),
     ('worker', 'public', '{}'),
+    -- The fence's bindings: written by _fence as its owner, read by admins.
+    ('worker_login', 'x_jobs_producer', '{}'),
+    ('worker_login', 'x_jobs_worker', '{}'),
+    ('worker_login', 'x_jobs_admin', '{SELECT}'),
+    ('worker_login', 'pg_monitor', '{}'),
+    ('worker_login', 'public', '{}'),
     -- The gauges' snapshot: queue_gauges reads and writes it as its owner.
     ('queue_snapshot', 'x_jobs_producer', '{}'),
     ('queue_snapshot', 'x_jobs_worker', '{}'),
