@@ -78,6 +78,8 @@ class StepContext(Protocol):
     @property
     def worker(self) -> str: ...
     @property
+    def attempt(self) -> int: ...
+    @property
     def created_at(self) -> datetime | None: ...
     @property
     def cancelled(self) -> threading.Event: ...
@@ -99,6 +101,30 @@ WAIT: LiteralString = """
 PROGRESS: LiteralString = """
     SELECT x_jobs.progress(id => %s, worker => %s, done => %s, total => %s, note => %s)
 """
+#: The same calls with the attempt the run holds, last (x_jobs 0.4.2, the fence): a call of an
+#: attempt this worker gave up on (timed out, lost, then claimed again) acts on nothing. Sent
+#: when the store is ``fenced`` (the worker found the database takes them); the attempt is the
+#: last parameter.
+FENCED: dict[str, LiteralString] = {
+    STEPS: "SELECT * FROM x_jobs.steps(id => %s, worker => %s, attempt => %s)",
+    RECORD: """
+    SELECT x_jobs.step_record(id => %s, worker => %s, step => %s, output => %s, error => %s,
+                              compensation => %s, attempt => %s)::text
+""",
+    SLEEP: (
+        "SELECT * FROM x_jobs.step_sleep(id => %s, worker => %s, step => %s, duration => %s,"
+        " attempt => %s)"
+    ),
+    WAIT: """
+    SELECT * FROM x_jobs.step_wait(id => %s, worker => %s, step => %s, event => %s,
+                                   event_key => %s, match => %s, timeout => %s, since => %s,
+                                   attempt => %s)
+""",
+    PROGRESS: """
+    SELECT x_jobs.progress(id => %s, worker => %s, done => %s, total => %s, note => %s,
+                           attempt => %s)
+""",
+}
 
 #: How often a failing compensation is tried within the failing attempt, and the first pause.
 COMPENSATION_TRIES = 3
@@ -181,6 +207,9 @@ class StepStore:
         # Handler threads take their first steps at once: one pool, not one each (which would
         # leak the others).
         self._pool_lock = threading.Lock()
+        #: Pass each call the attempt its run holds (see FENCED): set by the worker once it
+        #: found a database that takes it.
+        self.fenced = False
 
     def _connections(self) -> ConnectionPool:
         with self._pool_lock:
@@ -257,6 +286,8 @@ def _call(
     suspension and lost only the reply, and the next try finds the job suspended, no longer
     held; that is the suspension asked for, answered as Suspended (nothing to settle either
     way: a lapsed lease whose next holder suspended the run is no business of this one)."""
+    if store.fenced:
+        sql, params = FENCED[sql], [*params, ctx.attempt]
     try:
         return store.fetch(sql, params)
     except DB_GONE as err:

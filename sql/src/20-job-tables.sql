@@ -165,11 +165,11 @@ COMMENT ON COLUMN x_jobs.worker.jobs IS
 -- login it is bound to (x_jobs._caller(), see x_jobs._fence). The first claim or announce of an
 -- id binds it to its caller. A table of its own, not a column of x_jobs.worker: announce_worker
 -- answers that row type, and a column added to it would change the result of a running older
--- worker's prepared announce; and a claimer need not announce. Swept by announce_worker a day
--- after its worker row is gone and it holds no running row.
+-- worker's prepared announce; and a claimer need not announce. Swept by announce_worker once
+-- its worker row is gone and it went unused for a day.
 CREATE TABLE x_jobs.worker_login (
     worker text NOT NULL,
-    login name NOT NULL,
+    login name NOT NULL, -- noqa: RF04
     bound_at timestamptz NOT NULL,
     CONSTRAINT worker_login_pkey PRIMARY KEY (worker)
 );

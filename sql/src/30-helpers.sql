@@ -363,7 +363,8 @@ $$;
 -- login's. An id bound to no login yet is bound to the caller here, first come (an id claimed
 -- before the fence existed, or one whose binding was swept): no existing caller needs a new
 -- argument, and after the first claim of an id nobody else can take it. One primary-key probe a
--- call, whatever the number of rows the call then acts on; a write only the first time.
+-- call, whatever the number of rows the call then acts on; a write only the first time, and
+-- once a day after (bound_at renewed, so that announce_worker's sweep keeps a binding in use).
 -- The callers (claim, the settles, heartbeats, releases, steps, progress, hand_back) answer a
 -- false as "not held", each as it answers a row it does not hold; claim and announce_worker
 -- refuse it (XJ052). Worker ids themselves stay what they were: labels shown to operators.
@@ -379,9 +380,16 @@ AS $$
 DECLARE
     v_caller name := x_jobs._caller();
     v_login name;
+    v_bound_at timestamptz;
 BEGIN
-    SELECT l.login INTO v_login FROM x_jobs.worker_login AS l WHERE l.worker = p_worker;
-    IF NOT FOUND THEN
+    SELECT l.login, l.bound_at INTO v_login, v_bound_at
+    FROM x_jobs.worker_login AS l
+    WHERE l.worker = p_worker;
+    IF FOUND THEN
+        IF v_login = v_caller AND v_bound_at < x_jobs.now() - interval '1 day' THEN
+            UPDATE x_jobs.worker_login AS l SET bound_at = x_jobs.now() WHERE l.worker = p_worker;
+        END IF;
+    ELSE
         INSERT INTO x_jobs.worker_login AS l (worker, login, bound_at)
         VALUES (p_worker, v_caller, x_jobs.now())
         ON CONFLICT (worker) DO NOTHING;

@@ -201,7 +201,12 @@ $$;
 -- answered). Answers true when this worker held the row (at that attempt) and it is now done,
 -- false when the worker no longer held it (nothing changed).
 -- SECURITY DEFINER: workers hold no right to write the tables (see Grants).
-CREATE FUNCTION x_jobs.complete(id bigint, worker text, output jsonb DEFAULT NULL, attempt integer DEFAULT NULL)
+CREATE FUNCTION x_jobs.complete(
+    id bigint,
+    worker text,
+    output jsonb DEFAULT NULL,
+    attempt integer DEFAULT NULL
+)
 RETURNS boolean
 LANGUAGE sql
 VOLATILE

@@ -15,8 +15,9 @@
 --
 -- The fence (see x_jobs._fence): the first announce or claim of an id binds it to the caller's
 -- login, and an id bound to another login is refused (XJ052), so that no login can mark
--- another's worker draining or change what it serves. A binding outlives its worker row by a
--- day and lasts while the id holds a running row; older ones are swept here, 100 an announce.
+-- another's worker draining or change what it serves. A binding lasts while its worker row does
+-- or while the id is used (any call with it renews the binding once a day, see _fence); one
+-- that is neither for a day is swept here, 100 an announce.
 -- SECURITY DEFINER: workers hold no right to write the tables (see Grants).
 CREATE FUNCTION x_jobs.announce_worker(
     worker text,
@@ -99,15 +100,13 @@ BEGIN
     END IF;
 
     DELETE FROM x_jobs.worker AS w WHERE w.expires_at < v_now - interval '1 day';
+    -- Bindings unused for a day (every call of the id renews it daily, see _fence) of ids with
+    -- no worker row left; the jobs are not read, so an announce costs what it did.
     DELETE FROM x_jobs.worker_login AS l
     WHERE l.worker IN (
         SELECT o.worker FROM x_jobs.worker_login AS o
         WHERE o.bound_at < v_now - interval '1 day'
             AND NOT EXISTS (SELECT FROM x_jobs.worker AS w WHERE w.id = o.worker)
-            AND NOT EXISTS (
-                SELECT FROM x_jobs.job AS j
-                WHERE j.state = 'running' AND j.claimed_by = o.worker
-            )
         LIMIT 100
     );
     RETURN v_row;

@@ -158,7 +158,7 @@ SELECT pg_catalog.pg_extension_config_dump('x_jobs.schedule', '');
 -- ids claimed before this update are bound at their first use (no login is known for them).
 CREATE TABLE x_jobs.worker_login (
     worker text NOT NULL,
-    login name NOT NULL,
+    login name NOT NULL, -- noqa: RF04
     bound_at timestamptz NOT NULL,
     CONSTRAINT worker_login_pkey PRIMARY KEY (worker)
 );

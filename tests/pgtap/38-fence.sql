@@ -15,10 +15,12 @@ CREATE ROLE t38_a LOGIN;
 CREATE ROLE t38_b LOGIN;
 GRANT x_jobs_worker TO t38_a, t38_b;
 
-CREATE TEMP TABLE j (tag text PRIMARY KEY, id bigint NOT NULL);
-GRANT SELECT ON j TO t38_a, t38_b;
-INSERT INTO j (tag, id)
-SELECT t.tag, e.id
+CREATE TEMP TABLE t38 (tag text PRIMARY KEY, id bigint NOT NULL);
+GRANT SELECT ON t38 TO t38_a, t38_b;
+INSERT INTO t38 (tag, id)
+SELECT
+    t.tag,
+    e.id
 FROM unnest(ARRAY['held', 'stale', 'many', 'old']) AS t (tag)
 CROSS JOIN LATERAL x_jobs.enqueue('t38_' || t.tag, queue => 't38-' || t.tag, max_attempts => 5) AS e;
 
@@ -32,7 +34,10 @@ SELECT is(
 RESET ROLE;
 
 SELECT is(
-    (SELECT l.login::text FROM x_jobs.worker_login AS l WHERE l.worker = 't38-wa'),
+    (
+        SELECT l.login::text FROM x_jobs.worker_login AS l
+        WHERE l.worker = 't38-wa'
+    ),
     't38_a',
     'The first claim of a worker id should bind it to the claiming login'
 );
@@ -40,50 +45,59 @@ SELECT is(
 -- B passes A's id (readable in claimed_by): every act on A's runs is "not held".
 SET ROLE t38_b;
 SELECT is(
-    x_jobs.complete((SELECT id FROM j WHERE tag = 'held'), 't38-wa', '{"by": "b"}'),
+    x_jobs.complete((
+        SELECT id FROM t38
+        WHERE tag = 'held'
+    ), 't38-wa', '{"by": "b"}'),
     FALSE,
     'Another login should not complete a job by passing the holder''s worker id'
 );
 SELECT is_empty(
-    $$SELECT * FROM x_jobs.complete_many(ARRAY(SELECT id FROM j WHERE tag IN ('held', 'many')), 't38-wa')$$,
+    $$SELECT * FROM x_jobs.complete_many(ARRAY(SELECT id FROM t38 WHERE tag IN ('held', 'many')), 't38-wa')$$,
     'Another login should not complete a batch of the holder''s jobs'
 );
 SELECT is(
-    x_jobs.fail((SELECT id FROM j WHERE tag = 'held'), 't38-wa', 'sabotage'),
+    x_jobs.fail((
+        SELECT id FROM t38
+        WHERE tag = 'held'
+    ), 't38-wa', 'sabotage'),
     NULL,
     'Another login should not fail the holder''s job'
 );
 SELECT is_empty(
-    $$SELECT * FROM x_jobs.extend_lease(ARRAY(SELECT id FROM j WHERE tag = 'held'), 't38-wa', '1 hour')$$,
+    $$SELECT * FROM x_jobs.extend_lease(ARRAY(SELECT id FROM t38 WHERE tag = 'held'), 't38-wa', '1 hour')$$,
     'Another login should not extend the holder''s lease'
 );
 SELECT is_empty(
-    $$SELECT * FROM x_jobs.release(ARRAY(SELECT id FROM j WHERE tag = 'held'), 't38-wa')$$,
+    $$SELECT * FROM x_jobs.release(ARRAY(SELECT id FROM t38 WHERE tag = 'held'), 't38-wa')$$,
     'Another login should not release the holder''s job'
 );
 SELECT is_empty(
-    $$SELECT * FROM x_jobs.hand_back(ARRAY(SELECT id FROM j WHERE tag = 'held'), 't38-wa')$$,
+    $$SELECT * FROM x_jobs.hand_back(ARRAY(SELECT id FROM t38 WHERE tag = 'held'), 't38-wa')$$,
     'Another login should not hand back the holder''s job'
 );
 SELECT is(
-    x_jobs.progress((SELECT id FROM j WHERE tag = 'held'), 't38-wa', 1, 2, 'b was here'),
+    x_jobs.progress((
+        SELECT id FROM t38
+        WHERE tag = 'held'
+    ), 't38-wa', 1, 2, 'b was here'),
     FALSE,
     'Another login should not report progress on the holder''s job'
 );
 SELECT throws_ok(
-    $$SELECT * FROM x_jobs.steps((SELECT id FROM j WHERE tag = 'held'), 't38-wa')$$,
+    $$SELECT * FROM x_jobs.steps((SELECT id FROM t38 WHERE tag = 'held'), 't38-wa')$$,
     'XJ026',
     NULL,
     'Another login should not replay the holder''s steps (the existing not-held error)'
 );
 SELECT throws_ok(
-    $$SELECT x_jobs.step_record((SELECT id FROM j WHERE tag = 'held'), 't38-wa', 'charge', '{"fake": true}')$$,
+    $$SELECT x_jobs.step_record((SELECT id FROM t38 WHERE tag = 'held'), 't38-wa', 'charge', '{"fake": true}')$$,
     'XJ026',
     NULL,
     'Another login should not record a step of the holder''s run'
 );
 SELECT throws_ok(
-    $$SELECT * FROM x_jobs.step_sleep((SELECT id FROM j WHERE tag = 'held'), 't38-wa', 'nap', '1 day')$$,
+    $$SELECT * FROM x_jobs.step_sleep((SELECT id FROM t38 WHERE tag = 'held'), 't38-wa', 'nap', '1 day')$$,
     'XJ026',
     NULL,
     'Another login should not suspend the holder''s run'
@@ -109,17 +123,26 @@ RESET ROLE;
 
 SELECT results_eq(
     $$SELECT j.state::text, j.claimed_by, j.attempt, j.progress, j.visible_at
-      FROM x_jobs.job AS j WHERE j.id = (SELECT id FROM j WHERE tag = 'held')$$,
+      FROM x_jobs.job AS j WHERE j.id = (SELECT id FROM t38 WHERE tag = 'held')$$,
     $$VALUES ('running', 't38-wa', 1, NULL::jsonb, timestamptz '2030-01-01 10:00:30+00')$$,
     'The holder''s job should be as its claim left it after the other login''s attempts'
 );
 SELECT is(
-    (SELECT count(*)::integer FROM x_jobs.step AS s WHERE s.job_id = (SELECT id FROM j WHERE tag = 'held')),
+    (
+        SELECT count(*)::integer FROM x_jobs.step AS s
+        WHERE s.job_id = (
+            SELECT t.id FROM t38 AS t
+            WHERE t.tag = 'held'
+        )
+    ),
     0,
     'The other login should have recorded no step of the holder''s run'
 );
 SELECT is(
-    (SELECT w.draining_at FROM x_jobs.worker AS w WHERE w.id = 't38-wa'),
+    (
+        SELECT w.draining_at FROM x_jobs.worker AS w
+        WHERE w.id = 't38-wa'
+    ),
     NULL,
     'The holder''s worker should not have been marked draining by the other login'
 );
@@ -127,44 +150,54 @@ SELECT is(
 -- The attempt: A acts only at the attempt it holds.
 SET ROLE t38_a;
 SELECT is(
-    x_jobs.complete((SELECT id FROM j WHERE tag = 'held'), 't38-wa', attempt => 2),
+    x_jobs.complete((
+        SELECT id FROM t38
+        WHERE tag = 'held'
+    ), 't38-wa', attempt => 2),
     FALSE,
     'The holder should not complete its job at an attempt it does not hold'
 );
 SELECT is(
-    x_jobs.fail((SELECT id FROM j WHERE tag = 'held'), 't38-wa', 'late', attempt => 7),
+    x_jobs.fail((
+        SELECT id FROM t38
+        WHERE tag = 'held'
+    ), 't38-wa', 'late', attempt => 7),
     NULL,
     'The holder should not fail its job at an attempt it does not hold'
 );
 SELECT is(
-    x_jobs.progress((SELECT id FROM j WHERE tag = 'held'), 't38-wa', note => 'x', attempt => 3),
+    x_jobs.progress((
+        SELECT id FROM t38
+        WHERE tag = 'held'
+    ), 't38-wa', note => 'x', attempt => 3),
     FALSE,
     'The holder should not report progress at an attempt it does not hold'
 );
 SELECT throws_ok(
-    $$SELECT * FROM x_jobs.steps((SELECT id FROM j WHERE tag = 'held'), 't38-wa', attempt => 2)$$,
+    $$SELECT * FROM x_jobs.steps((SELECT id FROM t38 WHERE tag = 'held'), 't38-wa', attempt => 2)$$,
     'XJ026',
     NULL,
     'The holder should not replay steps at an attempt it does not hold'
 );
 SELECT set_eq(
     $$SELECT * FROM x_jobs.extend_lease(
-        ARRAY(SELECT id FROM j WHERE tag IN ('held', 'many') ORDER BY tag),
+        ARRAY(SELECT id FROM t38 WHERE tag IN ('held', 'many') ORDER BY tag),
         't38-wa', '1 minute', attempts => ARRAY[1, 9])$$,
-    $$SELECT id FROM j WHERE tag = 'held'$$,
+    $$SELECT id FROM t38 WHERE tag = 'held'$$,
     'A heartbeat with attempts should extend only the rows at their attempt'
 );
 SELECT throws_ok(
-    $$SELECT * FROM x_jobs.complete_many(ARRAY(SELECT id FROM j WHERE tag = 'held'), 't38-wa', attempts => ARRAY[1, 1])$$,
+    $$SELECT * FROM x_jobs.complete_many(
+        ARRAY(SELECT id FROM t38 WHERE tag = 'held'), 't38-wa', attempts => ARRAY[1, 1])$$,
     'XJ053',
     NULL,
     'An attempts list that does not pair with the ids should be refused'
 );
 SELECT set_eq(
     $$SELECT * FROM x_jobs.complete_many(
-        ARRAY(SELECT id FROM j WHERE tag IN ('held', 'many') ORDER BY tag),
+        ARRAY(SELECT id FROM t38 WHERE tag IN ('held', 'many') ORDER BY tag),
         't38-wa', attempts => ARRAY[1, NULL])$$,
-    $$SELECT id FROM j WHERE tag IN ('held', 'many')$$,
+    $$SELECT id FROM t38 WHERE tag IN ('held', 'many')$$,
     'The holder should complete its jobs at the attempts it holds (a NULL attempt is not checked)'
 );
 SELECT lives_ok(
@@ -187,38 +220,60 @@ SELECT is(
     'The holder should claim its lapsed job again, at attempt 2'
 );
 SELECT is(
-    x_jobs.complete((SELECT id FROM j WHERE tag = 'stale'), 't38-wa', '{"attempt": 1}', attempt => 1),
+    x_jobs.complete((
+        SELECT id FROM t38
+        WHERE tag = 'stale'
+    ), 't38-wa', '{"attempt": 1}', attempt => 1),
     FALSE,
     'A stale attempt''s result should not settle the same worker''s newer attempt'
 );
 SELECT is(
-    x_jobs.complete((SELECT id FROM j WHERE tag = 'stale'), 't38-wa', '{"attempt": 2}', attempt => 2),
+    x_jobs.complete((
+        SELECT id FROM t38
+        WHERE tag = 'stale'
+    ), 't38-wa', '{"attempt": 2}', attempt => 2),
     TRUE,
     'The attempt the worker holds should settle'
 );
 RESET ROLE;
 
 SELECT is(
-    (SELECT j.output FROM x_jobs.job AS j WHERE j.id = (SELECT id FROM j WHERE tag = 'stale')),
+    (
+        SELECT j.output FROM x_jobs.job AS j
+        WHERE j.id = (
+            SELECT t.id FROM t38 AS t
+            WHERE t.tag = 'stale'
+        )
+    ),
     '{"attempt": 2}'::jsonb,
     'The job''s output should be the held attempt''s'
 );
 
 -- A run claimed before the fence existed (no binding): its first user binds it, then only it.
 UPDATE x_jobs.job AS j
-SET state = 'running', attempt = 1, claimed_by = 't38-old', started_at = x_jobs.now(),
+SET
+    state = 'running', attempt = 1, claimed_by = 't38-old', started_at = x_jobs.now(),
     visible_at = x_jobs.now() + interval '1 minute'
-WHERE j.id = (SELECT id FROM j WHERE tag = 'old');
+WHERE j.id = (
+    SELECT id FROM t38
+    WHERE tag = 'old'
+);
 SET ROLE t38_b;
 SELECT is(
-    (SELECT count(*)::integer FROM x_jobs.extend_lease(ARRAY(SELECT id FROM j WHERE tag = 'old'), 't38-old')),
+    (SELECT count(*)::integer FROM x_jobs.extend_lease(array(
+        SELECT id FROM t38
+        WHERE tag = 'old'
+    ), 't38-old')),
     1,
     'The first login to use an unbound worker id should bind it, and hold its runs'
 );
 RESET ROLE;
 SET ROLE t38_a;
 SELECT is(
-    x_jobs.complete((SELECT id FROM j WHERE tag = 'old'), 't38-old'),
+    x_jobs.complete((
+        SELECT id FROM t38
+        WHERE tag = 'old'
+    ), 't38-old'),
     FALSE,
     'Once bound by its first user, an old worker id should hold nothing for another login'
 );

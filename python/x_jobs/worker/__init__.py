@@ -65,10 +65,10 @@ from x_jobs.worker._handlers import Executors
 from x_jobs.worker._prefetch import PrefetchSizer
 from x_jobs.worker._run import Outcome, Run, Settlement, ids_array, unknown_job
 from x_jobs.worker.leases import EXTEND as EXTEND
+from x_jobs.worker.leases import FENCED, Leases, UnknownJobs
 from x_jobs.worker.leases import RELEASE as RELEASE
 from x_jobs.worker.leases import ROW_STATES as ROW_STATES
 from x_jobs.worker.leases import UNKNOWN_HELD as UNKNOWN_HELD
-from x_jobs.worker.leases import Leases, UnknownJobs
 from x_jobs.worker.settle import CLAIM as CLAIM
 from x_jobs.worker.settle import COMPLETE_MANY as COMPLETE_MANY
 from x_jobs.worker.settle import FAIL as FAIL
@@ -680,6 +680,12 @@ class Worker:
         self._watch.silent = False
 
     def _start_with(self, conn: psycopg.Connection[Any]) -> None:
+        # The fence (x_jobs 0.4.2): pass the attempts this worker holds to the calls that act on
+        # its runs, so that a stale attempt of its own settles nothing; an older database
+        # takes the calls without them.
+        row = conn.execute(FENCED).fetchone()
+        fenced = bool(row and row[0])
+        self._leases.fenced = self._settler.fenced = self._step_store.fenced = fenced
         self._declares = declarations.start(
             conn,
             self.app,

@@ -36,6 +36,28 @@ EXTEND: LiteralString = (
     "SELECT e FROM x_jobs.extend_lease(ids => %s::bigint[], worker => %s, lease => %s) AS e"
 )
 RELEASE: LiteralString = "SELECT r FROM x_jobs.release(ids => %s::bigint[], worker => %s) AS r"
+#: The same with the attempt of each id (x_jobs 0.4.2, the fence): a row this worker holds at
+#: another attempt than the one it knows (claimed again after a lapse) is left alone.
+EXTEND_AT: LiteralString = (
+    "SELECT e FROM x_jobs.extend_lease(ids => %s::bigint[], worker => %s, lease => %s,"
+    " attempts => %s::integer[]) AS e"
+)
+RELEASE_AT: LiteralString = (
+    "SELECT r FROM x_jobs.release(ids => %s::bigint[], worker => %s, attempts => %s::integer[])"
+    " AS r"
+)
+#: Does the database take the attempts (the fence's signatures, x_jobs 0.4.2)?
+FENCED: LiteralString = (
+    "SELECT pg_catalog.to_regprocedure("
+    "'x_jobs.complete_many(bigint[], text, jsonb[], integer[])') IS NOT NULL"
+)
+
+
+def attempts_array(attempts: Iterable[int | None]) -> str:
+    """Attempts as an integer[] literal (NULL: not checked), as ids_array makes the ids'."""
+    return "{" + ",".join("NULL" if a is None else str(a) for a in attempts) + "}"
+
+
 ROW_STATES: LiteralString = "SELECT id, state FROM x_jobs.job_states(ids => %s::bigint[])"
 #: The rows this worker holds in the database, less those it knows of (see sweep_unknown).
 UNKNOWN_HELD: LiteralString = (
@@ -87,6 +109,9 @@ class Leases:
         #: another worker could then run the job beside it. A heartbeat interval or a quarter of
         #: the lease (at most half) is left to stop in before the lapse.
         self.unrenewed_after = lease - min(max(heartbeat_interval, lease / 4), lease / 2)
+        #: Pass the attempts the worker holds (see EXTEND_AT): set at the start where the
+        #: database takes them.
+        self.fenced = False
 
     def heartbeat(self) -> bool:
         """Extend the leases of the held jobs; stop those that were lost. False when the
@@ -112,8 +137,23 @@ class Leases:
         """extend_lease of ``ids``: those this worker still holds, or None when the database did
         not answer (the connection is dropped, for the loop to reconnect)."""
         assert self._link.conn is not None
+        ids = list(ids)
         try:
-            rows = self._link.query(EXTEND, [ids_array(ids), self.worker_id, interval(self.lease)])
+            if self.fenced:
+                attempts = [run.ctx.attempt if run else None for run in map(self._held.get, ids)]
+                rows = self._link.query(
+                    EXTEND_AT,
+                    [
+                        ids_array(ids),
+                        self.worker_id,
+                        interval(self.lease),
+                        attempts_array(attempts),
+                    ],
+                )
+            else:
+                rows = self._link.query(
+                    EXTEND, [ids_array(ids), self.worker_id, interval(self.lease)]
+                )
         except DB_GONE as err:
             self._link.lost(err)
             return None
@@ -246,7 +286,11 @@ class Leases:
         try:
             if self._link.conn is None:
                 raise psycopg.OperationalError("no connection to the database")
-            rows = self._link.query(RELEASE, [ids_array(ids), self.worker_id])
+            if self.fenced:
+                attempts = attempts_array(run.ctx.attempt for run in runs)
+                rows = self._link.query(RELEASE_AT, [ids_array(ids), self.worker_id, attempts])
+            else:
+                rows = self._link.query(RELEASE, [ids_array(ids), self.worker_id])
         except DB_GONE as err:
             # Handed back once the database answers (they run no more here, and are not
             # extended meanwhile); if the worker exits first, they are left to their leases.

@@ -28,7 +28,7 @@ from x_jobs.errors import ascii_only, storable
 from x_jobs.jobs import interval
 from x_jobs.metrics import WorkerMetrics
 from x_jobs.worker._run import Outcome, Run, Settlement, ids_array
-from x_jobs.worker.leases import EXTEND
+from x_jobs.worker.leases import EXTEND, EXTEND_AT, attempts_array
 
 # The worker's log, whichever part writes it: its records carry the package's name, as log
 # filters and pipelines match them.
@@ -49,6 +49,16 @@ COMPLETE_MANY: LiteralString = (
 FAIL: LiteralString = """
     SELECT x_jobs.fail(id => %s, worker => %s, error => %s, error_stack => %s,
                        retry_delay => %s, retryable => %s)::text
+"""
+#: The same with the attempts the worker holds (x_jobs 0.4.2, the fence): the outcome of an
+#: attempt the worker gave up on (its lease lapsed, it claimed the job again) settles nothing.
+COMPLETE_MANY_AT: LiteralString = (
+    "SELECT c FROM x_jobs.complete_many(ids => %s::bigint[], worker => %s, outputs => %s::jsonb[],"
+    " attempts => %s::integer[]) AS c"
+)
+FAIL_AT: LiteralString = """
+    SELECT x_jobs.fail(id => %s, worker => %s, error => %s, error_stack => %s,
+                       retry_delay => %s, retryable => %s, attempt => %s)::text
 """
 HELD_AT: LiteralString = (
     "SELECT id, state, attempt, claimed_by FROM x_jobs.job_states(ids => %s::bigint[])"
@@ -101,6 +111,9 @@ class Settler:
         #: Set to cut a retry's backoff short: the database answers again, or the worker exits
         #: and its last settlement is tried now.
         self.wake_up = threading.Event()
+        #: Pass the attempts the worker holds (see COMPLETE_MANY_AT): set at the start where
+        #: the database takes them.
+        self.fenced = False
 
     def close(self) -> None:
         """The thread ends once the batch in flight is done."""
@@ -342,35 +355,38 @@ class Settler:
                 # complete_many and then fail one by one would lock a failure after completions
                 # with higher ids, and the heartbeat holding the one and waiting for the others
                 # would deadlock with it (a second's stall, then one side aborts).
-                conn.execute(
-                    EXTEND, [ids_array(o.id for o in batch), self.worker_id, interval(self.lease)]
-                )
+                extend = [ids_array(o.id for o in batch), self.worker_id, interval(self.lease)]
+                if self.fenced:
+                    extend.append(attempts_array(o.run.ctx.attempt for o in batch))
+                conn.execute(EXTEND_AT if self.fenced else EXTEND, extend)
             if completions:
+                params: list[Any] = [
+                    ids_array(o.id for o in completions),
+                    self.worker_id,
+                    # Outputs NULL when every handler answered None (no-op jobs): no array.
+                    None
+                    if all(o.output is None for o in completions)
+                    else [None if o.output is None else Jsonb(o.output) for o in completions],
+                ]
+                if self.fenced:
+                    params.append(attempts_array(o.run.ctx.attempt for o in completions))
                 rows = conn.execute(
-                    COMPLETE_MANY,
-                    [
-                        ids_array(o.id for o in completions),
-                        self.worker_id,
-                        # Outputs NULL when every handler answered None (no-op jobs): no array.
-                        None
-                        if all(o.output is None for o in completions)
-                        else [None if o.output is None else Jsonb(o.output) for o in completions],
-                    ],
+                    COMPLETE_MANY_AT if self.fenced else COMPLETE_MANY, params
                 ).fetchall()
                 completed = {row[0] for row in rows}
             for outcome in batch:
                 if outcome.ok:
                     continue
-                row = conn.execute(
-                    FAIL,
-                    [
-                        outcome.id,
-                        self.worker_id,
-                        storable(outcome.error) or "error",
-                        None if outcome.stack is None else storable(outcome.stack),
-                        None,
-                        outcome.retryable,
-                    ],
-                ).fetchone()
+                fail: list[Any] = [
+                    outcome.id,
+                    self.worker_id,
+                    storable(outcome.error) or "error",
+                    None if outcome.stack is None else storable(outcome.stack),
+                    None,
+                    outcome.retryable,
+                ]
+                if self.fenced:
+                    fail.append(outcome.run.ctx.attempt)
+                row = conn.execute(FAIL_AT if self.fenced else FAIL, fail).fetchone()
                 states[outcome.id] = row[0] if row else None
         return Settlement(batch, completed, states)
