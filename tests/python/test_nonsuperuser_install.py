@@ -312,7 +312,8 @@ def test_x_jobs_install_by_an_owner_names_what_an_administrator_runs_first(
         "CREATE ROLE x_jobs_webhook NOLOGIN",
         "GRANT x_jobs_producer TO x_jobs_worker",
         "GRANT x_jobs_worker TO x_jobs_admin",
-        'GRANT x_jobs_producer, x_jobs_worker, x_jobs_admin, x_jobs_webhook TO "Shop Owner" WITH ADMIN OPTION',
+        'GRANT x_jobs_producer, x_jobs_worker, x_jobs_admin, x_jobs_webhook TO "Shop Owner"'
+        " WITH ADMIN OPTION",
         'GRANT pg_read_all_stats TO "Shop Owner"',
     ]
     assert (
