@@ -364,7 +364,8 @@ class ResultTimeout(ClientError, TimeoutError):
 PRIVILEGE_HINT = (
     "Grant this login the x_jobs role for the call: x_jobs_producer to enqueue, read results "
     "and write the outbox; x_jobs_worker to claim and settle jobs and relay the outbox; "
-    "x_jobs_admin to operate (list, retry, cancel, pause, purge)."
+    "x_jobs_admin to operate (list, retry, cancel, pause, purge); x_jobs_webhook to receive "
+    "webhooks (x_jobs.webhooks.Receiver)."
 )
 
 

@@ -12,9 +12,18 @@ In: :class:`Receiver` turns a signed POST into a job. It verifies the signature 
 timestamp, then calls ``x_jobs.receive_webhook``, which writes the ledger row and the job in one
 transaction: a redelivered webhook (same id) answers its first job, marked duplicate, and
 enqueues nothing. Mount ``receiver.wsgi`` or ``receiver.asgi`` in any framework, or run
-:func:`serve`. The answers: 200 (job id, duplicate), 400 (not JSON), 401 (signature or timestamp
-refused; nothing written), 405 (not a POST), 413 (too large), 422 (input does not validate, or
-the database refuses a value the request sets: the ``X_`` code says which).
+:func:`serve`. The answers: 200 (job id, duplicate), 400 (not JSON, or nested deeper than
+``max_depth``), 401 (signature or timestamp refused; nothing written), 405 (not a POST), 408
+(the request was not read within ``read_timeout``, :func:`serve`), 411 (a chunked body the
+server cannot read), 413 (too large), 415 (a Content-Type other than JSON), 422 (input does not
+validate, or the database refuses a value the request sets: the ``X_`` code says which), 503
+with Retry-After (:func:`serve` holds ``max_connections`` already). Every 4xx is final: the
+request can never succeed as it is, and a sender that retries it only repeats the refusal.
+
+The receiver's database login needs the role ``x_jobs_webhook`` (``GRANT x_jobs_webhook TO
+receiver_login``): it is the only role that may call ``x_jobs.receive_webhook``. A producer
+login is refused it (42501, :class:`~x_jobs.errors.PermissionDenied`), since whoever records a
+webhook id decides that the real delivery of it is a duplicate.
 """
 
 from __future__ import annotations
@@ -23,12 +32,14 @@ import asyncio
 import base64
 import binascii
 import http
+import io
 import itertools
 import json
 import logging
 import math
 import re
 import secrets
+import socket
 import socketserver
 import threading
 import time
@@ -78,6 +89,24 @@ MAX_TOLERANCE = 300.0
 #: The longest wait a Retry-After header gets by default (seconds): the outbox's own backoff cap.
 #: A message waiting out a Retry-After holds back every later message of its key.
 MAX_RETRY_AFTER = 3600.0
+
+#: How deep a received body may nest arrays and objects by default: far more than any webhook
+#: payload needs, and far less than what makes the parsers on the way (Python's, pydantic's,
+#: the database's) fail with an error that reads as an outage, which the sender would retry for
+#: ever. Deeper bodies are answered 400, before anything parses them.
+MAX_DEPTH = 64
+
+#: The most ``max_depth`` may be: every parser on the way still takes it.
+MAX_DEPTH_LIMIT = 256
+
+#: :func:`serve`'s defaults: how long a connection may take to send its whole request (request
+#: line, headers and body), in seconds, before it is answered 408 and closed; and how many
+#: connections it serves at once (a thread each) before it answers 503 with Retry-After.
+READ_TIMEOUT = 10.0
+MAX_CONNECTIONS = 64
+
+#: The Retry-After (seconds) of a 503 for a connection beyond ``max_connections``.
+BUSY_RETRY_AFTER = 1
 
 #: Headers that frame the request or steer its connection. httpx sets them from the body and the
 #: URL; one from a message or the sink's options contradicts them (a Content-Length shorter than
@@ -476,6 +505,12 @@ class Receiver:
     takes the body as it is, every number with the digits it was written with. ``tolerance``
     is how far, in seconds, the ``webhook-timestamp`` may be from now (at most 300, the limit of
     the verifying library). ``max_body`` caps what the WSGI and ASGI adapters read (bytes).
+    ``max_depth`` is how deep the body may nest arrays and objects (1 to
+    :data:`MAX_DEPTH_LIMIT`, default :data:`MAX_DEPTH`); a deeper one is answered 400.
+
+    The login of ``app``'s database connections needs the role ``x_jobs_webhook``, the only
+    one granted ``x_jobs.receive_webhook`` (``GRANT x_jobs_webhook TO receiver_login``);
+    without it every signed request is answered 500 and logged, naming the missing right.
     """
 
     def __init__(
@@ -488,7 +523,10 @@ class Receiver:
         queue: str | None = None,
         tolerance: float = 300,
         max_body: int = 1 << 20,
+        max_depth: int = MAX_DEPTH,
     ) -> None:
+        if not 1 <= max_depth <= MAX_DEPTH_LIMIT:
+            raise ValueError(f"max_depth is {max_depth}; it must be 1 to {MAX_DEPTH_LIMIT}")
         if not 0 < tolerance <= MAX_TOLERANCE:
             raise ValueError(
                 f"tolerance is {tolerance} s; it must be above 0 and at most {MAX_TOLERANCE:g}"
@@ -501,14 +539,17 @@ class Receiver:
         self.queue = queue
         self.tolerance = float(tolerance)
         self.max_body = max_body
+        self.max_depth = max_depth
         self._webhook = _webhook(secret)
 
     def receive(self, headers: Mapping[str, str], body: bytes) -> Answer:
         """Verify one request and record it: the HTTP status and JSON answer to send. Header
         names are case-insensitive. Nothing is written unless the signature verifies.
 
-        Answers 200 ``{"job_id", "duplicate"}``; 401 (signature or timestamp refused), 400
-        (not JSON, or JSON that jsonb cannot hold), 422 (input invalid, or the database refuses
+        Answers 200 ``{"job_id", "duplicate"}``; 401 (signature or timestamp refused), 415
+        (a Content-Type header missing or not JSON: ``application/json`` or
+        ``application/<anything>+json``), 400 (not JSON, JSON nested deeper than
+        ``max_depth``, or JSON that jsonb cannot hold), 422 (input invalid, or the database refuses
         a value the request sets: its webhook-id, or a tenant or concurrency key the declared
         job derives from the body), 413 (payload over x_jobs.max_payload_bytes) with
         ``{"error"}`` (a refusal's ``X_`` code and message). Other errors raise: an outage, or
@@ -519,6 +560,18 @@ class Receiver:
         if refusal is not None:
             logger.info("webhook from %s refused: %s", self.source, refusal)
             return 401, {"error": refusal}
+        # After the signature: what an unsigned request holds is no business of ours.
+        content_type = lowered.get("content-type")
+        if not _is_json_media_type(content_type):
+            return 415, {
+                "error": f"the Content-Type is {content_type!r}, not JSON: send application/json"
+            }
+        # Before anything parses it: a body nested hundreds deep failed in a parser on the way
+        # with an error that was answered 500, and the sender retried it for ever.
+        if _nests_deeper(body, self.max_depth):
+            return 400, {
+                "error": f"the body nests arrays and objects deeper than {self.max_depth} levels"
+            }
         declared = self.job if isinstance(self.job, Job) else self.app.jobs.get(self.job)
         try:
             if declared is None:
@@ -647,18 +700,64 @@ class Receiver:
         if environ.get("REQUEST_METHOD") != "POST":
             return _wsgi_answer(start_response, (405, {"error": "only POST is allowed"}))
         try:
-            length = int(environ.get("CONTENT_LENGTH") or 0)
-        except ValueError:
-            return _wsgi_answer(start_response, (400, {"error": "Content-Length is not a number"}))
-        if length > self.max_body:
-            return _wsgi_answer(start_response, (413, {"error": self._too_large()}))
-        body = environ["wsgi.input"].read(length) if length > 0 else b""
+            read = self._wsgi_body(environ)
+        except TimeoutError:
+            # The server's read deadline (serve's read_timeout) passed within the body.
+            return _wsgi_answer(
+                start_response, (408, {"error": "the request was not read in time"})
+            )
+        if isinstance(read, tuple):
+            return _wsgi_answer(start_response, read)
         headers = {
             key[5:].replace("_", "-").lower(): value
             for key, value in environ.items()
             if key.startswith("HTTP_")
         }
-        return _wsgi_answer(start_response, self._answer(headers, body))
+        # WSGI keeps these two apart from the HTTP_ variables.
+        if "CONTENT_TYPE" in environ:
+            headers["content-type"] = environ["CONTENT_TYPE"]
+        return _wsgi_answer(start_response, self._answer(headers, read))
+
+    def _wsgi_body(self, environ: WSGIEnvironment) -> bytes | Answer:
+        """The request's body, at most ``max_body`` bytes, or the answer that refuses it."""
+        coding = environ.get("HTTP_TRANSFER_ENCODING", "").strip().lower()
+        if coding:
+            return self._wsgi_chunked(environ, coding)
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            return 400, {"error": "Content-Length is not a number"}
+        if length > self.max_body:
+            return 413, {"error": self._too_large()}
+        return bytes(environ["wsgi.input"].read(length)) if length > 0 else b""
+
+    def _wsgi_chunked(self, environ: WSGIEnvironment, coding: str) -> bytes | Answer:
+        """A chunked body, read to its end when the server says it ends the input there
+        (``wsgi.input_terminated``, as gunicorn does) or when the server is :func:`serve`'s,
+        which hands on the raw stream, read here chunk by chunk. Under another server it would
+        read as empty (no Content-Length, and a signature that fails), so it is refused 411:
+        final, the sender must send a Content-Length."""
+        stream = environ["wsgi.input"]
+        if coding != "chunked":
+            return 411, {
+                "error": f"the Transfer-Encoding {coding!r} cannot be read: "
+                "send the body with a Content-Length"
+            }
+        if environ.get("wsgi.input_terminated"):
+            body = _read_to_end(stream, self.max_body)
+        elif environ.get(_RAW_CHUNKED):
+            try:
+                body = _read_chunked(stream, self.max_body)
+            except ValueError as err:
+                return 400, {"error": f"the chunked body is malformed: {err}"}
+        else:
+            return 411, {
+                "error": "this server cannot read a chunked body: "
+                "send the body with a Content-Length"
+            }
+        if body is None:
+            return 413, {"error": self._too_large()}
+        return body
 
     async def asgi(self, scope: Scope, receive: ASGIReceive, send: ASGISend) -> None:
         """The receiver as an ASGI 3 application (HTTP, and lifespan when it is the whole app).
@@ -693,6 +792,57 @@ class Receiver:
         return f"the body is larger than {self.max_body} bytes"
 
 
+#: The environ key :func:`serve`'s handler sets: wsgi.input is the connection's raw stream, a
+#: chunked body's framing included.
+_RAW_CHUNKED = "x_jobs.raw_chunked"
+
+#: A chunk-size line: hex digits, optional extensions. Its length is capped when it is read.
+_CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,15})[ \t]*(?:;[^\r\n]*)?\r?\n")
+
+#: How many trailer lines a chunked body may end with.
+_MAX_TRAILERS = 64
+
+
+def _read_to_end(stream: Any, limit: int) -> bytes | None:
+    """The rest of ``stream``, or None once it is longer than ``limit``."""
+    body = bytearray()
+    while piece := stream.read(min(65536, limit + 1 - len(body))):
+        body += piece
+        if len(body) > limit:
+            return None
+    return bytes(body)
+
+
+def _read_chunked(stream: Any, limit: int) -> bytes | None:
+    """A chunked body (RFC 9112, 7.1) read off the raw ``stream``: its chunks joined, or None
+    once they add up to more than ``limit`` (nothing more is read then). ValueError for framing
+    that is no chunked body (a bad size line, a chunk cut short)."""
+    body = bytearray()
+    while True:
+        line = stream.readline(1024)
+        matched = _CHUNK_SIZE.fullmatch(line)
+        if matched is None:
+            raise ValueError(f"a chunk size line reads {bytes(line[:40])!r}")
+        size = int(matched[1], 16)
+        if size == 0:
+            break
+        if len(body) + size > limit:
+            return None
+        chunk = stream.read(size)
+        if len(chunk) < size:
+            raise ValueError(f"a chunk ended after {len(chunk)} of {size} bytes")
+        body += chunk
+        if stream.readline(3) not in (b"\r\n", b"\n"):
+            raise ValueError("a chunk is longer than its size")
+    for _ in range(_MAX_TRAILERS):
+        trailer = stream.readline(8192)
+        if trailer in (b"\r\n", b"\n"):
+            return bytes(body)
+        if not trailer.endswith(b"\n"):
+            raise ValueError("the body ends before its last line")
+    raise ValueError(f"more than {_MAX_TRAILERS} trailer lines")
+
+
 def _from_the_request(err: InvalidArgument, declared: Job[Any] | None) -> bool:
     """Whether the database refused a value the request sets (its webhook-id, or what
     ``declared`` derives from the body), not one of the receiver's configuration."""
@@ -713,13 +863,68 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _is_json_media_type(value: str | None) -> bool:
+    """Whether a Content-Type names JSON: application/json or a structured ``+json`` type
+    (application/cloudevents+json, say), parameters such as charset aside."""
+    if value is None:
+        return False
+    media = value.split(";", 1)[0].strip().lower()
+    kind, _, subtype = media.partition("/")
+    return kind == "application" and (subtype == "json" or subtype.endswith("+json"))
+
+
+#: What decides a JSON text's nesting: quotes and backslashes (strings), brackets and braces.
+_JSON_STRUCTURE = re.compile(rb'["\\\[\]{}]')
+
+
+def _nests_deeper(body: bytes, limit: int) -> bool:
+    """Whether ``body`` opens more than ``limit`` arrays and objects inside each other,
+    brackets within strings aside. One pass over the structural bytes, stopping at the first
+    level too deep, so that no parser recurses into it. A text that is no JSON gets some
+    answer here and is refused by the parser after it."""
+    depth = 0
+    in_string = False
+    escaped_at = -1  # the position right after a backslash within a string
+    for found in _JSON_STRUCTURE.finditer(body):
+        at = found.start()
+        if at == escaped_at:
+            continue
+        byte = body[at]
+        if in_string:
+            if byte == 0x5C:  # backslash: the next byte is escaped, whatever it is
+                escaped_at = at + 1
+            elif byte == 0x22:
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):
+            depth += 1
+            if depth > limit:
+                return True
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return False
+
+
 def _encode(answer: Answer) -> tuple[str, list[tuple[str, str]], bytes]:
     status, document = answer
     body = json.dumps(document, separators=(",", ":")).encode("utf-8")
     headers = [("content-type", "application/json"), ("content-length", str(len(body)))]
     if status == 405:
         headers.append(("allow", "POST"))
+    elif status == 415:
+        headers.append(("accept-post", "application/json"))
+    elif status == 503:
+        headers.append(("retry-after", str(BUSY_RETRY_AFTER)))
     return f"{status} {_phrase(status)}", headers, body
+
+
+def _raw_answer(answer: Answer) -> bytes:
+    """A whole HTTP/1.0 response, for the server's own answers outside the WSGI app (no
+    request read in time, too many connections); the connection closes after it."""
+    status, headers, body = _encode(answer)
+    head = "".join(f"{name}: {value}\r\n" for name, value in [*headers, ("connection", "close")])
+    return f"HTTP/1.0 {status}\r\n{head}\r\n".encode("latin-1") + body
 
 
 def _wsgi_answer(start_response: StartResponse, answer: Answer) -> list[bytes]:
@@ -755,26 +960,157 @@ async def _lifespan(receive: ASGIReceive, send: ASGISend) -> None:
 # --- a ready server -------------------------------------------------------------------------
 
 
-class _ThreadingWSGIServer(socketserver.ThreadingMixIn, WSGIServer):
-    """wsgiref's server with a thread per request, so that one slow receipt (a race waiting on
-    a lock, say) does not hold up the others."""
+class _DeadlineReader(io.RawIOBase):
+    """A connection's bytes, each read given the time left until one deadline: a client that
+    trickles its request a byte at a time cannot hold the connection past it (a timeout per
+    read alone would reset at every byte). TimeoutError once the deadline is past."""
 
-    daemon_threads = True
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        super().__init__()
+        self._sock = sock
+        self._deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the read deadline passed")
+        self._sock.settimeout(left)
+        return self._sock.recv_into(buffer)
 
 
-class _QuietHandler(WSGIRequestHandler):
-    """Request lines to the logger, not to stderr."""
+class _ReceiverHandler(WSGIRequestHandler):
+    """One connection, one request (HTTP/1.0, as wsgiref serves): read within the server's
+    read_timeout, from the connection's accept to the body's last byte, or answered 408 and
+    closed. Request lines go to the logger, not to stderr."""
+
+    server: _ThreadingWSGIServer
+
+    def setup(self) -> None:
+        super().setup()
+        deadline = time.monotonic() + self.server.read_timeout
+        self.rfile.close()
+        self.rfile = io.BufferedReader(_DeadlineReader(self.connection, deadline))
+
+    def get_environ(self) -> WSGIEnvironment:
+        environ = super().get_environ()
+        environ[_RAW_CHUNKED] = True  # wsgi.input is the raw stream: Receiver reads the chunks
+        return environ
+
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except TimeoutError:
+            # No request line and headers by the deadline (an idle connection, or one that
+            # trickles); within the body the app answers 408 itself.
+            logger.debug(
+                "%s sent no request within %g s", self.address_string(), self.server.read_timeout
+            )
+            self.close_connection = True
+            _send_quietly(
+                self.connection,
+                _raw_answer((408, {"error": "the request was not read in time"})),
+            )
 
     def log_message(self, format: str, *args: Any) -> None:
         logger.debug("%s %s", self.address_string(), format % args)
 
 
-def make_server(receiver: Receiver, host: str = "127.0.0.1", port: int = 8000) -> WSGIServer:
+def _send_quietly(sock: socket.socket, data: bytes) -> None:
+    """Send a short answer on a connection that is about to close, giving up after a second (a
+    client that reads nothing must not hold the thread)."""
+    try:
+        sock.settimeout(1.0)
+        sock.sendall(data)
+    except OSError:
+        pass
+
+
+class _ThreadingWSGIServer(socketserver.ThreadingMixIn, WSGIServer):
+    """wsgiref's server with a thread per connection, so that one slow receipt (a race waiting
+    on a lock, say) does not hold up the others, and at most ``max_connections`` of them: a
+    connection beyond that is answered 503 with Retry-After by a short-lived thread of its own
+    (reading the request head for up to a second first, so that closing does not reset the
+    connection before the client reads the answer); beyond as many of those again, it is closed
+    unanswered. Each thread's life is bounded: a request is read within ``read_timeout``."""
+
+    daemon_threads = True
+    read_timeout: float = READ_TIMEOUT
+    max_connections: int = MAX_CONNECTIONS
+
+    def bound(self, read_timeout: float, max_connections: int) -> None:
+        self.read_timeout = read_timeout
+        self.max_connections = max_connections
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._refusals = threading.BoundedSemaphore(max_connections)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if self._slots.acquire(blocking=False):
+            super().process_request(request, client_address)
+        elif self._refusals.acquire(blocking=False):
+            threading.Thread(target=self._turn_away, args=(request,), daemon=True).start()
+        else:
+            logger.warning(
+                "webhook server: %s connections open, closing one unanswered",
+                2 * self.max_connections,
+            )
+            self.shutdown_request(request)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def _turn_away(self, request: socket.socket) -> None:
+        try:
+            logger.info("webhook server: %s connections open, answering 503", self.max_connections)
+            _send_quietly(
+                request,
+                _raw_answer((503, {"error": "the receiver is busy; send it again shortly"})),
+            )
+            # A lingering close: what the client still sends is read and dropped until it
+            # closes (or a second passed), since closing on unread bytes resets the connection,
+            # and the reset can reach the client before it read the answer.
+            deadline = time.monotonic() + 1.0
+            try:
+                request.shutdown(socket.SHUT_WR)
+                while (left := deadline - time.monotonic()) > 0:
+                    request.settimeout(left)
+                    if not request.recv(65536):
+                        break
+            except OSError:
+                pass
+            self.shutdown_request(request)
+        finally:
+            self._refusals.release()
+
+
+def make_server(
+    receiver: Receiver,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    read_timeout: float = READ_TIMEOUT,
+    max_connections: int = MAX_CONNECTIONS,
+) -> WSGIServer:
     """A bound, not yet serving, HTTP server for ``receiver`` (port 0: any free port, see
-    ``server.server_port``). Run ``server.serve_forever()``; stop it with ``shutdown()``."""
-    return _wsgiref_server(
-        host, port, receiver.wsgi, server_class=_ThreadingWSGIServer, handler_class=_QuietHandler
+    ``server.server_port``). Run ``server.serve_forever()``; stop it with ``shutdown()``.
+    ``read_timeout`` (seconds) is how long a connection may take to send its request, from
+    its accept to the body's last byte (408 and closed after it); ``max_connections`` how many
+    it serves at once (503 with Retry-After beyond)."""
+    if not math.isfinite(read_timeout) or not read_timeout > 0:
+        raise ValueError(f"read_timeout is {read_timeout}; it must be above 0 seconds")
+    if max_connections < 1:
+        raise ValueError(f"max_connections is {max_connections}; it must be 1 or more")
+    server = _wsgiref_server(
+        host, port, receiver.wsgi, server_class=_ThreadingWSGIServer, handler_class=_ReceiverHandler
     )
+    assert isinstance(server, _ThreadingWSGIServer)
+    server.bound(read_timeout, max_connections)
+    return server
 
 
 def serve(
@@ -783,12 +1119,18 @@ def serve(
     port: int = 8000,
     *,
     ready: Callable[[WSGIServer], Any] | None = None,
+    read_timeout: float = READ_TIMEOUT,
+    max_connections: int = MAX_CONNECTIONS,
 ) -> None:
-    """Serve ``receiver`` over HTTP on wsgiref's server (a thread per request) until
-    ``server.shutdown()`` or Ctrl-C. ``ready`` gets the server once it listens: its port, and
-    a way to stop it from another thread. For tests and small deployments; behind a real
-    server, mount ``receiver.wsgi`` or ``receiver.asgi`` instead."""
-    with make_server(receiver, host, port) as server:
+    """Serve ``receiver`` over HTTP on wsgiref's server (a thread per connection, at most
+    ``max_connections``, each request read within ``read_timeout`` seconds: see
+    :func:`make_server`) until ``server.shutdown()`` or Ctrl-C. ``ready`` gets the server once
+    it listens: its port, and a way to stop it from another thread. For tests and small
+    deployments; behind a real server, mount ``receiver.wsgi`` or ``receiver.asgi`` instead
+    (and bound reads and connections there)."""
+    with make_server(
+        receiver, host, port, read_timeout=read_timeout, max_connections=max_connections
+    ) as server:
         logger.info(
             "receiving webhooks from %s on http://%s:%s/", receiver.source, host, server.server_port
         )

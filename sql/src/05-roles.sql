@@ -4,6 +4,14 @@
 --   x_jobs_producer < x_jobs_worker < x_jobs_admin
 --       granted to a deployment's logins: a worker is a producer too (a job may enqueue jobs),
 --       an admin is a worker.
+--   x_jobs_webhook
+--       granted to the login of a webhook receiver (x_jobs.webhooks.Receiver, or any
+--       service that calls receive_webhook), and the only role that may call it: whoever
+--       records a webhook id decides what the real, signed delivery of that id becomes (a
+--       duplicate, dropped), so only the process that verified the signature may. A member of
+--       no other x_jobs role, and no x_jobs role is a member of it, x_jobs_admin included:
+--       an admin repairs the ledger through its table rights (SELECT, DELETE) and
+--       purge_webhook_ledger, and never needs to register an id.
 --   x_jobs_owner
 --       owns every object of the schema (x_jobs._adopt), so that the functions that run as
 --       their owner (SECURITY DEFINER) run with the rights on x_jobs's tables and
@@ -13,7 +21,7 @@
 --       flaw in any of those functions would then be a superuser's. Nobody logs in as it and
 --       nobody is made a member of it: it owns the x_jobs objects of every database.
 --
--- The installer (the extension's owner, or under `x-jobs install` the caller) gets the three
+-- The installer (the extension's owner, or under `x-jobs install` the caller) gets the four
 -- roles WITH ADMIN OPTION, so that a database owner without CREATEROLE can grant them to its
 -- own logins. The extension's owner is read from pg_extension, not substituted into the script
 -- (CREATE EXTENSION's extowner substitution): an update run by a superuser would name that
@@ -37,6 +45,7 @@ AS $$
             ('x_jobs_producer'::name, '{}'::name []),
             ('x_jobs_worker'::name, '{x_jobs_producer}'::name []),
             ('x_jobs_admin'::name, '{x_jobs_worker}'::name []),
+            ('x_jobs_webhook'::name, '{}'::name []),
             ('x_jobs_owner'::name, '{pg_read_all_stats}'::name [])
     )
     SELECT DISTINCT r.rolname, p.problem
@@ -63,7 +72,7 @@ AS $$
     ORDER BY 1, 2
 $$;
 
--- Creates and links the roles that are missing, and grants the installer the three roles WITH
+-- Creates and links the roles that are missing, and grants the installer the four roles WITH
 -- ADMIN OPTION, as whoever runs the script. Each install and update script runs it before it
 -- makes anything else. Under CREATE EXTENSION that is a superuser, which may do it all. Under
 -- `x-jobs install` by a database owner without CREATEROLE, what it may not do is refused with
@@ -109,7 +118,7 @@ BEGIN
                 'and grants other rights to the logins instead (ALTER ROLE, REVOKE); then install again.';
     END IF;
 
-    FOREACH v_role IN ARRAY ARRAY['x_jobs_producer', 'x_jobs_worker', 'x_jobs_admin']::name [] LOOP
+    FOREACH v_role IN ARRAY ARRAY['x_jobs_producer', 'x_jobs_worker', 'x_jobs_admin', 'x_jobs_webhook']::name [] LOOP
         IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname = v_role) THEN
             v_required := v_required || pg_catalog.format('CREATE ROLE %I NOLOGIN', v_role);
         END IF;
@@ -149,7 +158,7 @@ BEGIN
     -- The roles exist now (or the install is refused below): which of them may the installer
     -- not grant yet?
     IF NOT v_installer_super THEN
-        FOREACH v_role IN ARRAY ARRAY['x_jobs_producer', 'x_jobs_worker', 'x_jobs_admin']::name [] LOOP
+        FOREACH v_role IN ARRAY ARRAY['x_jobs_producer', 'x_jobs_worker', 'x_jobs_admin', 'x_jobs_webhook']::name [] LOOP
             -- Apart: pg_has_role fails on a missing role, and OR may evaluate either side first.
             IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname = v_role) THEN
                 v_granted := v_granted || v_role;

@@ -55,14 +55,19 @@ WHERE state = 'inflight';
 CREATE INDEX outbox_key_idx ON x_jobs.outbox (key, state, id)
 WHERE key IS NOT NULL AND state IN ('pending', 'inflight');
 
--- Webhooks received from other services, by their sender's message id: a redelivered webhook
--- finds its row and enqueues nothing again.
+-- Webhooks received from other services, by their sender's message id within a tenant
+-- (x_jobs._webhook_tenant): a redelivered webhook finds its row and enqueues nothing again, and
+-- two tenants may receive the same id from one source, neither seeing the other's.
 CREATE TABLE x_jobs.webhook_ledger (
     source text NOT NULL, -- noqa: RF04
     webhook_id text NOT NULL,
     received_at timestamptz NOT NULL,
     job_id bigint NOT NULL,
-    CONSTRAINT webhook_ledger_pkey PRIMARY KEY (source, webhook_id)
+    -- Last, where the update that added it (ALTER TABLE ADD COLUMN) put it: a fresh install
+    -- and an updated one have the same columns in the same order. Rows from before it belong
+    -- to the tenant 'none', that of a job that names none.
+    tenant_id text NOT NULL,
+    CONSTRAINT webhook_ledger_pkey PRIMARY KEY (source, tenant_id, webhook_id)
 );
 
 -- What purge_webhook_ledger deletes first.

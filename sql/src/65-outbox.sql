@@ -787,18 +787,38 @@ BEGIN
 END
 $$;
 
+-- The tenant a received webhook is recorded for, and its id unique within: the request's
+-- tenant_id, else 'none' (the tenant of a job that names none), so that the ledger row and the
+-- job it becomes name one tenant. Kept apart from receive_webhook so that the tenant scope
+-- (the caller's bindings, x_jobs.tenant) decides it here and nowhere else. STABLE, not
+-- IMMUTABLE: that scope is fixed for a statement, not for ever. Called by receive_webhook, as its
+-- owner; granted to nobody.
+CREATE FUNCTION x_jobs._webhook_tenant(request jsonb)
+RETURNS text
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce(_webhook_tenant.request ->> 'tenant_id', 'none')
+$$;
+
 -- A webhook received from `source` with its sender's message id: in one transaction, the
 -- ledger row and the job it becomes: `name`, `input` and `queue`, with the rest of the job's
 -- enqueue request in `request` (max_attempts, priority, ... as enqueue_many takes them). A
--- webhook id seen before answers its first job with duplicate = true and enqueues nothing: a
--- redelivery (senders deliver at least once) becomes exactly one job.
+-- webhook id seen before from the same source for the same tenant (x_jobs._webhook_tenant)
+-- answers its first job with duplicate = true and enqueues nothing: a redelivery (senders
+-- deliver at least once) becomes exactly one job. Another tenant's receipt of the same id is
+-- its own.
 --
 -- Two receipts of one id at once are serialized by a transaction-scoped advisory lock on
--- (source, webhook id), and the ledger is read after it: the second waits for the first to
--- commit and then answers duplicate. READ COMMITTED only: a transaction snapshot would not see
--- the first receipt's commit.
+-- (source, tenant, webhook id), and the ledger is read after it: the second waits for the
+-- first to commit and then answers duplicate. READ COMMITTED only: a transaction snapshot would
+-- not see the first receipt's commit.
 --
--- SECURITY DEFINER: producers hold no rights on the tables (see Grants).
+-- Granted to x_jobs_webhook alone, the role of the receiver's login (see 05-roles.sql): whoever
+-- records an id decides that the real delivery of it is a duplicate.
+--
+-- SECURITY DEFINER: the receiver's role holds no rights on the tables (see Grants).
 CREATE FUNCTION x_jobs.receive_webhook(
     source text,
     webhook_id text,
@@ -816,6 +836,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_job bigint;
+    v_tenant text;
 BEGIN
     IF receive_webhook.source IS NULL OR receive_webhook.source = ''
         OR receive_webhook.webhook_id IS NULL OR receive_webhook.webhook_id = '' THEN
@@ -850,12 +871,16 @@ BEGIN
             HINT = 'Receive webhooks in READ COMMITTED transactions (the default).';
     END IF;
 
+    v_tenant := x_jobs._webhook_tenant(receive_webhook.request);
+    -- Keyed by all three: a hash collision (or a \x1f inside a name that shifts the boundary)
+    -- only serializes two receipts, which the ledger lookup below still tells apart.
     PERFORM pg_catalog.pg_advisory_xact_lock(2024061704,
-        pg_catalog.hashtext(receive_webhook.source || E'\x1f' || receive_webhook.webhook_id));
+        pg_catalog.hashtext(receive_webhook.source || E'\x1f' || v_tenant || E'\x1f' || receive_webhook.webhook_id));
 
     SELECT l.job_id INTO v_job
     FROM x_jobs.webhook_ledger AS l
-    WHERE l.source = receive_webhook.source AND l.webhook_id = receive_webhook.webhook_id;
+    WHERE l.source = receive_webhook.source AND l.tenant_id = v_tenant
+        AND l.webhook_id = receive_webhook.webhook_id;
     IF FOUND THEN
         RETURN QUERY SELECT v_job, TRUE;
         RETURN;
@@ -869,8 +894,8 @@ BEGIN
         || CASE WHEN receive_webhook.input IS NULL THEN '{}'
             ELSE pg_catalog.jsonb_build_object('input', receive_webhook.input) END
     )) AS e;
-    INSERT INTO x_jobs.webhook_ledger (source, webhook_id, received_at, job_id)
-    VALUES (receive_webhook.source, receive_webhook.webhook_id, x_jobs.now(), v_job);
+    INSERT INTO x_jobs.webhook_ledger (source, webhook_id, received_at, job_id, tenant_id)
+    VALUES (receive_webhook.source, receive_webhook.webhook_id, x_jobs.now(), v_job, v_tenant);
     RETURN QUERY SELECT v_job, FALSE;
 END
 $$;
@@ -907,4 +932,5 @@ END
 $$;
 
 -- Tests: tests/pgtap/36-outbox.sql, tests/pgtap/60-retention.sql, tests/python/test_outbox_sql.py,
---        tests/python/test_relay.py, tests/python/test_webhooks.py
+--        tests/python/test_relay.py, tests/python/test_webhooks.py, tests/pgtap/39-webhooks.sql,
+--        tests/python/test_webhooks_hardening.py

@@ -12,8 +12,9 @@
 --
 --   version         the installed version, and how: an extension (and whose) or x-jobs install;
 --                   fails when the extension's recorded version and x_jobs.version() differ.
---   roles           x_jobs_producer < x_jobs_worker < x_jobs_admin exist and are linked, and no
---                   x_jobs role has more than x_jobs made it with (x_jobs._role_problems).
+--   roles           x_jobs_producer < x_jobs_worker < x_jobs_admin and x_jobs_webhook exist, the
+--                   first three linked, and no x_jobs role has more than x_jobs made it with
+--                   (x_jobs._role_problems).
 --   function_owner  the functions that run as their owner have one owner: x_jobs_owner, or the
 --                   role that ran `x-jobs install` without being a superuser.
 --   restart_grace   that owner may read the WAL writer's start (pg_read_all_stats). If not,
@@ -53,15 +54,15 @@ AS $$
         SELECT pg_catalog.array_agg(m.statement ORDER BY m.n) AS statements
         FROM (
             SELECT g.n, pg_catalog.format('CREATE ROLE %I NOLOGIN', g.role_name) AS statement
-            FROM pg_catalog.unnest(ARRAY['x_jobs_producer', 'x_jobs_worker', 'x_jobs_admin']::name [])
+            FROM pg_catalog.unnest(ARRAY['x_jobs_producer', 'x_jobs_worker', 'x_jobs_admin', 'x_jobs_webhook']::name [])
                 WITH ORDINALITY AS g (role_name, n)
             WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname = g.role_name)
             UNION ALL
             SELECT l.n, pg_catalog.format('GRANT %I TO %I', l.granted, l.member)
             FROM (
                 VALUES
-                    (4, 'x_jobs_producer'::name, 'x_jobs_worker'::name),
-                    (5, 'x_jobs_worker'::name, 'x_jobs_admin'::name)
+                    (5, 'x_jobs_producer'::name, 'x_jobs_worker'::name),
+                    (6, 'x_jobs_worker'::name, 'x_jobs_admin'::name)
             ) AS l (n, granted, member)
             WHERE NOT EXISTS (
                 SELECT FROM pg_catalog.pg_auth_members AS a
@@ -99,7 +100,8 @@ AS $$
             m.statements IS NULL AND u.problems IS NULL,
             CASE
                 WHEN m.statements IS NULL AND u.problems IS NULL THEN
-                    'x_jobs_producer, x_jobs_worker and x_jobs_admin exist, each a member of the one before'
+                    'x_jobs_producer, x_jobs_worker and x_jobs_admin exist, each a member of the one before, '
+                    'and x_jobs_webhook'
                 ELSE pg_catalog.concat_ws('; ',
                     CASE WHEN m.statements IS NOT NULL THEN 'the x_jobs roles are missing or unlinked' END,
                     u.problems)

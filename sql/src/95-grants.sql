@@ -108,11 +108,14 @@ GRANT EXECUTE ON FUNCTION x_jobs.purge_events(interval, integer) TO x_jobs_admin
 GRANT SELECT, UPDATE, DELETE ON x_jobs.step TO x_jobs_admin;
 GRANT SELECT, DELETE ON x_jobs.event TO x_jobs_admin;
 
--- The outbox. Producers put messages and receive webhooks (which enqueue jobs), through
--- functions that run as their owner.
+-- The outbox. Producers put messages, through functions that run as their owner.
 GRANT EXECUTE ON FUNCTION x_jobs.outbox_put(text, jsonb, text, jsonb, integer) TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs.outbox_put_many(jsonb) TO x_jobs_producer;
-GRANT EXECUTE ON FUNCTION x_jobs.receive_webhook(text, text, text, jsonb, text, jsonb) TO x_jobs_producer;
+-- Webhooks are received (a ledger row and its job) by the receiver's login alone, through a
+-- function that runs as its owner: a producer that could record an id would turn the real,
+-- signed delivery of it into a dropped duplicate. x_jobs_webhook gets nothing else.
+GRANT USAGE ON SCHEMA x_jobs TO x_jobs_webhook;
+GRANT EXECUTE ON FUNCTION x_jobs.receive_webhook(text, text, text, jsonb, text, jsonb) TO x_jobs_webhook;
 -- Workers relay: they claim, deliver and settle messages.
 GRANT EXECUTE ON FUNCTION x_jobs.relay_outbox(text, integer, interval, text[]) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.outbox_ack(bigint[], text) TO x_jobs_worker;

@@ -4,11 +4,34 @@
 -- (no sequential or bitmap scans), so a worker that first claimed on an empty table keeps up;
 -- the outbox relay's likewise. Schedules: cron expressions in SQL, ticked by any number of
 -- callers with no leader (x_jobs.schedule, set_schedule, tick_schedules, cron_next, ...).
+-- Webhooks are received by a role of their own, x_jobs_webhook, and no longer by producers (who
+-- could record an id ahead of its signed delivery and have that dropped as a duplicate); their
+-- ids are unique per source and tenant.
 
 --@function x_jobs.version
 --@function x_jobs.claim
 --@function x_jobs.relay_outbox
 --@function x_jobs._caller
+
+-- The role x_jobs_webhook: made by _setup_roles, run again here (an update by a role that may
+-- not create it is refused with the statements an administrator runs first), and checked by
+-- health.
+--@function x_jobs._role_problems
+--@function x_jobs._setup_roles
+SELECT x_jobs._setup_roles();
+--@function x_jobs.health
+
+-- Webhook ids are unique per source and tenant. The rows from before belong to the tenant 'none',
+-- as their jobs are unless the request named one (their ids stay unique per source: adding a
+-- column to the key keeps them distinct). The default fills them in one rewrite-free step and
+-- goes again, as the fresh table has none.
+ALTER TABLE x_jobs.webhook_ledger ADD COLUMN tenant_id text NOT NULL DEFAULT 'none';
+ALTER TABLE x_jobs.webhook_ledger ALTER COLUMN tenant_id DROP DEFAULT;
+ALTER TABLE x_jobs.webhook_ledger
+DROP CONSTRAINT webhook_ledger_pkey,
+ADD CONSTRAINT webhook_ledger_pkey PRIMARY KEY (source, tenant_id, webhook_id);
+--@function x_jobs._webhook_tenant
+--@function x_jobs.receive_webhook
 
 -- A cron expression as x_jobs._cron_parse reads it: the values each field allows, sorted (the
 -- weekdays from 0, Sunday, to 6), and two flags. day_and: the day-of-month and day-of-week
@@ -202,6 +225,10 @@ DROP FUNCTION x_jobs._require_held(bigint, text, text);
 -- functions from before hold no PUBLIC right, so this changes none of theirs.
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA x_jobs FROM public;
 REVOKE ALL ON TABLE x_jobs.schedule FROM public;
+-- Webhooks: the receiver's role alone receives them (see 95-grants.sql).
+GRANT USAGE ON SCHEMA x_jobs TO x_jobs_webhook;
+REVOKE EXECUTE ON FUNCTION x_jobs.receive_webhook(text, text, text, jsonb, text, jsonb) FROM x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs.receive_webhook(text, text, text, jsonb, text, jsonb) TO x_jobs_webhook;
 -- Schedules. Every x_jobs role may preview a cron expression (cron_next runs as its caller,
 -- through the pure helpers granted with it). Workers declare their app's schedules, read them
 -- and tick, through functions that run as their owner; pg_cron's job ticks as a login granted

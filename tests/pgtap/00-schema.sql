@@ -2,7 +2,7 @@
 -- volatile it is, whose rights it runs with, which settings it pins, and who may use what.
 -- A change to any of these is a change to the API: it shows up here first, on purpose.
 BEGIN;
-SELECT plan(1080);
+SELECT plan(1200);
 
 -- The functions of the API, one row each, with what 00-schema pins about them. `args` is how
 -- pgTAP's catalog view spells the argument types (regtype output: 'timestamp with time zone',
@@ -181,8 +181,10 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
 ('purge_outbox', '{interval,integer}', 'bigint', 'VOLATILE', NULL),
 (
     'receive_webhook', '{text,text,text,jsonb,text,jsonb}', 'setof record', 'VOLATILE',
-    'so a producer records a webhook and its job without any right on the ledger or the jobs'
+    'so the receiver''s role records a webhook and its job without any right on the ledger or the jobs'
 ),
+-- The tenant a webhook id is unique within (0.4.2): the tenant scope decides it there alone.
+('_webhook_tenant', '{jsonb}', 'text', 'STABLE', NULL),
 ('purge_webhook_ledger', '{interval,integer}', 'bigint', 'VOLATILE', NULL),
 -- Declarations (0.4.0).
 ('_filled', '{x_jobs.enqueue_request,x_jobs.job_type}', 'x_jobs.enqueue_request', 'IMMUTABLE', NULL),
@@ -346,7 +348,9 @@ INSERT INTO api_grant (fn, lowest_role, to_pg_monitor) VALUES
 ('_require_message', NULL, FALSE),
 ('outbox_put', 'x_jobs_producer', FALSE),
 ('outbox_put_many', 'x_jobs_producer', FALSE),
-('receive_webhook', 'x_jobs_producer', FALSE),
+-- Webhooks are received by the receiver's role alone (0.4.2; producers could before).
+('receive_webhook', 'x_jobs_webhook', FALSE),
+('_webhook_tenant', NULL, FALSE),
 ('relay_outbox', 'x_jobs_worker', FALSE),
 ('outbox_ack', 'x_jobs_worker', FALSE),
 ('outbox_extend_lease', 'x_jobs_worker', FALSE),
@@ -399,11 +403,13 @@ INSERT INTO api_grant (fn, lowest_role, to_pg_monitor) VALUES
 ('resume_schedule', 'x_jobs_admin', FALSE),
 ('run_schedule_now', 'x_jobs_admin', FALSE);
 
--- The roles a grant is checked for, in the order of their membership chain.
+-- The roles a grant is checked for, in the order of their membership chain; NULL: outside it
+-- (x_jobs_webhook is a member of no x_jobs role, and none is a member of it).
 CREATE TEMP TABLE grant_role (grantee name PRIMARY KEY, chain_rank integer);
 
 INSERT INTO grant_role (grantee, chain_rank) VALUES
-('x_jobs_producer', 1), ('x_jobs_worker', 2), ('x_jobs_admin', 3), ('pg_monitor', NULL), ('public', NULL);
+('x_jobs_producer', 1), ('x_jobs_worker', 2), ('x_jobs_admin', 3), ('x_jobs_webhook', NULL), ('pg_monitor', NULL),
+('public', NULL);
 
 -- The extension and its schema --------------------------------------------------------------
 
@@ -568,14 +574,16 @@ SELECT results_eq(
         ('x_jobs.webhook_ledger', 'source', 'text', TRUE, ''),
         ('x_jobs.webhook_ledger', 'webhook_id', 'text', TRUE, ''),
         ('x_jobs.webhook_ledger', 'received_at', 'timestamp with time zone', TRUE, ''),
-        ('x_jobs.webhook_ledger', 'job_id', 'bigint', TRUE, '')
+        ('x_jobs.webhook_ledger', 'job_id', 'bigint', TRUE, ''),
+        ('x_jobs.webhook_ledger', 'tenant_id', 'text', TRUE, '')
     $$,
     'The outbox and webhook_ledger tables should have the documented columns, types, NOT NULLs and '
     'identity, in order'
 );
 
 -- A message in flight names the relay that holds it (outbox_ack and outbox_nack match on it),
--- and a webhook is one per (source, id): that key is what makes a redelivery one job.
+-- and a webhook is one per (source, tenant, id): that key is what makes a redelivery one job,
+-- and another tenant's receipt of the id its own.
 SELECT results_eq(
     $$
     SELECT c.conrelid::regclass::text, c.conname::text COLLATE "default", pg_catalog.pg_get_constraintdef(c.oid)
@@ -589,7 +597,7 @@ SELECT results_eq(
          'CHECK (((state <> ''inflight''::x_jobs.outbox_state) OR (relay IS NOT NULL)))'),
         ('x_jobs.outbox', 'outbox_max_attempts_positive', 'CHECK ((max_attempts >= 1))'),
         ('x_jobs.outbox', 'outbox_pkey', 'PRIMARY KEY (id)'),
-        ('x_jobs.webhook_ledger', 'webhook_ledger_pkey', 'PRIMARY KEY (source, webhook_id)')
+        ('x_jobs.webhook_ledger', 'webhook_ledger_pkey', 'PRIMARY KEY (source, tenant_id, webhook_id)')
     $$,
     'The outbox and webhook_ledger tables should have exactly their documented keys and checks'
 );
@@ -981,7 +989,7 @@ SELECT results_eq(
         ('x_jobs.outbox_pkey',
          'CREATE UNIQUE INDEX outbox_pkey ON x_jobs.outbox USING btree (id)'),
         ('x_jobs.webhook_ledger_pkey',
-         'CREATE UNIQUE INDEX webhook_ledger_pkey ON x_jobs.webhook_ledger USING btree (source, webhook_id)'),
+         'CREATE UNIQUE INDEX webhook_ledger_pkey ON x_jobs.webhook_ledger USING btree (source, tenant_id, webhook_id)'),
         ('x_jobs.webhook_ledger_received_idx',
          'CREATE INDEX webhook_ledger_received_idx ON x_jobs.webhook_ledger USING btree (received_at)')
     $$,
@@ -1445,6 +1453,17 @@ SELECT is_member_of(
     'x_jobs_producer', ARRAY['x_jobs_worker'], 'A worker should be a producer too, since a job may enqueue jobs'
 );
 SELECT is_member_of('x_jobs_worker', ARRAY['x_jobs_admin'], 'An admin should be a worker too');
+SELECT has_role('x_jobs_webhook', 'The role x_jobs_webhook should exist');
+SELECT is_empty(
+    $$
+    SELECT g.rolname, u.rolname
+    FROM pg_catalog.pg_auth_members AS m
+    INNER JOIN pg_catalog.pg_roles AS g ON m.roleid = g.oid
+    INNER JOIN pg_catalog.pg_roles AS u ON m.member = u.oid
+    WHERE u.rolname = 'x_jobs_webhook' OR (g.rolname = 'x_jobs_webhook' AND u.rolname LIKE 'x\_jobs\_%')
+    $$,
+    'x_jobs_webhook should be a member of no x_jobs role and have none as a member: an admin is no receiver'
+);
 
 SELECT
     schema_privs_are(
@@ -1462,14 +1481,16 @@ SELECT
     function_privs_are(
         'x_jobs', g.fn, a.args, r.grantee,
         CASE
-            WHEN r.chain_rank >= lr.chain_rank OR (r.grantee = 'pg_monitor' AND g.to_pg_monitor) THEN '{EXECUTE}'
+            WHEN r.chain_rank >= lr.chain_rank OR r.grantee = g.lowest_role
+                OR (r.grantee = 'pg_monitor' AND g.to_pg_monitor) THEN '{EXECUTE}'
             ELSE '{}'
         END::name[],
         pg_catalog.format(
             'Role %s should %s x_jobs.%s',
             r.grantee,
             CASE
-                WHEN r.chain_rank >= lr.chain_rank OR (r.grantee = 'pg_monitor' AND g.to_pg_monitor)
+                WHEN r.chain_rank >= lr.chain_rank OR r.grantee = g.lowest_role
+                    OR (r.grantee = 'pg_monitor' AND g.to_pg_monitor)
                     THEN 'be able to run'
                 ELSE 'not be able to run'
             END,
@@ -1558,8 +1579,8 @@ SELECT set_eq(
     LEFT JOIN pg_catalog.pg_roles AS r ON acl.grantee = r.oid
     WHERE n.nspname = 'x_jobs' AND acl.grantee <> n.nspowner
     $$,
-    $$ VALUES ('x_jobs_producer', 'USAGE'), ('pg_monitor', 'USAGE') $$,
-    'USAGE on the schema should be granted directly to x_jobs_producer and pg_monitor only'
+    $$ VALUES ('x_jobs_producer', 'USAGE'), ('x_jobs_webhook', 'USAGE'), ('pg_monitor', 'USAGE') $$,
+    'USAGE on the schema should be granted directly to x_jobs_producer, x_jobs_webhook and pg_monitor only'
 );
 
 -- Who owns what (0.4.0): every object of the schema is x_jobs_owner's, so that the functions that
@@ -1687,6 +1708,8 @@ FROM (
     ('webhook_ledger', 'x_jobs_producer', '{}'),
     ('webhook_ledger', 'x_jobs_worker', '{}'),
     ('webhook_ledger', 'x_jobs_admin', '{DELETE,SELECT}'),
+    ('webhook_ledger', 'x_jobs_webhook', '{}'),
+    ('job', 'x_jobs_webhook', '{}'),
     ('webhook_ledger', 'pg_monitor', '{}'),
     ('webhook_ledger', 'public', '{}'),
     ('job_type', 'x_jobs_producer', '{}'),

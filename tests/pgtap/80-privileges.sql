@@ -1,5 +1,6 @@
 -- The grants: a producer enqueues, publishes (through the SECURITY DEFINER publish, with no right
--- of its own on jobs, steps or events), puts outbox messages and receives webhooks, and no more; a
+-- of its own on jobs, steps or events) and puts outbox messages, and no more; the receiver's role
+-- (x_jobs_webhook) receives webhooks and does nothing else; a
 -- worker claims, settles and runs the steps of what it holds and relays the outbox, but does not
 -- operate; an admin operates (resolves steps, redrives messages, runs every retention); a role
 -- without a grant cannot reach the schema, and pg_monitor reads demand and gauge counts but not
@@ -7,7 +8,7 @@
 -- the test; each block runs under SET ROLE and ends with RESET ROLE. The clock is moved with
 -- SET LOCAL "x_jobs.fake_now", which only a superuser's session may do (the last block).
 BEGIN;
-SELECT plan(176);
+SELECT plan(180);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
@@ -16,6 +17,8 @@ CREATE ROLE t80_worker LOGIN;
 CREATE ROLE t80_admin LOGIN;
 CREATE ROLE t80_nobody LOGIN;
 CREATE ROLE t80_monitor LOGIN;
+CREATE ROLE t80_webhook LOGIN;
+GRANT x_jobs_webhook TO t80_webhook;
 GRANT x_jobs_producer TO t80_producer;
 GRANT x_jobs_worker TO t80_worker;
 GRANT x_jobs_admin TO t80_admin;
@@ -676,13 +679,52 @@ SELECT is(
     'A producer should be able to put a batch of messages with outbox_put_many'
 );
 
+-- A producer that could record a webhook id would have the real, signed delivery of it
+-- answered as a duplicate and dropped: only the receiver's role receives (0.4.2).
+SELECT throws_ok(
+    $$SELECT * FROM x_jobs.receive_webhook('t80-src', 't80-wh-1', 't80_hook', '{"a": 1}', 't80-h')$$,
+    '42501',
+    'permission denied for function receive_webhook',
+    'A producer should not be able to receive a webhook (and so record an id ahead of its delivery)'
+);
+
+RESET ROLE;
+SET ROLE t80_webhook;
+
 SELECT results_eq(
     $$SELECT w.duplicate FROM x_jobs.receive_webhook('t80-src', 't80-wh-1', 't80_hook', '{"a": 1}', 't80-h') AS w
       UNION ALL
       SELECT w.duplicate FROM x_jobs.receive_webhook('t80-src', 't80-wh-1', 't80_hook', '{"a": 1}', 't80-h') AS w$$,
     ARRAY[FALSE, TRUE],
-    'A producer should be able to receive a webhook, and its redelivery should be a duplicate'
+    'The receiver''s role should be able to receive a webhook, and its redelivery should be a duplicate'
 );
+
+SELECT throws_ok(
+    $$SELECT * FROM x_jobs.enqueue('t80_hook_direct')$$,
+    '42501',
+    'permission denied for function enqueue',
+    'The receiver''s role should not be able to enqueue but through a webhook'
+);
+
+SELECT throws_ok(
+    $$SELECT l.webhook_id FROM x_jobs.webhook_ledger AS l$$,
+    '42501',
+    'permission denied for table webhook_ledger',
+    'The receiver''s role should not be able to read the webhook ledger'
+);
+
+RESET ROLE;
+SET ROLE t80_admin;
+
+SELECT throws_ok(
+    $$SELECT * FROM x_jobs.receive_webhook('t80-src', 't80-wh-3', 't80_hook')$$,
+    '42501',
+    'permission denied for function receive_webhook',
+    'An admin should not be able to receive a webhook: x_jobs_admin is no member of x_jobs_webhook'
+);
+
+RESET ROLE;
+SET ROLE t80_producer;
 
 SELECT throws_ok(
     $$SELECT * FROM x_jobs.relay_outbox('t80-r')$$,

@@ -213,13 +213,14 @@ def test_a_database_owner_creates_the_extension_in_two_databases(server: Server)
             " WHERE extname = 'x_jobs'"
         ).fetchone() == (NEWEST, "shop_owner")
         assert owners(owner) == {"x_jobs_owner"}
-        # What it may grant is the three roles, not x_jobs_owner, and it became no superuser.
+        # What it may grant is the four roles, not x_jobs_owner, and it became no superuser.
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             owner.execute("GRANT x_jobs_owner TO shop_web")
     assert roles_present(server) == [
         "x_jobs_admin",
         "x_jobs_owner",
         "x_jobs_producer",
+        "x_jobs_webhook",
         "x_jobs_worker",
     ]
     enqueue_claim_complete(server, "shop", "shop_web", "shop_runner")
@@ -308,9 +309,11 @@ def test_x_jobs_install_by_an_owner_names_what_an_administrator_runs_first(
         "CREATE ROLE x_jobs_producer NOLOGIN",
         "CREATE ROLE x_jobs_worker NOLOGIN",
         "CREATE ROLE x_jobs_admin NOLOGIN",
+        "CREATE ROLE x_jobs_webhook NOLOGIN",
         "GRANT x_jobs_producer TO x_jobs_worker",
         "GRANT x_jobs_worker TO x_jobs_admin",
-        'GRANT x_jobs_producer, x_jobs_worker, x_jobs_admin TO "Shop Owner" WITH ADMIN OPTION',
+        'GRANT x_jobs_producer, x_jobs_worker, x_jobs_admin, x_jobs_webhook TO "Shop Owner"'
+        " WITH ADMIN OPTION",
         'GRANT pg_read_all_stats TO "Shop Owner"',
     ]
     assert (

@@ -65,10 +65,12 @@ def signed(
     secret: str = SECRET,
     timestamp: float | None = None,
 ) -> dict[str, str]:
-    """Standard Webhooks headers computed by the library itself, independent of WebhookSink."""
+    """Standard Webhooks headers computed by the library itself, independent of WebhookSink,
+    with the Content-Type a sender sends."""
     text = body.decode() if isinstance(body, bytes) else body
     stamp = int(time.time() if timestamp is None else timestamp)
     return {
+        "Content-Type": "application/json",
         "Webhook-Id": webhook_id,
         "Webhook-Timestamp": str(stamp),
         "Webhook-Signature": Webhook(secret).sign(
@@ -579,6 +581,7 @@ def test_signatures_on_several_header_lines_are_all_tried(
         valid = signed(BODY, webhook_id=webhook_id, timestamp=stamp)
         old = signed(BODY, webhook_id=webhook_id, timestamp=stamp, secret=new_secret())
         return [
+            ("content-type", "application/json"),
             ("webhook-id", webhook_id),
             ("webhook-timestamp", valid["Webhook-Timestamp"]),
             ("webhook-signature", valid["Webhook-Signature"]),
