@@ -40,6 +40,8 @@ SET enable_bitmapscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
+    -- A bound worker settles its tenants' rows only (see x_jobs._tenant_scope).
+    v_scope text[] := x_jobs._tenant_scope();
     v_now timestamptz := x_jobs.now();
     v_max_payload integer := x_jobs._max_payload_bytes();
     v_big record;
@@ -117,6 +119,7 @@ BEGIN
                     AND j.state::text = 'running' -- by id only: see job_running_idx
                     AND j.claimed_by = complete_many.worker
                     AND (v_attempts IS NULL OR coalesce((v_attempts ->> j.id::text)::integer, j.attempt) = j.attempt)
+                    AND (v_scope IS NULL OR j.tenant_id = ANY (v_scope))
                     AND j.keep_done
                 RETURNING j.id, j.name, j.started_at
             )
@@ -137,6 +140,7 @@ BEGIN
                     AND j.state::text = 'running' -- by id only: see job_running_idx
                     AND j.claimed_by = complete_many.worker
                     AND (v_attempts IS NULL OR coalesce((v_attempts ->> j.id::text)::integer, j.attempt) = j.attempt)
+                    AND (v_scope IS NULL OR j.tenant_id = ANY (v_scope))
                     AND j.keep_done
                 RETURNING j.id, j.name, j.started_at
             )
@@ -153,6 +157,7 @@ BEGIN
                     AND j.state::text = 'running' -- by id only: see job_running_idx
                     AND j.claimed_by = complete_many.worker
                     AND (v_attempts IS NULL OR coalesce((v_attempts ->> j.id::text)::integer, j.attempt) = j.attempt)
+                    AND (v_scope IS NULL OR j.tenant_id = ANY (v_scope))
                     AND NOT j.keep_done
                 RETURNING j.id, j.name, j.started_at
             )
@@ -246,6 +251,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
+    -- A bound worker settles its tenants' rows only (see x_jobs._tenant_scope).
+    v_scope text[] := x_jobs._tenant_scope();
     v_now timestamptz := x_jobs.now();
     v_state x_jobs.job_state;
     v_queue text;
@@ -328,6 +335,7 @@ BEGIN
             AND j.state::text = 'running' -- by id only: see job_running_idx
             AND j.claimed_by = fail.worker
             AND (fail.attempt IS NULL OR j.attempt = fail.attempt)
+            AND (v_scope IS NULL OR j.tenant_id = ANY (v_scope))
         RETURNING j.id, j.name, j.queue, j.state, j.attempt, j.started_at
     ),
     logged AS (

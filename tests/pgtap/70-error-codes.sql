@@ -142,7 +142,8 @@ SELECT is_empty(
 -- 0.3.8 XJ040 (a malformed x_jobs.max_payload_bytes), 0.4.0 XJ041 and XJ042 (the roles an install
 -- finds), XJ044 and XJ045 (the bulk operations' filters), XJ047 and XJ048 (declarations), XJ051
 -- (queue_gauges' max_age), 0.4.2 XJ043, XJ046, XJ049 and XJ050 (schedules), XJ052 and XJ053 (the
--- fence: a worker id another login's, attempts that do not pair with their ids).
+-- fence: a worker id another login's, attempts that do not pair with their ids), XJ058..XJ062
+-- (tenants).
 SELECT set_eq(
     $$SELECT sqlstate, code FROM x_jobs.error_codes()$$,
     $$VALUES
@@ -164,6 +165,8 @@ SELECT set_eq(
         ('XJ046', 'X_TIME_ZONE_INVALID'), ('XJ047', 'X_DECLARATIONS_INVALID'), ('XJ048', 'X_JOB_TIMEOUT_INVALID'),
         ('XJ049', 'X_SCHEDULE_INVALID'), ('XJ050', 'X_SCHEDULE_NOT_FOUND'), ('XJ051', 'X_MAX_AGE_INVALID'),
         ('XJ052', 'X_WORKER_NOT_YOURS'), ('XJ053', 'X_ATTEMPTS_INVALID'),
+        ('XJ058', 'X_ROLE_UNKNOWN'), ('XJ059', 'X_TENANT_NOT_BOUND'), ('XJ060', 'X_TENANT_OUT_OF_SCOPE'),
+        ('XJ061', 'X_TENANT_AMBIGUOUS'), ('XJ062', 'X_CROSS_TENANT'),
         ('40001', 'X_ENQUEUE_RACE')$$,
     'error_codes() should list exactly the documented SQLSTATE and X_ code pairs'
 );
