@@ -385,10 +385,10 @@ class App:
         the pool's, in autocommit. SQL refusals come out as typed x_jobs errors."""
         try:
             if conn is not None:
-                with self._scoped(conn) as db:
+                with self.scope(conn) as db:
                     yield db
             else:
-                with self.pool.connection() as pooled, self._scoped(pooled) as db:
+                with self.pool.connection() as pooled, self.scope(pooled) as db:
                     yield db
         except PoolTimeout as err:
             # The pool only says that it waited; one connection of its own says why.
@@ -417,7 +417,7 @@ class App:
             raise typed from err
 
     @contextmanager
-    def _scoped(self, db: psycopg.Connection[Any]) -> Iterator[psycopg.Connection[Any]]:
+    def scope(self, db: psycopg.Connection[Any]) -> Iterator[psycopg.Connection[Any]]:
         """``db`` with the transaction scoped to the app's tenant (nothing without one). An
         autocommit connection outside a transaction gets one of its own, committed at the end;
         in a transaction already (the caller's), the setting joins it and stays until it ends:

@@ -65,9 +65,7 @@ def tenant_bindings(conn: psycopg.Connection[Any]) -> list[TenantBinding]:
 
 
 @contextmanager
-def cross_tenant(
-    reason: str, *, dsn: str | None = None, app: App | None = None
-) -> Iterator[App]:
+def cross_tenant(reason: str, *, dsn: str | None = None, app: App | None = None) -> Iterator[App]:
     """Leave the tenant scope, for ``reason``: answers an app that sets no tenant, through the
     login of ``dsn`` (default DATABASE_URL, else libpq's environment; a role bound to no tenant,
     which sees every tenant's jobs) or, given ``app``, through that app's login (its
