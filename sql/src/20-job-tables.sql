@@ -90,7 +90,8 @@ CREATE INDEX job_running_idx ON x_jobs.job (queue, visible_at, id)
 WHERE state = 'running';
 
 -- An idempotency key is unique among live rows only: once its row settles, the key is free.
-CREATE UNIQUE INDEX job_idempotency_key_idx ON x_jobs.job (idempotency_key)
+-- Per tenant: two tenants may use one key, and neither learns of the other's row.
+CREATE UNIQUE INDEX job_idempotency_key_idx ON x_jobs.job (tenant_id, idempotency_key)
 WHERE idempotency_key IS NOT NULL AND state IN ('ready', 'delayed', 'suspended', 'running');
 
 -- How many rows of a concurrency key run now: the claim counts here before it takes one.

@@ -57,16 +57,21 @@ CREATE TABLE x_jobs.event (
     key text, -- noqa: RF04
     published_at timestamptz NOT NULL,
     payload jsonb,
+    -- Last, where the update that added it (ALTER TABLE ADD COLUMN) put it. The publisher's
+    -- tenant: an event resolves only the waits of its tenant's runs, and a wait matches only
+    -- the events of its run's tenant, so event names and keys are per tenant.
+    tenant_id text NOT NULL DEFAULT 'none',
     CONSTRAINT event_pkey PRIMARY KEY (id)
 );
 
 COMMENT ON COLUMN x_jobs.event.published_at IS
 'The clock when the publish ran (not the transaction start), taken under the event''s lock.';
 
--- What a wait reaching its step looks up: the first event of a name (and key) since an instant.
-CREATE INDEX event_name_idx ON x_jobs.event (name, published_at);
+-- What a wait reaching its step looks up: the first event of its tenant, of a name (and key),
+-- since an instant.
+CREATE INDEX event_name_idx ON x_jobs.event (tenant_id, name, published_at);
 
-CREATE INDEX event_key_idx ON x_jobs.event (name, key, published_at)
+CREATE INDEX event_key_idx ON x_jobs.event (tenant_id, name, key, published_at)
 WHERE key IS NOT NULL;
 
 SELECT pg_catalog.pg_extension_config_dump('x_jobs.step', '');

@@ -26,6 +26,10 @@ CREATE TABLE x_jobs.outbox (
     relay text,
     delivered_at timestamptz,
     last_error text,
+    -- Last, where the update that added it (ALTER TABLE ADD COLUMN) put it: the tenant of the
+    -- call that put the message ('none' for an unscoped one), for row-level security and the
+    -- listings. It never changes.
+    tenant_id text NOT NULL DEFAULT 'none',
     CONSTRAINT outbox_pkey PRIMARY KEY (id),
     CONSTRAINT outbox_max_attempts_positive CHECK (max_attempts >= 1),
     CONSTRAINT outbox_inflight_is_held CHECK (state <> 'inflight' OR relay IS NOT NULL)

@@ -103,6 +103,11 @@ AS $$
         ('XJ051', 'X_MAX_AGE_INVALID', 'A queue_gauges max_age is missing, negative, or longer than a day.'),
         ('XJ047', 'X_DECLARATIONS_INVALID', 'declare_jobs got something other than an array of declaration objects, an unknown field or one of the wrong type, or a job declared twice in one call.'),
         ('XJ048', 'X_JOB_TIMEOUT_INVALID', 'A declared job timeout is not above zero, or longer than 1000 years.'),
+        ('XJ058', 'X_ROLE_UNKNOWN', 'bind_tenant or unbind_tenant named a role that does not exist.'),
+        ('XJ059', 'X_TENANT_NOT_BOUND', 'A call by a role whose bindings and its login''s share no tenant wrote a tenant row.'),
+        ('XJ060', 'X_TENANT_OUT_OF_SCOPE', 'A bound role named a tenant it is not bound to (tenant_id, or the x_jobs.tenant setting).'),
+        ('XJ061', 'X_TENANT_AMBIGUOUS', 'A role bound to several tenants wrote a row naming none, with x_jobs.tenant unset.'),
+        ('XJ062', 'X_CROSS_TENANT', 'A bound role filtered by a tenant outside its scope, or paused or resumed a queue (every tenant''s jobs).'),
         ('40001', 'X_ENQUEUE_RACE', 'An idempotency key kept changing hands during enqueue; retry the call.')
 $$;
 
@@ -378,6 +383,120 @@ BEGIN
             MESSAGE = pg_catalog.format('X_LEASE_INVALID: lease %s is longer than 1000 years', p_lease),
             HINT = p_hint;
     END IF;
+END
+$$;
+
+-- The tenants a call acts for: NULL for all of them (an unbound role without x_jobs.tenant set:
+-- as before tenants were bound), else the array of those it may touch, sorted. Every function
+-- of the API that reads or writes tenant rows calls it once per call (the policies of
+-- 86-tenants.sql once per statement, as an InitPlan), never per row.
+--   * The bindings are those of the role the call acts for (x_jobs._caller(): SET ROLE's role,
+--     else the login), by that role's name exactly: membership passes no binding on, so that
+--     bind a login, or the role a pooler SET ROLEs to.
+--   * When SET ROLE is in effect and the login is bound too, the scope is what both are bound
+--     to (an unbound side does not widen it): a bound login cannot leave its tenants by SET ROLE
+--     to x_jobs_worker or any other unbound role it is a member of. That can leave nothing.
+--   * The transaction-local x_jobs.tenant (SET LOCAL x_jobs.tenant = 'acme') narrows the scope
+--     to one tenant: for an unbound role, to that one; for a bound role, to that one if it is in
+--     its scope, else XJ060. Unset or '' (what a custom setting reverts to after SET LOCAL ends)
+--     narrows nothing.
+-- SECURITY DEFINER: the bindings are the owner's table; a caller learns only its own scope.
+-- STABLE: within a statement the role, the login and the setting do not change.
+CREATE FUNCTION x_jobs._tenant_scope()
+RETURNS text[]
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_role name := x_jobs._caller();
+    v_named text := nullif(pg_catalog.current_setting('x_jobs.tenant', true), '');
+    v_scope text[];
+    v_login text[];
+BEGIN
+    SELECT pg_catalog.array_agg(b.tenant ORDER BY b.tenant) INTO v_scope
+    FROM x_jobs.tenant_binding AS b
+    WHERE b.role = v_role;
+    IF v_role <> session_user THEN
+        SELECT pg_catalog.array_agg(b.tenant ORDER BY b.tenant) INTO v_login
+        FROM x_jobs.tenant_binding AS b
+        WHERE b.role = session_user;
+        IF v_login IS NOT NULL THEN
+            v_scope := CASE
+                WHEN v_scope IS NULL THEN v_login
+                ELSE ARRAY(SELECT t FROM unnest(v_scope) AS t WHERE t = ANY (v_login) ORDER BY t)
+            END;
+        END IF;
+    END IF;
+    IF v_named IS NULL THEN
+        RETURN v_scope;
+    END IF;
+    IF v_scope IS NOT NULL AND NOT v_named = ANY (v_scope) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ060',
+            MESSAGE = pg_catalog.format('X_TENANT_OUT_OF_SCOPE: role %I does not act for tenant %L',
+                v_role, pg_catalog.left(v_named, 200)),
+            HINT = 'Set x_jobs.tenant to a tenant the role is bound to (x_jobs.tenant_bindings()), or leave it unset.';
+    END IF;
+    RETURN ARRAY[v_named];
+END
+$$;
+
+-- The tenant a row written by a call is stamped with: what the request names (p_tenant, NULL
+-- when it names none) checked against the call's scope (p_scope, from _tenant_scope). An
+-- unscoped call keeps the request's tenant as it is. A scoped one: the tenant named, if it is
+-- in scope (else XJ060), or the only tenant of the scope (several: XJ061; none: XJ059).
+CREATE FUNCTION x_jobs._stamp_tenant(p_tenant text, p_scope text[])
+RETURNS text
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF p_scope IS NULL THEN
+        RETURN p_tenant;
+    ELSIF pg_catalog.cardinality(p_scope) = 0 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ059',
+            MESSAGE = pg_catalog.format('X_TENANT_NOT_BOUND: role %I acts for no tenant', x_jobs._caller()),
+            DETAIL = 'The role and the login it was reached from are bound to tenants they do not share.',
+            HINT = 'Bind the role to the tenant (x_jobs.bind_tenant), or SET ROLE to a role bound to one of the login''s tenants.';
+    ELSIF p_tenant IS NULL THEN
+        IF pg_catalog.cardinality(p_scope) = 1 THEN
+            RETURN p_scope[1];
+        END IF;
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ061',
+            MESSAGE = pg_catalog.format('X_TENANT_AMBIGUOUS: role %I acts for %s tenants and the request names none',
+                x_jobs._caller(), pg_catalog.cardinality(p_scope)),
+            HINT = 'Name the tenant (tenant_id), or SET LOCAL x_jobs.tenant to one of the role''s tenants.';
+    ELSIF NOT p_tenant = ANY (p_scope) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ060',
+            MESSAGE = pg_catalog.format('X_TENANT_OUT_OF_SCOPE: role %I does not act for tenant %L',
+                x_jobs._caller(), pg_catalog.left(p_tenant, 200)),
+            HINT = 'Name a tenant the role is bound to (x_jobs.tenant_bindings()), or leave tenant_id out.';
+    END IF;
+    RETURN p_tenant;
+END
+$$;
+
+-- The refusal of a cross-tenant act: a filter naming a tenant outside the call's scope (the
+-- listings and bulk acts), or a queue-wide act (pause, resume) by a scoped caller, which would
+-- touch every tenant's jobs of the queue. p_what names the act for the message.
+CREATE FUNCTION x_jobs._refuse_cross_tenant(p_what text, p_tenant text)
+RETURNS void
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION USING
+        ERRCODE = 'XJ062',
+        MESSAGE = pg_catalog.format('X_CROSS_TENANT: role %I may not %s%s', x_jobs._caller(), p_what,
+            coalesce(pg_catalog.format(' of tenant %L', pg_catalog.left(p_tenant, 200)), '')),
+        HINT = 'Act within the role''s tenants, or ask an unbound role (an unbound admin acts for every tenant).';
 END
 $$;
 

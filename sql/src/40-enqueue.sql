@@ -62,6 +62,7 @@ DECLARE
     v_ids bigint[];
     v_run_ids uuid[];
     v_type x_jobs.job_type;
+    v_scope text[] := x_jobs._tenant_scope();
 BEGIN
     -- What a request leaves out (NULL) its job type's declaration fills (_filled), then the
     -- built-in defaults below: an explicit value wins, for producers of every language alike.
@@ -84,6 +85,22 @@ BEGIN
                    )::x_jobs.enqueue_request, t)
             FROM unnest(p_requests) WITH ORDINALITY AS r
             LEFT JOIN x_jobs.job_type AS t ON t.name = r.name
+            ORDER BY r.ordinality
+        );
+    END IF;
+
+    -- A scoped caller's rows are stamped with its tenant (x_jobs._stamp_tenant: the one it
+    -- names, checked, or the only one in scope). Unscoped calls keep the requests as they are
+    -- and pay one probe of the bindings a call.
+    IF v_scope IS NOT NULL THEN
+        p_requests := ARRAY(
+            SELECT ROW(
+                       r.name, r.input, r.queue, r.run_at, r.idempotency_key, r.max_attempts,
+                       r.priority, x_jobs._stamp_tenant(r.tenant_id, v_scope), r.concurrency_key,
+                       r.concurrency_limit, r.traceparent, r.enqueued_by, r.dead_letter,
+                       r.backoff_base, r.backoff_max, r.keep_done
+                   )::x_jobs.enqueue_request
+            FROM unnest(p_requests) WITH ORDINALITY AS r
             ORDER BY r.ordinality
         );
     END IF;
@@ -340,13 +357,15 @@ BEGIN
             FROM (
                 SELECT r.*, r.ordinality = f.first_ord AS leads
                 FROM unnest(p_requests) WITH ORDINALITY AS r
-                -- The first request of each key.
+                -- The first request of each key of each tenant (keys are unique per tenant).
                 JOIN (
-                    SELECT k.idempotency_key, min(k.ordinality) AS first_ord
+                    SELECT coalesce(k.tenant_id, 'none') AS tenant_id, k.idempotency_key,
+                           min(k.ordinality) AS first_ord
                     FROM unnest(p_requests) WITH ORDINALITY AS k
                     WHERE k.idempotency_key IS NOT NULL
-                    GROUP BY k.idempotency_key
+                    GROUP BY coalesce(k.tenant_id, 'none'), k.idempotency_key
                 ) AS f ON f.idempotency_key = r.idempotency_key
+                    AND f.tenant_id = coalesce(r.tenant_id, 'none')
                 -- A hashed semi-join: p_requests[i] would walk the array from its start each time.
                 WHERE r.ordinality IN (SELECT t.ord FROM unnest(v_todo) AS t (ord))
             ) AS s
@@ -366,8 +385,8 @@ BEGIN
             WHERE r.leads
             -- In key order (the ids were drawn in input order already): two batches that share
             -- keys then wait on each other's keys in one order, never in a cycle (a deadlock).
-            ORDER BY r.idempotency_key
-            ON CONFLICT (idempotency_key)
+            ORDER BY r.tenant_id, r.idempotency_key
+            ON CONFLICT (tenant_id, idempotency_key)
             WHERE idempotency_key IS NOT NULL AND state IN ('ready', 'delayed', 'suspended', 'running')
             DO NOTHING
             RETURNING j.id, j.queue, j.state
@@ -396,7 +415,8 @@ BEGIN
         LEFT JOIN LATERAL (
             SELECT j.id, j.run_id
             FROM x_jobs.job AS j
-            WHERE j.idempotency_key = o.idempotency_key
+            WHERE j.tenant_id = coalesce(o.tenant_id, 'none')
+                AND j.idempotency_key = o.idempotency_key
                 AND j.state IN ('ready', 'delayed', 'suspended', 'running')
         ) AS live ON TRUE
         WHERE o.ordinality IN (SELECT t.ord FROM unnest(v_todo) AS t (ord));
@@ -581,7 +601,12 @@ STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT j.state::text, j.output, j.last_error FROM x_jobs.job AS j WHERE j.id = result.id
+    SELECT j.state::text, j.output, j.last_error
+    FROM x_jobs.job AS j
+    WHERE j.id = result.id
+        -- A scoped caller reads its tenants' results only: another's id answers no row, as a
+        -- missing id does.
+        AND (x_jobs._tenant_scope() IS NULL OR j.tenant_id = ANY (x_jobs._tenant_scope()))
 $$;
 
 -- Tests: tests/pgtap/10-enqueue.sql, tests/pgtap/11-enqueue-many.sql,

@@ -173,5 +173,18 @@ GRANT EXECUTE ON FUNCTION x_jobs.job_counters(timestamptz) TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs.job_states(bigint[]) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.held_jobs(text) TO x_jobs_worker;
 
+-- Tenants. Every x_jobs role computes its own scope: the row-level security policies call
+-- _tenant_scope as the role a statement runs as (it runs as its owner and answers the caller's
+-- tenants only), and the admins' functions that run as their caller stamp, refuse and name the
+-- caller through the helpers. Only admins bind, unbind and list bindings; nobody reads the
+-- bindings' table but through them.
+GRANT EXECUTE ON FUNCTION x_jobs._tenant_scope() TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs._caller() TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs._stamp_tenant(text, text[]) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs._refuse_cross_tenant(text, text) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.bind_tenant(name, text) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.unbind_tenant(name, text) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.tenant_bindings() TO x_jobs_admin;
+
 -- Tests: tests/pgtap/80-privileges.sql, tests/pgtap/00-schema.sql,
 --        tests/python/test_producer_role.py, tests/python/test_permission_denied.py

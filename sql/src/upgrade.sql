@@ -151,10 +151,92 @@ SELECT pg_catalog.pg_extension_config_dump('x_jobs.schedule', '');
 --@function x_jobs.run_schedule_now
 --@function x_jobs.tick_schedules
 
+-- Tenants (issue 23): roles bound to tenants act only for them; events and outbox messages carry
+-- their tenant; idempotency keys and event keys are unique per tenant; row-level security,
+-- forced, on the tables roles read.
+CREATE TABLE x_jobs.tenant_binding (
+    role name NOT NULL, -- noqa: RF04
+    tenant text NOT NULL,
+    bound_at timestamptz NOT NULL,
+    bound_by text NOT NULL,
+    CONSTRAINT tenant_binding_pkey PRIMARY KEY (role, tenant),
+    CONSTRAINT tenant_binding_tenant_valid CHECK (tenant <> '' AND pg_catalog.length(tenant) <= 200)
+);
+
+COMMENT ON TABLE x_jobs.tenant_binding IS
+'Roles bound to tenants: a role with rows here acts only for those tenants.';
+
+SELECT pg_catalog.pg_extension_config_dump('x_jobs.tenant_binding', '');
+
+ALTER TABLE x_jobs.event ADD COLUMN tenant_id text NOT NULL DEFAULT 'none';
+ALTER TABLE x_jobs.outbox ADD COLUMN tenant_id text NOT NULL DEFAULT 'none';
+
+DROP INDEX x_jobs.event_name_idx;
+CREATE INDEX event_name_idx ON x_jobs.event (tenant_id, name, published_at);
+DROP INDEX x_jobs.event_key_idx;
+CREATE INDEX event_key_idx ON x_jobs.event (tenant_id, name, key, published_at)
+WHERE key IS NOT NULL;
+
+DROP INDEX x_jobs.job_idempotency_key_idx;
+CREATE UNIQUE INDEX job_idempotency_key_idx ON x_jobs.job (tenant_id, idempotency_key)
+WHERE idempotency_key IS NOT NULL AND state IN ('ready', 'delayed', 'suspended', 'running');
+
+--@function x_jobs._tenant_scope
+--@function x_jobs._stamp_tenant
+--@function x_jobs._refuse_cross_tenant
+--@function x_jobs.bind_tenant
+--@function x_jobs.unbind_tenant
+--@function x_jobs.tenant_bindings
+--@function x_jobs._enqueue
+--@function x_jobs.result
+
+ALTER TABLE x_jobs.job ENABLE ROW LEVEL SECURITY;
+ALTER TABLE x_jobs.job FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_scope ON x_jobs.job
+USING ((SELECT x_jobs._tenant_scope()) IS NULL OR tenant_id = ANY ((SELECT x_jobs._tenant_scope())::text []));
+CREATE POLICY owner_functions ON x_jobs.job TO x_jobs_owner USING (TRUE) WITH CHECK (TRUE);
+
+ALTER TABLE x_jobs.outbox ENABLE ROW LEVEL SECURITY;
+ALTER TABLE x_jobs.outbox FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_scope ON x_jobs.outbox
+USING ((SELECT x_jobs._tenant_scope()) IS NULL OR tenant_id = ANY ((SELECT x_jobs._tenant_scope())::text []));
+CREATE POLICY owner_functions ON x_jobs.outbox TO x_jobs_owner USING (TRUE) WITH CHECK (TRUE);
+
+ALTER TABLE x_jobs.event ENABLE ROW LEVEL SECURITY;
+ALTER TABLE x_jobs.event FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_scope ON x_jobs.event
+USING ((SELECT x_jobs._tenant_scope()) IS NULL OR tenant_id = ANY ((SELECT x_jobs._tenant_scope())::text []));
+CREATE POLICY owner_functions ON x_jobs.event TO x_jobs_owner USING (TRUE) WITH CHECK (TRUE);
+
+ALTER TABLE x_jobs.job_error ENABLE ROW LEVEL SECURITY;
+ALTER TABLE x_jobs.job_error FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_scope ON x_jobs.job_error
+USING (
+    (SELECT x_jobs._tenant_scope()) IS NULL
+    OR EXISTS (
+        SELECT FROM x_jobs.job AS j
+        WHERE j.id = job_error.job_id AND j.tenant_id = ANY ((SELECT x_jobs._tenant_scope())::text [])
+    )
+);
+CREATE POLICY owner_functions ON x_jobs.job_error TO x_jobs_owner USING (TRUE) WITH CHECK (TRUE);
+
+ALTER TABLE x_jobs.step ENABLE ROW LEVEL SECURITY;
+ALTER TABLE x_jobs.step FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_scope ON x_jobs.step
+USING (
+    (SELECT x_jobs._tenant_scope()) IS NULL
+    OR EXISTS (
+        SELECT FROM x_jobs.job AS j
+        WHERE j.id = step.job_id AND j.tenant_id = ANY ((SELECT x_jobs._tenant_scope())::text [])
+    )
+);
+CREATE POLICY owner_functions ON x_jobs.step TO x_jobs_owner USING (TRUE) WITH CHECK (TRUE);
+
 -- Nothing new left to PUBLIC (a new function is executable by PUBLIC until revoked); the
 -- functions from before hold no PUBLIC right, so this changes none of theirs.
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA x_jobs FROM public;
 REVOKE ALL ON TABLE x_jobs.schedule FROM public;
+REVOKE ALL ON TABLE x_jobs.tenant_binding FROM public;
 -- Schedules. Every x_jobs role may preview a cron expression (cron_next runs as its caller,
 -- through the pure helpers granted with it). Workers declare their app's schedules, read them
 -- and tick, through functions that run as their owner; pg_cron's job ticks as a login granted
@@ -180,6 +262,13 @@ GRANT EXECUTE ON FUNCTION x_jobs.run_schedule_now(text) TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs._schedule_info(x_jobs.schedule) TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs._schedule_not_found(text) TO x_jobs_admin;
 GRANT SELECT, UPDATE, DELETE ON x_jobs.schedule TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs._tenant_scope() TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs._caller() TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs._stamp_tenant(text, text[]) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs._refuse_cross_tenant(text, text) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.bind_tenant(name, text) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.unbind_tenant(name, text) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.tenant_bindings() TO x_jobs_admin;
 
 
 SELECT x_jobs._adopt();
