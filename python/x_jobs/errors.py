@@ -283,6 +283,39 @@ class JobTimeoutInvalid(InvalidArgument):
     code, sqlstate = "X_JOB_TIMEOUT_INVALID", "XJ048"
 
 
+class RoleUnknown(InvalidArgument):
+    """``bind_tenant`` or ``unbind_tenant`` named a role that does not exist."""
+
+    code, sqlstate = "X_ROLE_UNKNOWN", "XJ058"
+
+
+class TenantNotBound(XJobsError):
+    """The role a call acts for and its login are bound to tenants they do not share, so the
+    call acts for no tenant and may write no tenant row."""
+
+    code, sqlstate = "X_TENANT_NOT_BOUND", "XJ059"
+
+
+class TenantOutOfScope(XJobsError):
+    """A bound role named a tenant it is not bound to, as ``tenant_id`` or in the
+    ``x_jobs.tenant`` setting."""
+
+    code, sqlstate = "X_TENANT_OUT_OF_SCOPE", "XJ060"
+
+
+class TenantAmbiguous(XJobsError):
+    """A role bound to several tenants wrote a row naming none, with ``x_jobs.tenant`` unset."""
+
+    code, sqlstate = "X_TENANT_AMBIGUOUS", "XJ061"
+
+
+class CrossTenant(XJobsError):
+    """A bound role filtered by a tenant outside its scope, or paused or resumed a queue (an act
+    on every tenant's jobs of it)."""
+
+    code, sqlstate = "X_CROSS_TENANT", "XJ062"
+
+
 class EnqueueRace(XJobsError):
     """The call lost a race it cannot settle by itself; calling it again succeeds."""
 

@@ -2,7 +2,7 @@
 -- volatile it is, whose rights it runs with, which settings it pins, and who may use what.
 -- A change to any of these is a change to the API: it shows up here first, on purpose.
 BEGIN;
-SELECT plan(1043);
+SELECT plan(1099);
 
 -- The functions of the API, one row each, with what 00-schema pins about them. `args` is how
 -- pgTAP's catalog view spells the argument types (regtype output: 'timestamp with time zone',
@@ -254,7 +254,18 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
 (
     'tick_schedules', '{integer}', 'setof record', 'VOLATILE',
     'so workers and pg_cron''s jobs tick with no right on the tables'
-);
+),
+-- Tenants (0.4.2): the scope every call and policy computes, the stamp and the refusal of a
+-- cross-tenant act, and the admins' bindings.
+(
+    '_tenant_scope', '{}', 'text[]', 'STABLE',
+    'so that every role, in a policy too, reads its own bindings from a table only the owner reads'
+),
+('_stamp_tenant', '{text,text[]}', 'text', 'STABLE', NULL),
+('_refuse_cross_tenant', '{text,text}', 'void', 'STABLE', NULL),
+('bind_tenant', '{name,text}', 'void', 'VOLATILE', 'so an admin binds roles with no right on the bindings'),
+('unbind_tenant', '{name,text}', 'boolean', 'VOLATILE', 'so an admin unbinds roles with no right on the bindings'),
+('tenant_bindings', '{}', 'setof record', 'STABLE', 'so an admin reads the bindings with no right on the table');
 
 -- Who may execute what, as the Grants section states it: the lowest x_jobs role granted
 -- EXECUTE (a worker is a member of producer and an admin of worker, and has_function_privilege,
@@ -285,7 +296,8 @@ INSERT INTO api_grant (fn, lowest_role, to_pg_monitor) VALUES
 ('_role_problems', 'x_jobs_worker', TRUE),
 ('health', 'x_jobs_worker', TRUE),
 ('_notify', NULL, FALSE),
-('_caller', NULL, FALSE),
+-- The admins' functions that run as their caller name it in their refusals (0.4.2).
+('_caller', 'x_jobs_admin', FALSE),
 ('_require_retention', 'x_jobs_admin', FALSE),
 ('enqueue', 'x_jobs_producer', FALSE),
 ('enqueue_many', 'x_jobs_producer', FALSE),
@@ -385,7 +397,13 @@ INSERT INTO api_grant (fn, lowest_role, to_pg_monitor) VALUES
 ('drop_schedule', 'x_jobs_admin', FALSE),
 ('pause_schedule', 'x_jobs_admin', FALSE),
 ('resume_schedule', 'x_jobs_admin', FALSE),
-('run_schedule_now', 'x_jobs_admin', FALSE);
+('run_schedule_now', 'x_jobs_admin', FALSE),
+('_tenant_scope', 'x_jobs_producer', FALSE),
+('_stamp_tenant', 'x_jobs_admin', FALSE),
+('_refuse_cross_tenant', 'x_jobs_admin', FALSE),
+('bind_tenant', 'x_jobs_admin', FALSE),
+('unbind_tenant', 'x_jobs_admin', FALSE),
+('tenant_bindings', 'x_jobs_admin', FALSE);
 
 -- The roles a grant is checked for, in the order of their membership chain.
 CREATE TEMP TABLE grant_role (grantee name PRIMARY KEY, chain_rank integer);
@@ -415,10 +433,10 @@ SELECT tables_are(
     'x_jobs',
     ARRAY[
         'job', 'job_error', 'queue_pause', 'worker', 'queue_snapshot', 'counter', 'step', 'event', 'outbox',
-        'webhook_ledger', 'job_type', 'schedule'
+        'webhook_ledger', 'job_type', 'schedule', 'tenant_binding'
     ],
     'The x_jobs schema should hold exactly the tables job, job_error, queue_pause, worker, queue_snapshot, counter, '
-    'step, event, outbox, webhook_ledger, job_type and schedule'
+    'step, event, outbox, webhook_ledger, job_type, schedule and tenant_binding'
 );
 
 SELECT sequences_are(
@@ -480,6 +498,7 @@ SELECT results_eq(
         ('x_jobs.event', 'key', 'text', FALSE),
         ('x_jobs.event', 'published_at', 'timestamp with time zone', TRUE),
         ('x_jobs.event', 'payload', 'jsonb', FALSE),
+        ('x_jobs.event', 'tenant_id', 'text', TRUE),
         ('x_jobs.step', 'job_id', 'bigint', TRUE),
         ('x_jobs.step', 'name', 'text', TRUE),
         ('x_jobs.step', 'compensation', 'boolean', TRUE),
@@ -553,6 +572,7 @@ SELECT results_eq(
         ('x_jobs.outbox', 'relay', 'text', FALSE, ''),
         ('x_jobs.outbox', 'delivered_at', 'timestamp with time zone', FALSE, ''),
         ('x_jobs.outbox', 'last_error', 'text', FALSE, ''),
+        ('x_jobs.outbox', 'tenant_id', 'text', TRUE, ''),
         ('x_jobs.webhook_ledger', 'source', 'text', TRUE, ''),
         ('x_jobs.webhook_ledger', 'webhook_id', 'text', TRUE, ''),
         ('x_jobs.webhook_ledger', 'received_at', 'timestamp with time zone', TRUE, ''),
@@ -852,7 +872,7 @@ SELECT results_eq(
          'WHERE (state = ANY (ARRAY[''dead''::x_jobs.job_state, ''failed''::x_jobs.job_state, '
          '''cancelled''::x_jobs.job_state]))'),
         ('x_jobs.job_idempotency_key_idx',
-         'CREATE UNIQUE INDEX job_idempotency_key_idx ON x_jobs.job USING btree (idempotency_key) '
+         'CREATE UNIQUE INDEX job_idempotency_key_idx ON x_jobs.job USING btree (tenant_id, idempotency_key) '
          'WHERE ((idempotency_key IS NOT NULL) AND (state = ANY (ARRAY[''ready''::x_jobs.job_state, '
          '''delayed''::x_jobs.job_state, ''suspended''::x_jobs.job_state, ''running''::x_jobs.job_state])))'),
         ('x_jobs.job_keyed_idx',
@@ -913,10 +933,10 @@ SELECT results_eq(
     $$
     VALUES
         ('x_jobs.event_key_idx',
-         'CREATE INDEX event_key_idx ON x_jobs.event USING btree (name, key, published_at) '
+         'CREATE INDEX event_key_idx ON x_jobs.event USING btree (tenant_id, name, key, published_at) '
          'WHERE (key IS NOT NULL)'),
         ('x_jobs.event_name_idx',
-         'CREATE INDEX event_name_idx ON x_jobs.event USING btree (name, published_at)'),
+         'CREATE INDEX event_name_idx ON x_jobs.event USING btree (tenant_id, name, published_at)'),
         ('x_jobs.event_pkey',
          'CREATE UNIQUE INDEX event_pkey ON x_jobs.event USING btree (id)'),
         ('x_jobs.step_pkey',
@@ -1000,10 +1020,11 @@ SELECT results_eq(
         ('x_jobs.queue_pause', ''),
         ('x_jobs.schedule', ''),
         ('x_jobs.step', ''),
+        ('x_jobs.tenant_binding', ''),
         ('x_jobs.webhook_ledger', '')
     $$,
     'pg_dump should keep every row of job, job_error, queue_pause, counter, step, event, outbox, webhook_ledger, '
-    'job_type and schedule, and the three id sequences'
+    'job_type, schedule and tenant_binding, and the three id sequences'
 );
 
 -- Every function: return type, volatility, security ------------------------------------------
@@ -1392,7 +1413,10 @@ INSERT INTO api_param (fn, arguments) VALUES
 ('resume_schedule', 'name text'),
 ('list_schedules', 'name text DEFAULT NULL::text'),
 ('run_schedule_now', 'name text'),
-('tick_schedules', 'max_rows integer DEFAULT 1000');
+('tick_schedules', 'max_rows integer DEFAULT 1000'),
+('bind_tenant', 'role name, tenant text'),
+('unbind_tenant', 'role name, tenant text'),
+('tenant_bindings', '');
 
 SELECT set_eq(
     $$ SELECT e.fn FROM api_param AS e $$,
@@ -1665,7 +1689,12 @@ FROM (
     ('schedule', 'x_jobs_worker', '{}'),
     ('schedule', 'x_jobs_admin', '{DELETE,SELECT,UPDATE}'),
     ('schedule', 'pg_monitor', '{}'),
-    ('schedule', 'public', '{}')
+    ('schedule', 'public', '{}'),
+    ('tenant_binding', 'x_jobs_producer', '{}'),
+    ('tenant_binding', 'x_jobs_worker', '{}'),
+    ('tenant_binding', 'x_jobs_admin', '{}'),
+    ('tenant_binding', 'pg_monitor', '{}'),
+    ('tenant_binding', 'public', '{}')
 ) AS t (tbl, grantee, privs)
 INNER JOIN grant_role AS r ON t.grantee = r.grantee
 ORDER BY t.tbl, r.grantee;

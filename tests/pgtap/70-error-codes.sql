@@ -141,7 +141,7 @@ SELECT is_empty(
 -- (the outbox and the webhook ledger), 0.3.3 XJ038 (the test clock), 0.3.5 XJ039 (times clients cannot read),
 -- 0.3.8 XJ040 (a malformed x_jobs.max_payload_bytes), 0.4.0 XJ041 and XJ042 (the roles an install
 -- finds), XJ044 and XJ045 (the bulk operations' filters), XJ047 and XJ048 (declarations), XJ051
--- (queue_gauges' max_age), 0.4.2 XJ043, XJ046, XJ049 and XJ050 (schedules).
+-- (queue_gauges' max_age), 0.4.2 XJ043, XJ046, XJ049 and XJ050 (schedules), XJ058..XJ062 (tenants).
 SELECT set_eq(
     $$SELECT sqlstate, code FROM x_jobs.error_codes()$$,
     $$VALUES
@@ -162,6 +162,8 @@ SELECT set_eq(
         ('XJ043', 'X_CRON_INVALID'), ('XJ044', 'X_STATE_NOT_ALLOWED'), ('XJ045', 'X_RANGE_EMPTY'),
         ('XJ046', 'X_TIME_ZONE_INVALID'), ('XJ047', 'X_DECLARATIONS_INVALID'), ('XJ048', 'X_JOB_TIMEOUT_INVALID'),
         ('XJ049', 'X_SCHEDULE_INVALID'), ('XJ050', 'X_SCHEDULE_NOT_FOUND'), ('XJ051', 'X_MAX_AGE_INVALID'),
+        ('XJ058', 'X_ROLE_UNKNOWN'), ('XJ059', 'X_TENANT_NOT_BOUND'), ('XJ060', 'X_TENANT_OUT_OF_SCOPE'),
+        ('XJ061', 'X_TENANT_AMBIGUOUS'), ('XJ062', 'X_CROSS_TENANT'),
         ('40001', 'X_ENQUEUE_RACE')$$,
     'error_codes() should list exactly the documented SQLSTATE and X_ code pairs'
 );
