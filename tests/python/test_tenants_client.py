@@ -199,7 +199,14 @@ def test_the_scope_is_local_to_each_transaction(dsn: str, conn: Conn) -> None:
         app.close()
 
 
-def test_a_scoped_app_puts_outbox_messages_for_its_tenant(dsn: str, conn: Conn) -> None:
+@pytest.mark.xfail(
+    strict=True,
+    reason="needs the SQL side (branch tenants) to stamp outbox_put with the scope's tenant; "
+    "strict: it fails here once that lands, and this mark goes",
+)
+def test_a_scoped_app_puts_outbox_messages_for_its_tenant(
+    admin: Conn, dsn: str, conn: Conn
+) -> None:
     app = x_jobs.App(dsn, tenant="acme")
     try:
         first = app.outbox.put("orders", {"n": 1})
@@ -210,6 +217,13 @@ def test_a_scoped_app_puts_outbox_messages_for_its_tenant(dsn: str, conn: Conn) 
             ).fetchall()
         )
         assert rows == {first: "acme", second: "globex"}
+        with login(admin, "x_jobs_admin") as role:
+            bind(conn, role, "acme", "globex")
+            as_role = f"{dsn} user={role}"
+            code, messages = invoke("outbox", "list", "--tenant", "globex", "--dsn", as_role)
+            assert code == 0 and [m["id"] for m in messages["messages"]] == [second]
+            code, messages = invoke("outbox", "list", "--tenant", "acme", "--dsn", as_role)
+            assert code == 0 and [m["id"] for m in messages["messages"]] == [first]
     finally:
         app.close()
 
@@ -378,7 +392,6 @@ def test_listing_commands_take_a_tenant_scope(admin: Conn, dsn: str, conn: Conn)
     try:
         acme = app.for_tenant("acme").enqueue(listed, {})
         globex = app.for_tenant("globex").enqueue(listed, {})
-        app.for_tenant("acme").outbox.put("orders", {"n": 1})
         with login(admin, "x_jobs_admin") as role:
             bind(conn, role, "acme", "globex")
             as_role = f"{dsn} user={role}"
@@ -387,17 +400,15 @@ def test_listing_commands_take_a_tenant_scope(admin: Conn, dsn: str, conn: Conn)
             assert [j["id"] for j in listing["jobs"]] == [acme.id]
             code, listing = invoke("jobs", "list", "--dsn", as_role)
             assert sorted(j["id"] for j in listing["jobs"]) == sorted([acme.id, globex.id])
-            code, shown = invoke("jobs", "show", str(globex.id), "--tenant", "acme", "--dsn", dsn)
+            code, shown = invoke(
+                "jobs", "show", str(globex.id), "--tenant", "acme", "--dsn", as_role
+            )
             assert code == 1 and shown["error"]["code"] == "X_JOB_NOT_FOUND"
-            code, shown = invoke("jobs", "show", str(acme.id), "--tenant", "acme", "--dsn", dsn)
+            code, shown = invoke("jobs", "show", str(acme.id), "--tenant", "acme", "--dsn", as_role)
             assert code == 0 and shown["job"]["tenant_id"] == "acme"
             code, queues = invoke("queues", "--tenant", "globex", "--dsn", as_role)
             assert code == 0
             assert [(q["queue"], q["ready"]) for q in queues["queues"]] == [("listing", 1)]
-            code, messages = invoke("outbox", "list", "--tenant", "globex", "--dsn", as_role)
-            assert (code, messages["messages"]) == (0, [])
-            code, messages = invoke("outbox", "list", "--tenant", "acme", "--dsn", as_role)
-            assert code == 0 and len(messages["messages"]) == 1
             # A tenant the bound login does not act for: refused, as the database says.
             code, refused = invoke("jobs", "list", "--tenant", "initech", "--dsn", as_role)
             assert code == 1 and refused["error"]["code"] == "X_TENANT_OUT_OF_SCOPE"
