@@ -27,10 +27,11 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, LiteralString, overload
 
 import psycopg
+from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from x_jobs import enqueue
@@ -77,6 +78,9 @@ logger = logging.getLogger(__name__)
 SUPPORTED_VERSIONS = frozenset({"0.4.1", "0.4.2"})
 
 RESULT: LiteralString = "SELECT state, output, last_error FROM x_jobs.result(%s)"
+PUBLISH: LiteralString = (
+    "SELECT event_id, woken FROM x_jobs.publish(event => %s, payload => %s, key => %s)"
+)
 #: Narrows the transaction to one tenant: transaction-local (``true``), so that a pooled
 #: connection handed on to another caller, or a pooler's server connection, keeps nothing of it.
 SCOPE: LiteralString = "SELECT pg_catalog.set_config('x_jobs.tenant', %s, true)"
@@ -506,6 +510,25 @@ class App:
         with self.connection(conn) as db:
             return enqueue.send(db, requests)
 
+    # --- events -------------------------------------------------------------------------------
+
+    def publish(
+        self,
+        event: str,
+        payload: Any = None,
+        *,
+        key: str | None = None,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> Published:
+        """Publish an event (``x_jobs.publish``): the waits that match it (``wait_for_event``)
+        are done with ``payload`` and their runs are due at once; for a scoped app, only its
+        tenant's. With ``conn=`` in the caller's transaction. Answers the event's id and how
+        many runs it woke."""
+        with self.connection(conn) as db:
+            row = db.execute(PUBLISH, [event, Jsonb(payload), key]).fetchone()
+        assert row is not None  # publish answers one row or raises
+        return Published(event_id=int(row[0]), woken=int(row[1]))
+
     # --- results ------------------------------------------------------------------------------
 
     def _read_result(self, db: psycopg.Connection[Any], job_id: int) -> Any:
@@ -550,6 +573,14 @@ class App:
                 pause = min(pause, left)
             time.sleep(pause)
             pause = min(pause * 2, 1.0)
+
+
+@dataclass(frozen=True)
+class Published:
+    """What ``app.publish`` answered: the event's id, and how many suspended runs it woke."""
+
+    event_id: int
+    woken: int
 
 
 class _Pool:

@@ -211,7 +211,7 @@ def test_a_scoped_app_puts_outbox_messages_for_its_tenant(
     try:
         first = app.outbox.put("orders", {"n": 1})
         second = app.for_tenant("globex").outbox.put("orders", {"n": 2})
-        rows = dict(
+        rows: dict[int, str] = dict(
             conn.execute(
                 "SELECT id, tenant_id FROM x_jobs.outbox WHERE id = ANY (%s)", [[first, second]]
             ).fetchall()
@@ -300,14 +300,15 @@ def test_a_handler_knows_its_tenant_and_what_it_enqueues_is_stamped_with_it(
 def test_cross_tenant_needs_a_reason_and_logs_it_with_the_role(
     admin: Conn, dsn: str, conn: Conn, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with pytest.raises(errors.CrossTenantReasonMissing) as refused:
-        with x_jobs.cross_tenant("", dsn=dsn):
-            pytest.fail("entered without a reason")
+    with (
+        pytest.raises(errors.CrossTenantReasonMissing) as refused,
+        x_jobs.cross_tenant("", dsn=dsn),
+    ):
+        pytest.fail("entered without a reason")
     assert refused.value.code == "X_CROSS_TENANT_REASON_MISSING"
     app = x_jobs.App(dsn, tenant="acme")
-    with pytest.raises(errors.CrossTenantReasonMissing):
-        with app.cross_tenant("   "):
-            pytest.fail("entered with a blank reason")
+    with pytest.raises(errors.CrossTenantReasonMissing), app.cross_tenant("   "):
+        pytest.fail("entered with a blank reason")
 
     with login(admin, "x_jobs_producer") as bound, login(admin, "x_jobs_producer") as unbound:
         bind(conn, bound, "acme")
@@ -334,13 +335,18 @@ def test_cross_tenant_needs_a_reason_and_logs_it_with_the_role(
                 for r in records
             ), records
             # The module's function, through a login of its own.
-            with x_jobs.cross_tenant("ticket 4712", dsn=f"{dsn} user={unbound}") as alone:
-                with pytest.raises(errors.ResultTimeout):
-                    alone.result(theirs.id, timeout=0)
+            alone_dsn = f"{dsn} user={unbound}"
+            with (
+                x_jobs.cross_tenant("ticket 4712", dsn=alone_dsn) as alone,
+                pytest.raises(errors.ResultTimeout),
+            ):
+                alone.result(theirs.id, timeout=0)
             # A bound login stays held to its tenants: leaving the scope widens nothing.
-            with scoped.cross_tenant("ticket 4713") as still_bound:
-                with pytest.raises(errors.JobNotFound):
-                    still_bound.result(theirs.id, timeout=0)
+            with (
+                scoped.cross_tenant("ticket 4713") as still_bound,
+                pytest.raises(errors.JobNotFound),
+            ):
+                still_bound.result(theirs.id, timeout=0)
         finally:
             scoped.close()
             other.close()
