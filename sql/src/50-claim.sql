@@ -110,6 +110,11 @@ DECLARE
     v_visit_keys text[];
     v_visit_lims integer[];
     v_last bigint;
+    -- The tenants the worker's role acts for (NULL: all). A bound worker takes only their rows:
+    -- a filter in each arm, on rows the index hands out in order, so an unbound worker pays a
+    -- NULL test a row read. A bound worker on a queue shared with other tenants reads past their
+    -- due rows: give a bound tenant's jobs queues of their own.
+    v_scope text[] := x_jobs._tenant_scope();
 BEGIN
     IF claim.queues IS NULL OR pg_catalog.cardinality(claim.queues) = 0
         OR EXISTS (SELECT FROM unnest(claim.queues) AS q WHERE q IS NULL OR q = '') THEN
@@ -190,6 +195,7 @@ BEGIN
                         WHERE j.queue = o.queue
                             AND j.state = 'ready' AND j.concurrency_key IS NULL
                             AND j.run_at <= v_now
+                            AND (v_scope IS NULL OR j.tenant_id = ANY (v_scope))
                         ORDER BY j.priority, j.run_at, j.id
                         LIMIT v_want
                     ) AS arm
@@ -253,6 +259,7 @@ BEGIN
                        CROSS JOIN LATERAL (
                            SELECT j.id FROM x_jobs.job AS j
                            WHERE j.id = r.id
+                               AND (v_scope IS NULL OR j.tenant_id = ANY (v_scope))
                                AND j.state IN ('ready', 'delayed', 'suspended')
                                AND j.run_at <= v_now
                                AND r.rank <= r.concurrency_limit - (
@@ -386,6 +393,7 @@ BEGIN
                 CROSS JOIN LATERAL (
                     SELECT j.id FROM x_jobs.job AS j
                     WHERE j.id = c.id
+                        AND (v_scope IS NULL OR j.tenant_id = ANY (v_scope))
                         AND j.state IN ('ready', 'delayed', 'suspended')
                         AND j.run_at <= v_now
                     FOR UPDATE SKIP LOCKED
@@ -429,6 +437,7 @@ BEGIN
                 WHERE j.queue = o.queue
                     AND j.state = 'ready' AND j.concurrency_key IS NULL
                     AND j.run_at <= v_now
+                    AND (v_scope IS NULL OR j.tenant_id = ANY (v_scope))
                 ORDER BY j.priority, j.run_at, j.id
                 LIMIT o.lim
                 FOR UPDATE SKIP LOCKED
@@ -443,6 +452,7 @@ BEGIN
                 WHERE j.queue = o.queue
                     AND j.state IN ('delayed', 'suspended') AND j.concurrency_key IS NULL
                     AND j.run_at <= v_now
+                    AND (v_scope IS NULL OR j.tenant_id = ANY (v_scope))
                 ORDER BY j.run_at, j.id
                 LIMIT v_want
                 FOR UPDATE SKIP LOCKED
@@ -464,6 +474,7 @@ BEGIN
                 WHERE j.queue = o.queue
                     AND j.state = 'running'
                     AND j.visible_at <= v_now
+                    AND (v_scope IS NULL OR j.tenant_id = ANY (v_scope))
                     AND (j.updated_at >= (SELECT x_jobs._ready_since())
                         OR v_now >= (SELECT x_jobs._ready_since()) + claim.lease)
                 ORDER BY j.visible_at, j.id
@@ -639,6 +650,8 @@ SET enable_bitmapscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
+    -- A bound worker settles its tenants' rows only (see x_jobs._tenant_scope).
+    v_scope text[] := x_jobs._tenant_scope();
     v_now timestamptz := x_jobs.now();
 BEGIN
     PERFORM x_jobs._require_worker(extend_lease.worker, 'Pass the id the worker claimed with.');
@@ -653,6 +666,7 @@ BEGIN
     WHERE j.id = ANY (extend_lease.ids)
         AND j.state::text = 'running' -- by id only: see job_running_idx
         AND j.claimed_by = extend_lease.worker
+        AND (v_scope IS NULL OR j.tenant_id = ANY (v_scope))
     RETURNING j.id;
 END
 $$;
@@ -677,6 +691,8 @@ SET enable_bitmapscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
+    -- A bound worker settles its tenants' rows only (see x_jobs._tenant_scope).
+    v_scope text[] := x_jobs._tenant_scope();
     v_now timestamptz := x_jobs.now();
     v_queues text[];
     v_ids bigint[];
@@ -693,6 +709,7 @@ BEGIN
         WHERE j.id = ANY (release.ids)
             AND j.state::text = 'running' -- by id only: see job_running_idx
             AND j.claimed_by = release.worker
+            AND (v_scope IS NULL OR j.tenant_id = ANY (v_scope))
         RETURNING j.id, j.queue
     )
     SELECT coalesce(pg_catalog.array_agg(r.id), '{}'),

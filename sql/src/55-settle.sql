@@ -31,6 +31,8 @@ SET enable_bitmapscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
+    -- A bound worker settles its tenants' rows only (see x_jobs._tenant_scope).
+    v_scope text[] := x_jobs._tenant_scope();
     v_now timestamptz := x_jobs.now();
     v_max_payload integer := x_jobs._max_payload_bytes();
     v_big record;
@@ -100,6 +102,7 @@ BEGIN
                 WHERE j.id = ANY (v_ids)
                     AND j.state::text = 'running' -- by id only: see job_running_idx
                     AND j.claimed_by = complete_many.worker
+                    AND (v_scope IS NULL OR j.tenant_id = ANY (v_scope))
                     AND j.keep_done
                 RETURNING j.id, j.name, j.started_at
             )
@@ -119,6 +122,7 @@ BEGIN
                 WHERE j.id = o.id
                     AND j.state::text = 'running' -- by id only: see job_running_idx
                     AND j.claimed_by = complete_many.worker
+                    AND (v_scope IS NULL OR j.tenant_id = ANY (v_scope))
                     AND j.keep_done
                 RETURNING j.id, j.name, j.started_at
             )
@@ -134,6 +138,7 @@ BEGIN
                 WHERE j.id = ANY (v_ids)
                     AND j.state::text = 'running' -- by id only: see job_running_idx
                     AND j.claimed_by = complete_many.worker
+                    AND (v_scope IS NULL OR j.tenant_id = ANY (v_scope))
                     AND NOT j.keep_done
                 RETURNING j.id, j.name, j.started_at
             )
@@ -217,6 +222,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
+    -- A bound worker settles its tenants' rows only (see x_jobs._tenant_scope).
+    v_scope text[] := x_jobs._tenant_scope();
     v_now timestamptz := x_jobs.now();
     v_state x_jobs.job_state;
     v_queue text;
@@ -295,6 +302,7 @@ BEGIN
         WHERE j.id = fail.id
             AND j.state::text = 'running' -- by id only: see job_running_idx
             AND j.claimed_by = fail.worker
+            AND (v_scope IS NULL OR j.tenant_id = ANY (v_scope))
         RETURNING j.id, j.name, j.queue, j.state, j.attempt, j.started_at
     ),
     logged AS (

@@ -47,6 +47,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_job x_jobs.job;
+    v_scope text[] := x_jobs._tenant_scope();
 BEGIN
     PERFORM x_jobs._require_worker(p_worker, 'Pass the id the worker claimed with.');
     IF p_step IS NOT NULL AND (p_step = '' OR pg_catalog.length(p_step) > 200) THEN
@@ -56,7 +57,12 @@ BEGIN
                 p_step),
             HINT = 'Name each step of a run with a short text unique within the run, such as ''charge''.';
     END IF;
-    SELECT j.* INTO v_job FROM x_jobs.job AS j WHERE j.id = p_id FOR NO KEY UPDATE;
+    -- Another tenant's job is no job to a bound worker: the same refusal as a missing id.
+    SELECT j.* INTO v_job
+    FROM x_jobs.job AS j
+    WHERE j.id = p_id
+        AND (v_scope IS NULL OR j.tenant_id = ANY (v_scope))
+    FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ014',
@@ -409,13 +415,36 @@ BEGIN
         RETURN v_step;
     END IF;
 
-    SELECT e.id, e.payload INTO v_event
-    FROM x_jobs.event AS e
-    WHERE e.name = v_step.event
-        AND (v_step.event_key IS NULL OR e.key = v_step.event_key)
-        AND (v_step.match IS NULL OR e.payload @> v_step.match)
-        AND e.published_at >= v_step.since
-    ORDER BY e.published_at, e.id
+    -- The events of the run's tenant, and those an unscoped role published (tenant 'none': it
+    -- acts for every tenant, and its publish resolves every tenant's open waits too). One seek
+    -- each, the earlier wins.
+    SELECT f.id, f.payload INTO v_event
+    FROM (
+        (
+            SELECT e.id, e.payload, e.published_at
+            FROM x_jobs.event AS e
+            WHERE e.tenant_id = v_job.tenant_id
+                AND e.name = v_step.event
+                AND (v_step.event_key IS NULL OR e.key = v_step.event_key)
+                AND (v_step.match IS NULL OR e.payload @> v_step.match)
+                AND e.published_at >= v_step.since
+            ORDER BY e.published_at, e.id
+            LIMIT 1
+        )
+        UNION ALL
+        (
+            SELECT e.id, e.payload, e.published_at
+            FROM x_jobs.event AS e
+            WHERE e.tenant_id = 'none' AND v_job.tenant_id <> 'none'
+                AND e.name = v_step.event
+                AND (v_step.event_key IS NULL OR e.key = v_step.event_key)
+                AND (v_step.match IS NULL OR e.payload @> v_step.match)
+                AND e.published_at >= v_step.since
+            ORDER BY e.published_at, e.id
+            LIMIT 1
+        )
+    ) AS f
+    ORDER BY f.published_at, f.id
     LIMIT 1;
 
     IF v_event.id IS NOT NULL THEN
@@ -464,6 +493,11 @@ DECLARE
     v_id bigint;
     v_jobs bigint[];
     v_queues text[];
+    v_scope text[] := x_jobs._tenant_scope();
+    -- A scoped publisher's event is its tenant's (the one in scope; several: XJ061), and
+    -- resolves only the waits of that tenant's runs. An unscoped one's is 'none', and resolves
+    -- the open waits of every tenant, as before tenants were bound.
+    v_tenant text := coalesce(x_jobs._stamp_tenant(NULL, v_scope), 'none');
 BEGIN
     PERFORM x_jobs._require_event(publish.event);
     -- The key is in the events' and the waits' indexes with the name: past a btree entry's size
@@ -497,8 +531,8 @@ BEGIN
             pg_catalog.hashtext(publish.event || E'\x1f' || publish.key));
     END IF;
 
-    INSERT INTO x_jobs.event (name, key, published_at, payload)
-    VALUES (publish.event, publish.key, x_jobs._clock(), publish.payload)
+    INSERT INTO x_jobs.event (name, key, published_at, payload, tenant_id)
+    VALUES (publish.event, publish.key, x_jobs._clock(), publish.payload, v_tenant)
     RETURNING id INTO v_id;
 
     -- The matching waits, locked in job order so that two publishes resolving the same steps
@@ -510,8 +544,13 @@ BEGIN
             AND s.event = publish.event
             AND (s.event_key IS NULL OR s.event_key = publish.key)
             AND (s.match IS NULL OR publish.payload @> s.match)
+            -- A wait of another tenant's run is not this publisher's to resolve: its job's
+            -- tenant is read by id, per matching wait.
+            AND (v_scope IS NULL OR EXISTS (
+                SELECT FROM x_jobs.job AS t WHERE t.id = s.job_id AND t.tenant_id = v_tenant
+            ))
         ORDER BY s.job_id, s.name
-        FOR UPDATE
+        FOR UPDATE OF s
     ),
     resolved AS (
         UPDATE x_jobs.step AS s

@@ -87,6 +87,9 @@ AS $$
 DECLARE
     v_now timestamptz := x_jobs.now();
     v_id bigint;
+    -- The message is the tenant's of a scoped caller (the one in scope, or the one
+    -- x_jobs.tenant names; several: XJ061), 'none' for an unscoped one.
+    v_tenant text := coalesce(x_jobs._stamp_tenant(NULL, x_jobs._tenant_scope()), 'none');
 BEGIN
     PERFORM x_jobs._require_message(outbox_put.topic, outbox_put.payload, outbox_put.headers,
         outbox_put.max_attempts);
@@ -100,9 +103,11 @@ BEGIN
             DETAIL = pg_catalog.format('For a message of topic %L.', outbox_put.topic),
             HINT = 'Key messages with a short text, such as an order id (up to 400 characters): hash a longer one.';
     END IF;
-    INSERT INTO x_jobs.outbox (created_at, max_attempts, topic, key, headers, payload, state, available_at)
+    INSERT INTO x_jobs.outbox (
+        created_at, max_attempts, topic, key, headers, payload, state, available_at, tenant_id
+    )
     VALUES (v_now, coalesce(outbox_put.max_attempts, 10), outbox_put.topic, outbox_put.key,
-        coalesce(outbox_put.headers, '{}'), outbox_put.payload, 'pending', v_now)
+        coalesce(outbox_put.headers, '{}'), outbox_put.payload, 'pending', v_now, v_tenant)
     RETURNING id INTO v_id;
     PERFORM x_jobs._notify('x_jobs_outbox', outbox_put.topic);
     RETURN v_id;
@@ -123,6 +128,8 @@ AS $$
 DECLARE
     v_now timestamptz := x_jobs.now();
     v_bad record;
+    -- As outbox_put's: one tenant for the whole batch.
+    v_tenant text := coalesce(x_jobs._stamp_tenant(NULL, x_jobs._tenant_scope()), 'none');
 BEGIN
     IF outbox_put_many.messages IS NULL OR pg_catalog.jsonb_typeof(outbox_put_many.messages) <> 'array'
         OR EXISTS (
@@ -203,9 +210,12 @@ BEGIN
         FROM pg_catalog.jsonb_array_elements(outbox_put_many.messages) WITH ORDINALITY AS m (value, ord)
     ),
     put AS (
-        INSERT INTO x_jobs.outbox AS o (created_at, max_attempts, topic, key, headers, payload, state, available_at)
+        INSERT INTO x_jobs.outbox AS o (
+            created_at, max_attempts, topic, key, headers, payload, state, available_at, tenant_id
+        )
         SELECT v_now, coalesce((i.value ->> 'max_attempts')::integer, 10), i.value ->> 'topic',
-               i.value ->> 'key', coalesce(i.value -> 'headers', '{}'), i.value -> 'payload', 'pending', v_now
+               i.value ->> 'key', coalesce(i.value -> 'headers', '{}'), i.value -> 'payload', 'pending', v_now,
+               v_tenant
         FROM input AS i
         ORDER BY i.ord
         RETURNING o.id

@@ -251,6 +251,12 @@ DECLARE
     v_batch_names text[];
     v_batch_counts bigint[];
 BEGIN
+    -- The rows a bound role sees are its tenants' (row-level security); a filter naming another
+    -- tenant is a cross-tenant act, refused whatever that tenant holds.
+    IF cancel_jobs.tenant_id IS NOT NULL AND x_jobs._tenant_scope() IS NOT NULL
+        AND NOT cancel_jobs.tenant_id = ANY (x_jobs._tenant_scope()) THEN
+        PERFORM x_jobs._refuse_cross_tenant('cancel the jobs', cancel_jobs.tenant_id);
+    END IF;
     v_states := x_jobs._bulk_states('cancel', cancel_jobs.state,
         ARRAY['ready', 'delayed', 'suspended', 'running']::x_jobs.job_state[],
         ARRAY['ready', 'delayed', 'suspended', 'running']::x_jobs.job_state[],
@@ -414,6 +420,12 @@ DECLARE
     v_done bigint := 0::bigint;
     v_skipped bigint := 0::bigint;
 BEGIN
+    -- The rows a bound role sees are its tenants' (row-level security); a filter naming another
+    -- tenant is a cross-tenant act, refused whatever that tenant holds.
+    IF retry_jobs.tenant_id IS NOT NULL AND x_jobs._tenant_scope() IS NOT NULL
+        AND NOT retry_jobs.tenant_id = ANY (x_jobs._tenant_scope()) THEN
+        PERFORM x_jobs._refuse_cross_tenant('retry the jobs', retry_jobs.tenant_id);
+    END IF;
     v_states := x_jobs._bulk_states('retry', retry_jobs.state,
         ARRAY['dead', 'failed', 'cancelled']::x_jobs.job_state[],
         ARRAY['dead', 'failed']::x_jobs.job_state[],
@@ -434,7 +446,7 @@ BEGIN
                 AND (retry_jobs.created_after IS NULL OR k.created_at > retry_jobs.created_after)
                 AND NOT EXISTS (
                     SELECT FROM x_jobs.job AS l
-                    WHERE l.idempotency_key = k.idempotency_key
+                    WHERE l.tenant_id = k.tenant_id AND l.idempotency_key = k.idempotency_key
                         AND l.state IN ('ready', 'delayed', 'suspended', 'running')
                 )
             LIMIT retry_jobs.max_rows
@@ -448,7 +460,7 @@ BEGIN
         -- key the oldest, when no live row holds it (job_idempotency_key_idx). A row re-queued
         -- by an earlier batch of this call is live, and holds its key.
         WITH picked AS MATERIALIZED (
-            SELECT k.id, k.idempotency_key
+            SELECT k.id, k.tenant_id, k.idempotency_key
             FROM x_jobs.job AS k
             WHERE k.id > v_after
                 AND k.state = ANY (v_states)
@@ -462,8 +474,8 @@ BEGIN
             FOR NO KEY UPDATE
         ),
         ranked AS (
-            SELECT p.id, p.idempotency_key,
-                   pg_catalog.row_number() OVER (PARTITION BY p.idempotency_key ORDER BY p.id) AS nth
+            SELECT p.id, p.tenant_id, p.idempotency_key,
+                   pg_catalog.row_number() OVER (PARTITION BY p.tenant_id, p.idempotency_key ORDER BY p.id) AS nth
             FROM picked AS p
         )
         SELECT count(*)::integer, max(r.id),
@@ -471,7 +483,7 @@ BEGIN
                    WHERE r.idempotency_key IS NULL
                        OR (r.nth = 1 AND NOT EXISTS (
                            SELECT FROM x_jobs.job AS l
-                           WHERE l.idempotency_key = r.idempotency_key
+                           WHERE l.tenant_id = r.tenant_id AND l.idempotency_key = r.idempotency_key
                                AND l.state IN ('ready', 'delayed', 'suspended', 'running')
                        ))
                ), ARRAY[]::bigint[])
@@ -610,6 +622,10 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
+    -- A queue is every tenant's: a bound role may not stop or start it for the others.
+    IF x_jobs._tenant_scope() IS NOT NULL THEN
+        PERFORM x_jobs._refuse_cross_tenant('pause a queue', NULL);
+    END IF;
     -- The names enqueue accepts: 1 to 200 characters.
     IF pause_queue.queue IS NULL OR pause_queue.queue = '' OR pg_catalog.length(pause_queue.queue) > 200 THEN
         RAISE EXCEPTION USING
@@ -634,6 +650,10 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
+    -- A queue is every tenant's: a bound role may not stop or start it for the others.
+    IF x_jobs._tenant_scope() IS NOT NULL THEN
+        PERFORM x_jobs._refuse_cross_tenant('resume a queue', NULL);
+    END IF;
     -- The names enqueue accepts: 1 to 200 characters.
     IF resume_queue.queue IS NULL OR resume_queue.queue = '' OR pg_catalog.length(resume_queue.queue) > 200 THEN
         RAISE EXCEPTION USING

@@ -291,7 +291,9 @@ AS $$
     SELECT c.job, sum(c.completed)::bigint, sum(c.retried)::bigint, sum(c.failed)::bigint,
            sum(c.dead)::bigint, sum(c.cancelled)::bigint, sum(c.run_ms)::bigint
     FROM x_jobs.counter AS c
-    WHERE job_counters.since IS NULL OR c.bucket_start >= job_counters.since
+    WHERE (job_counters.since IS NULL OR c.bucket_start >= job_counters.since)
+        -- Counters are per job name, summed over every tenant: a scoped caller gets none.
+        AND (SELECT x_jobs._tenant_scope()) IS NULL
     GROUP BY c.job
     ORDER BY c.job COLLATE "C"
 $$;

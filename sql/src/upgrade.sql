@@ -189,6 +189,21 @@ WHERE idempotency_key IS NOT NULL AND state IN ('ready', 'delayed', 'suspended',
 --@function x_jobs.tenant_bindings
 --@function x_jobs._enqueue
 --@function x_jobs.result
+--@function x_jobs.extend_lease
+--@function x_jobs.release
+--@function x_jobs.complete_many
+--@function x_jobs.fail
+--@function x_jobs._require_held
+--@function x_jobs.step_wait
+--@function x_jobs.publish
+--@function x_jobs.outbox_put
+--@function x_jobs.outbox_put_many
+--@function x_jobs.cancel_jobs
+--@function x_jobs.retry_jobs
+--@function x_jobs.pause_queue
+--@function x_jobs.resume_queue
+--@function x_jobs.queue_stats
+--@function x_jobs.job_counters
 
 ALTER TABLE x_jobs.job ENABLE ROW LEVEL SECURITY;
 ALTER TABLE x_jobs.job FORCE ROW LEVEL SECURITY;
