@@ -199,11 +199,6 @@ def test_the_scope_is_local_to_each_transaction(dsn: str, conn: Conn) -> None:
         app.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the SQL side (branch tenants) to stamp outbox_put with the scope's tenant; "
-    "strict: it fails here once that lands, and this mark goes",
-)
 def test_a_scoped_app_puts_outbox_messages_for_its_tenant(
     admin: Conn, dsn: str, conn: Conn
 ) -> None:
@@ -224,6 +219,23 @@ def test_a_scoped_app_puts_outbox_messages_for_its_tenant(
             assert code == 0 and [m["id"] for m in messages["messages"]] == [second]
             code, messages = invoke("outbox", "list", "--tenant", "acme", "--dsn", as_role)
             assert code == 0 and [m["id"] for m in messages["messages"]] == [first]
+    finally:
+        app.close()
+
+
+def test_a_scoped_app_publishes_for_its_tenant(dsn: str, conn: Conn) -> None:
+    app = x_jobs.App(dsn, tenant="acme")
+    try:
+        published = app.publish("order.paid", {"order": 1}, key="o-1")
+        other = app.for_tenant("globex").publish("order.paid")
+        assert (published.woken, other.woken) == (0, 0)
+        rows: dict[int, str] = dict(
+            conn.execute(
+                "SELECT id, tenant_id FROM x_jobs.event WHERE id = ANY (%s)",
+                [[published.event_id, other.event_id]],
+            ).fetchall()
+        )
+        assert rows == {published.event_id: "acme", other.event_id: "globex"}
     finally:
         app.close()
 
