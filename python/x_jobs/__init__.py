@@ -20,15 +20,18 @@ from x_jobs.app import App
 from x_jobs.context import AsyncJobContext, CancelEvent, JobContext, Scheduled
 from x_jobs.errors import (
     CronInvalid,
+    CrossTenantReasonMissing,
     DeliveryError,
     JobCancelled,
     JobFailed,
+    JobTenantMissing,
     PermanentError,
     PermissionDenied,
     ResultTimeout,
     ScheduleInvalid,
     ScheduleNotFound,
     StepTimeout,
+    TenantScopeConflict,
     TimeZoneInvalid,
     XJobsError,
     translate,
@@ -37,6 +40,7 @@ from x_jobs.jobs import Concurrency, Enqueued, Job, Retry
 from x_jobs.schedules import Cron, Schedule
 from x_jobs.sinks import OutboxMessage
 from x_jobs.steps import AsyncSteps, Steps
+from x_jobs.tenants import TenantBinding, cross_tenant
 from x_jobs.worker import Worker
 
 __all__ = [
@@ -47,12 +51,14 @@ __all__ = [
     "Concurrency",
     "Cron",
     "CronInvalid",
+    "CrossTenantReasonMissing",
     "DeliveryError",
     "Enqueued",
     "Job",
     "JobCancelled",
     "JobContext",
     "JobFailed",
+    "JobTenantMissing",
     "OutboxMessage",
     "PermanentError",
     "PermissionDenied",
@@ -64,9 +70,12 @@ __all__ = [
     "Scheduled",
     "StepTimeout",
     "Steps",
+    "TenantBinding",
+    "TenantScopeConflict",
     "TimeZoneInvalid",
     "Worker",
     "XJobsError",
+    "cross_tenant",
     "translate",
 ]
 __version__ = "0.4.2"

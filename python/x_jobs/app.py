@@ -7,20 +7,31 @@ handler's type annotation first, so a bad input is refused here with
 :class:`~x_jobs.errors.InputInvalid`, never discovered by a worker, and then sends it with
 ``x_jobs.enqueue_many`` (:mod:`x_jobs.enqueue`): deduplication, defaults and the wake-up all
 happen in SQL.
+
+Tenants: ``App(tenant="acme")`` (or ``app.for_tenant("acme")``, a view of an app with the same
+declarations and pool) acts for one tenant. Every call it makes runs in a transaction that sets
+``x_jobs.tenant`` locally first (``set_config(..., true)``), so the database shows and takes
+only that tenant's rows, behind a pooler too (nothing outlives the transaction); its enqueues
+are stamped with the tenant, and one that names another is refused here
+(:class:`~x_jobs.errors.TenantScopeConflict`). ``App(tenants=True)`` requires every job to say
+whose it is (``@app.job(tenant=lambda input: ...)``). ``app.cross_tenant(reason)`` leaves the
+scope, for a reason it logs.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import replace
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, replace
 from typing import Any, LiteralString, overload
 
 import psycopg
+from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from x_jobs import enqueue
@@ -31,12 +42,16 @@ from x_jobs._conn import connect, pool_kwargs
 from x_jobs.enqueue import DB_NOW as DB_NOW  # noqa: PLC0414
 from x_jobs.enqueue import ENQUEUE_MANY as ENQUEUE_MANY  # noqa: PLC0414
 from x_jobs.errors import (
+    CrossTenantReasonMissing,
     JobFailed,
     JobNotFound,
+    JobTenantMissing,
     JobUnknown,
     NotInstalled,
     PermissionDenied,
     ResultTimeout,
+    TenantInvalid,
+    TenantScopeConflict,
     VersionUnsupported,
     translate,
 )
@@ -63,6 +78,17 @@ logger = logging.getLogger(__name__)
 SUPPORTED_VERSIONS = frozenset({"0.4.1", "0.4.2"})
 
 RESULT: LiteralString = "SELECT state, output, last_error FROM x_jobs.result(%s)"
+PUBLISH: LiteralString = (
+    "SELECT event_id, woken FROM x_jobs.publish(event => %s, payload => %s, key => %s)"
+)
+#: Narrows the transaction to one tenant: transaction-local (``true``), so that a pooled
+#: connection handed on to another caller, or a pooler's server connection, keeps nothing of it.
+SCOPE: LiteralString = "SELECT pg_catalog.set_config('x_jobs.tenant', %s, true)"
+#: The role a scope's calls act for, for cross_tenant's log line.
+ROLE: LiteralString = "SELECT current_user::text, session_user::text"
+#: The longest tenant id the database stores (X_TENANT_INVALID past it).
+TENANT_MAX = 200
+
 NOT_INSTALLED_HINT = (
     "Run CREATE EXTENSION x_jobs (or `x-jobs install` where extensions are not allowed), "
     "then start again."
@@ -76,18 +102,73 @@ class App:
     (``PGHOST``, ``PGDATABASE``, ...), so a script finds the database the way psql does.
     """
 
-    def __init__(self, dsn: str | None = None, *, pool_size: int = 4) -> None:
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        pool_size: int = 4,
+        tenant: str | None = None,
+        tenants: bool = False,
+    ) -> None:
         self.dsn = dsn if dsn is not None else os.environ.get("DATABASE_URL", "")
+        #: The tenant every call of this app acts for (None: the login's whole scope).
+        self.tenant = None if tenant is None else _checked_tenant(tenant)
+        #: Every job must say whose it is (``@app.job(tenant=...)``), X_JOB_TENANT_MISSING else.
+        self.tenants = bool(tenants)
         self.jobs: dict[str, Job[Any]] = {}
         #: The schedules declared here (``@app.job(schedule=...)``, ``app.schedule``), by name:
         #: what a worker writes at its start (x_jobs.schedules.sync_schedules).
         self.schedules: dict[str, Schedule] = {}
         self._pool_size = pool_size
-        self._pool: ConnectionPool | None = None
+        #: The pool, shared with the views of for_tenant and cross_tenant (one pool per App()).
+        self._pools = _Pool()
         self._result_query: LiteralString | None = None  # once the version is checked
         #: Put messages in the outbox, and register the sinks a relay delivers them to.
         self.outbox = Outbox(self)
-        self._lock = threading.Lock()
+
+    # --- tenants ------------------------------------------------------------------------------
+
+    def for_tenant(self, tenant: str) -> App:
+        """A view of this app that acts for ``tenant``: the same declarations, schedules, outbox
+        sinks and pool, every call scoped to ``tenant`` (see the module's doc). Cheap: a
+        pooled SaaS backend makes one per request."""
+        return self._view(_checked_tenant(tenant))
+
+    def cross_tenant(self, reason: str, *, dsn: str | None = None) -> AbstractContextManager[App]:
+        """Leave the tenant scope, for a reason: a context manager answering a view of this
+        app that sets no tenant, and so sees what its login may see of every tenant (an
+        unbound role's: all of them; a bound role is refused by the database as ever). With
+        ``dsn=``, through that login instead (an unbound role's, say), on a connection pool of
+        its own that closes at the end. ``reason`` is required (X_CROSS_TENANT_REASON_MISSING)
+        and logged as a warning with the role the calls act for."""
+        return _cross_tenant(self, reason, dsn)
+
+    def _view(self, tenant: str | None) -> App:
+        view = copy.copy(self)  # shares jobs, schedules and the pool (by reference)
+        view.tenant = tenant
+        view.outbox = Outbox(view)
+        view.outbox.sinks = self.outbox.sinks
+        return view
+
+    def _stamp(self, requests: Sequence[Mapping[str, Any]]) -> Sequence[Mapping[str, Any]]:
+        """``requests`` stamped with the app's tenant; one that names another is refused."""
+        if self.tenant is None:
+            return requests
+        stamped: list[Mapping[str, Any]] = []
+        for req in requests:
+            named = req.get("tenant_id")
+            if named is None:
+                stamped.append({**req, "tenant_id": self.tenant})
+                continue
+            if named != self.tenant:
+                raise TenantScopeConflict(
+                    f"X_TENANT_SCOPE_CONFLICT: job {req.get('name')!r} names tenant {named!r}, "
+                    f"this app acts for {self.tenant!r}",
+                    hint="Enqueue it through app.for_tenant(its tenant), or leave the scope with "
+                    "app.cross_tenant(reason); nothing was enqueued.",
+                )
+            stamped.append(req)
+        return stamped
 
     # --- declarations -------------------------------------------------------------------------
 
@@ -143,6 +224,13 @@ class App:
 
         def declare(handler: Callable[..., Any]) -> Job[Any]:
             job_name = name or f"{handler.__module__}.{handler.__qualname__}"
+            if self.tenants and tenant is None:
+                raise JobTenantMissing(
+                    f"X_JOB_TENANT_MISSING: job {job_name!r} does not say its tenant, and this "
+                    "app requires one of every job (App(tenants=True))",
+                    hint="Declare it with @app.job(tenant=lambda input: ...), the tenant from "
+                    "its input (or a fixed tenant as a str).",
+                )
             if job_name in self.jobs:
                 raise ValueError(f"a job named {job_name!r} is declared already")
             limit = Concurrency(limit=concurrency) if isinstance(concurrency, int) else concurrency
@@ -276,7 +364,8 @@ class App:
             return {"deleted": done.deleted, "counters_folded": done.counters_folded}
 
         name = "x_jobs.maintain"
-        job = self.job(name=name, queue=queue, max_attempts=3)(handler)
+        # The operator's job, no tenant's: stamped 'none', the default, on a tenants=True app too.
+        job = self.job(name=name, queue=queue, max_attempts=3, tenant="none")(handler)
         self.schedule(name, job, cron, tz=tz, overlap="skip")
         return job
 
@@ -290,17 +379,7 @@ class App:
 
     @property
     def pool(self) -> ConnectionPool:
-        with self._lock:
-            if self._pool is None:
-                self._pool = ConnectionPool(
-                    self.dsn,
-                    min_size=1,
-                    max_size=self._pool_size,
-                    kwargs=pool_kwargs(self.dsn, "x_jobs"),
-                    open=True,
-                    name="x_jobs",
-                )
-            return self._pool
+        return self._pools.get(self.dsn, self._pool_size)
 
     @contextmanager
     def connection(
@@ -310,10 +389,11 @@ class App:
         the pool's, in autocommit. SQL refusals come out as typed x_jobs errors."""
         try:
             if conn is not None:
-                yield conn
+                with self.scope(conn) as db:
+                    yield db
             else:
-                with self.pool.connection() as pooled:
-                    yield pooled
+                with self.pool.connection() as pooled, self.scope(pooled) as db:
+                    yield db
         except PoolTimeout as err:
             # The pool only says that it waited; one connection of its own says why.
             try:
@@ -340,11 +420,27 @@ class App:
                 raise
             raise typed from err
 
+    @contextmanager
+    def scope(self, db: psycopg.Connection[Any]) -> Iterator[psycopg.Connection[Any]]:
+        """``db`` with the transaction scoped to the app's tenant (nothing without one). An
+        autocommit connection outside a transaction gets one of its own, committed at the end;
+        in a transaction already (the caller's), the setting joins it and stays until it ends:
+        not a transaction block of psycopg's, which on a connection that is not in autocommit
+        and idle would commit the caller's work early."""
+        if self.tenant is None:
+            yield db
+            return
+        idle = db.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        if db.autocommit and idle:
+            with db.transaction():
+                db.execute(SCOPE, [self.tenant])
+                yield db
+        else:
+            db.execute(SCOPE, [self.tenant])
+            yield db
+
     def close(self) -> None:
-        with self._lock:
-            if self._pool is not None:
-                self._pool.close()
-                self._pool = None
+        self._pools.close()
 
     def check_version(self, conn: psycopg.Connection[Any]) -> str:
         """The installed SQL API version, or VersionUnsupported when this client cannot speak
@@ -410,8 +506,28 @@ class App:
         """Enqueue prepared requests (``Job.request``), jobs of several kinds mixed."""
         if not requests:
             return []
+        requests = self._stamp(requests)
         with self.connection(conn) as db:
             return enqueue.send(db, requests)
+
+    # --- events -------------------------------------------------------------------------------
+
+    def publish(
+        self,
+        event: str,
+        payload: Any = None,
+        *,
+        key: str | None = None,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> Published:
+        """Publish an event (``x_jobs.publish``): the waits that match it (``wait_for_event``)
+        are done with ``payload`` and their runs are due at once; for a scoped app, only its
+        tenant's. With ``conn=`` in the caller's transaction. Answers the event's id and how
+        many runs it woke."""
+        with self.connection(conn) as db:
+            row = db.execute(PUBLISH, [event, Jsonb(payload), key]).fetchone()
+        assert row is not None  # publish answers one row or raises
+        return Published(event_id=int(row[0]), woken=int(row[1]))
 
     # --- results ------------------------------------------------------------------------------
 
@@ -457,6 +573,82 @@ class App:
                 pause = min(pause, left)
             time.sleep(pause)
             pause = min(pause * 2, 1.0)
+
+
+@dataclass(frozen=True)
+class Published:
+    """What ``app.publish`` answered: the event's id, and how many suspended runs it woke."""
+
+    event_id: int
+    woken: int
+
+
+class _Pool:
+    """An app's connection pool, made on first use; shared by the views of one App."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pool: ConnectionPool | None = None
+
+    def get(self, dsn: str, size: int) -> ConnectionPool:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ConnectionPool(
+                    dsn,
+                    min_size=1,
+                    max_size=size,
+                    kwargs=pool_kwargs(dsn, "x_jobs"),
+                    open=True,
+                    name="x_jobs",
+                )
+            return self._pool
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
+
+
+def _checked_tenant(tenant: object) -> str:
+    """A tenant id as the database stores it: a str of 1 to 200 characters."""
+    if not isinstance(tenant, str):
+        raise TypeError(f"a tenant is a str, not {type(tenant).__name__}")
+    if not tenant or len(tenant) > TENANT_MAX:
+        raise TenantInvalid(
+            f"X_TENANT_INVALID: tenant {tenant[:64]!r} is {len(tenant)} characters",
+            hint=f"Name the tenant in 1 to {TENANT_MAX} characters.",
+        )
+    return tenant
+
+
+@contextmanager
+def _cross_tenant(app: App, reason: str, dsn: str | None) -> Iterator[App]:
+    """App.cross_tenant (see there)."""
+    if not isinstance(reason, str) or not reason.strip():
+        raise CrossTenantReasonMissing(
+            f"X_CROSS_TENANT_REASON_MISSING: leaving the tenant scope needs a reason, got "
+            f"{reason!r}",
+            hint="Say why this code must see other tenants' jobs: cross_tenant('support ticket "
+            "4711: copy the export'); the reason is logged.",
+        )
+    view = app._view(None)
+    if dsn is not None:
+        view.dsn = dsn
+        view._pools = _Pool()
+    try:
+        with view.connection() as db:
+            row = db.execute(ROLE).fetchone()
+        role, login = (str(row[0]), str(row[1])) if row else ("?", "?")
+        logger.warning(
+            "leaving the tenant scope: %s",
+            reason,
+            extra={"reason": reason, "role": role, "login": login, "tenant": app.tenant},
+        )
+        yield view
+    finally:
+        if dsn is not None:
+            view.close()
 
 
 def _crons(schedule: Cron | Sequence[Cron] | None) -> list[Cron]:

@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from x_jobs.errors import JobCancelled as JobCancelled  # noqa: PLC0414 - re-exported here
+from x_jobs.jobs import Enqueued, Job, JobsApp
 from x_jobs.steps import AsyncSteps, Steps, StepStore, _Journal, progress
 
 logger = logging.getLogger(__name__)
@@ -98,6 +100,27 @@ class JobContext:
     _event: CancelEvent | None = field(default=None, repr=False)
     _store: StepStore | None = field(default=None, repr=False)
     _steps: Steps | AsyncSteps | None = field(default=None, repr=False)
+    #: The worker's app, whose view for the job's tenant ctx.enqueue sends through.
+    _app: JobsApp | None = field(default=None, repr=False)
+
+    def _tenant_app(self) -> JobsApp:
+        if self._app is None:
+            raise RuntimeError("ctx.enqueue is for a job that a Worker runs")
+        return self._app.for_tenant(self.tenant_id)
+
+    def enqueue(self, job: Job[Any] | str, input: Any = None, **options: Any) -> Enqueued:
+        """Enqueue a job for this job's tenant (``ctx.tenant_id``): stamped with it, in a
+        transaction scoped to it; a job or option that names another tenant is refused
+        (X_TENANT_SCOPE_CONFLICT). Another tenant's work is enqueued through
+        ``app.cross_tenant(reason)``. A short blocking call, async handlers too."""
+        return self._tenant_app().enqueue(job, input, **options)
+
+    def enqueue_many(
+        self, job: Job[Any] | str, inputs: Iterable[Any], **options: Any
+    ) -> list[Enqueued]:
+        """Enqueue many jobs of one kind for this job's tenant, in one round trip (see
+        :meth:`enqueue`)."""
+        return self._tenant_app().enqueue_many(job, inputs, **options)
 
     def _journal(self) -> _Journal:
         if self._store is None:

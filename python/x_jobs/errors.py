@@ -393,6 +393,28 @@ class ResultTimeout(ClientError, TimeoutError):
     code = "X_RESULT_TIMEOUT"
 
 
+class TenantScopeConflict(ClientError, InvalidArgument):
+    """A call of an app scoped to one tenant (``App(tenant=...)``, ``app.for_tenant``, a
+    handler's ``ctx.enqueue``) names another tenant: nothing was sent. The database refuses the
+    same for a bound role (X_TENANT_OUT_OF_SCOPE); the client says it before the round trip."""
+
+    code = "X_TENANT_SCOPE_CONFLICT"
+
+
+class JobTenantMissing(ClientError, InvalidArgument):
+    """``@app.job`` on an ``App(tenants=True)`` without ``tenant=``: every job of such an app
+    says whose it is, so that none is stamped the default tenant 'none' by omission."""
+
+    code = "X_JOB_TENANT_MISSING"
+
+
+class CrossTenantReasonMissing(ClientError, InvalidArgument):
+    """``cross_tenant(reason)`` without a reason (empty or blank): leaving a tenant's scope is an
+    act someone answers for, and its log line says why."""
+
+    code = "X_CROSS_TENANT_REASON_MISSING"
+
+
 #: What each of the three roles is for (docs/roles.md); the hint of a refused privilege.
 PRIVILEGE_HINT = (
     "Grant this login the x_jobs role for the call: x_jobs_producer to enqueue, read results "

@@ -276,7 +276,7 @@ def test_a_database_that_cannot_be_reached_says_why(dsn: str) -> None:
     def remind(input: dict[str, str]) -> None: ...
 
     # A pool that gives up at once instead of after 30 s; the same code path answers.
-    app._pool = ConnectionPool(missing, min_size=1, timeout=0.5, open=True)
+    app._pools._pool = ConnectionPool(missing, min_size=1, timeout=0.5, open=True)
     try:
         with pytest.raises(psycopg.OperationalError, match="does not exist"):
             app.enqueue("remind", {"to": "ada"})

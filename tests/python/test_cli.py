@@ -148,7 +148,8 @@ def test_enqueue_then_list_shows_the_job(dsn: str, conn: Conn) -> None:
     assert re.search(rf"^run_id\s+{run_id}\s*$", human.stdout, re.MULTILINE), human.stdout
     assert re.search(r"^deduped\s+no\s*$", human.stdout, re.MULTILINE), human.stdout
 
-    # The same key again: the live row answers, nothing new is enqueued.
+    # The same key again (of the same tenant: keys are unique per tenant): the live row
+    # answers, nothing new is enqueued.
     again = x_jobs(
         "enqueue",
         "send_email",
@@ -156,6 +157,8 @@ def test_enqueue_then_list_shows_the_job(dsn: str, conn: Conn) -> None:
         "{}",
         "--idempotency-key",
         "welcome:ada",
+        "--tenant",
+        "acme",
         "--json",
         "--dsn",
         dsn,

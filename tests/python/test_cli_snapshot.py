@@ -268,6 +268,13 @@ def test_json_shapes_and_exit_codes_are_the_snapshot(dsn: str, conn: Conn, plain
     x.run("schedules preview bad zone", "schedules", "preview", "@daily", "--tz", "Mars/Base")
     x.run("tick", "tick")
 
+    x.run("tenants list empty", "tenants", "list")
+    x.run("tenants bind", "tenants", "bind", "x_jobs_worker", "acme")
+    x.run("tenants list", "tenants", "list")
+    x.run("tenants bind unknown role", "tenants", "bind", "x_jobs_no_such_role", "acme")
+    x.run("tenants unbind", "tenants", "unbind", "x_jobs_worker", "acme")
+    x.run("tenants unbind again", "tenants", "unbind", "x_jobs_worker", "acme")
+
     for topic, key in [("order.paid", "o-1"), ("order.paid", "o-2"), ("user.created", None)]:
         conn.execute(
             "SELECT x_jobs.outbox_put(topic => %s, payload => '{\"n\": 1}', key => %s,"

@@ -3,7 +3,8 @@
 ``worker`` runs the jobs of an App, ``relay`` delivers its outbox. The operator's commands call
 the SQL API and print what it answers: ``enqueue``, ``jobs list|show|retry|cancel``,
 ``outbox list|show|redrive``, ``events publish``, ``steps resolve``, ``queues [pause|resume]``,
-``schedules list|show|pause|resume|run|preview|sync``, ``tick`` (fire the due schedules),
+``schedules list|show|pause|resume|run|preview|sync``, ``tenants bind|unbind|list``, ``tick``
+(fire the due schedules),
 ``manifest`` (the job declarations), and ``install`` (the schema without CREATE EXTENSION, see
 :mod:`x_jobs.install`). Each takes ``--dsn`` (default ``DATABASE_URL``, else libpq's PG*
 environment, as ``App()``) and ``--json`` (one JSON document on stdout instead of tables).
@@ -156,6 +157,7 @@ from x_jobs.cli.serve import (
     worker,
 )
 from x_jobs.cli.steps import RESOLVE_STEP, steps_cli, steps_resolve
+from x_jobs.cli.tenants import tenants_bind, tenants_cli, tenants_list, tenants_unbind
 from x_jobs.errors import DatabaseError, MessageNotFound
 
 logger = logging.getLogger(__name__)
@@ -184,6 +186,7 @@ cli.add_typer(steps_cli, name="steps")
 cli.add_typer(queues_cli, name="queues")
 cli.add_typer(outbox_cli, name="outbox")
 cli.add_typer(schedules_cli, name="schedules")
+cli.add_typer(tenants_cli, name="tenants")
 cli.command("tick")(tick_command)
 cli.command("maintain")(maintain_command)
 cli.command("install")(install_command)
@@ -310,6 +313,10 @@ __all__ = [
     "setup_logging",
     "steps_cli",
     "steps_resolve",
+    "tenants_bind",
+    "tenants_cli",
+    "tenants_list",
+    "tenants_unbind",
     "tick_command",
     "worker",
 ]

@@ -123,12 +123,18 @@ _OWN_TIMEZONES: weakref.WeakKeyDictionary[psycopg.Connection[Any], str] = (
 
 @contextmanager
 def database(
-    dsn: str | None, out: Output, *, check_version: bool = True
+    dsn: str | None, out: Output, *, check_version: bool = True, tenant: str | None = None
 ) -> Iterator[psycopg.Connection[Any]]:
     """An autocommit connection to the database ``dsn`` names (default: DATABASE_URL, else
     libpq's environment, as App() finds it), checked to hold an x_jobs this client speaks to.
-    Whatever goes wrong inside ends the command as one line and a hint, never a traceback."""
-    app = App(dsn)
+    Whatever goes wrong inside ends the command as one line and a hint, never a traceback.
+
+    ``tenant`` (``--tenant``): the command runs in one transaction that sets ``x_jobs.tenant``
+    locally, as an App(tenant=...) does, so that it shows only that tenant's rows."""
+    try:
+        app = App(dsn, tenant=tenant)
+    except XJobsError as err:
+        out.refuse(EXIT_USAGE, err)
     try:
         conn = connect(app.dsn, "x-jobs")
     except psycopg.Error as err:
@@ -147,7 +153,8 @@ def database(
             conn.execute(PIN_UTC)
             if check_version:
                 app.check_version(conn)
-            yield conn
+            with app.scope(conn):
+                yield conn
     except (VersionUnsupported, PermissionDenied) as err:
         # No x_jobs there (or one this client cannot speak to), a login without the role the
         # command needs: the command's setup, not what it asked (see EXIT_USAGE).
@@ -167,6 +174,14 @@ def database(
             out.refuse(EXIT_USAGE, PermissionDenied.of(err))
         typed = translate(err)
         out.refuse(EXIT_REFUSED, typed if isinstance(typed, XJobsError) else DatabaseError.of(err))
+
+
+def in_tenant(conn: psycopg.Connection[Any], tenant: str | None) -> None:
+    """Scope the transaction ``conn`` is in to ``tenant`` (``--tenant``; None: nothing), for a
+    command that opens its transaction itself (its isolation level first)."""
+    if tenant is not None:
+        with App(tenant=tenant).scope(conn):
+            pass
 
 
 #: The first SQL API with cancel_jobs, retry_jobs and list_jobs(name => ...).

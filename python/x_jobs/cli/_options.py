@@ -30,6 +30,17 @@ AsJson = Annotated[
     bool, typer.Option("--json", help="Print one JSON document on stdout instead of tables.")
 ]
 
+#: The scope of a listing command: x_jobs.tenant, set for its transaction (see database()).
+InTenant = Annotated[
+    str | None,
+    typer.Option(
+        "--tenant",
+        metavar="TENANT",
+        help="Act for this tenant only (x_jobs.tenant for the command's transaction).",
+        show_default=False,
+    ),
+]
+
 #: The rows a page of `jobs list` or `outbox list` may hold: those x_jobs.list_jobs takes (a
 #: usage error outside them, before anything is sent).
 PageSize = Annotated[int, typer.Option(min=1, max=1000, help="Rows per page.")]

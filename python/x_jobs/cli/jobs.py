@@ -30,8 +30,8 @@ from x_jobs.cli._bulk import (
     _filters,
     _ids_or_filters,
 )
-from x_jobs.cli._database import _require_0_4, database
-from x_jobs.cli._options import BIGINT_MAX, BIGINT_MIN, AsJson, Dsn, PageSize
+from x_jobs.cli._database import _require_0_4, database, in_tenant
+from x_jobs.cli._options import BIGINT_MAX, BIGINT_MIN, AsJson, Dsn, InTenant, PageSize
 from x_jobs.cli._output import (
     Output,
     _cell,
@@ -153,6 +153,7 @@ def jobs_list(
         ),
     ] = None,
     limit: PageSize = 50,
+    tenant: InTenant = None,
     dsn: Dsn = None,
     as_json: AsJson = False,
 ) -> None:
@@ -162,7 +163,7 @@ def jobs_list(
     """
     out = Output(as_json)
     params = {"state": state, "queue": queue, "before": before, "limit": limit, "name": name}
-    with database(dsn, out) as conn:
+    with database(dsn, out, tenant=tenant) as conn:
         if name is not None:
             _require_0_4(conn, "listing by --name", "or list without --name")
         query = LIST_JOBS if name is None else LIST_JOBS_NAMED
@@ -174,6 +175,7 @@ def jobs_list(
         args += ["--state", state] if state is not None else []
         args += ["--queue", queue] if queue is not None else []
         args += ["--name", name] if name is not None else []
+        args += ["--tenant", tenant] if tenant is not None else []
         args += ["--limit", str(limit)] if limit != 50 else []
         args += ["--before", str(next_before)]
         human += _next_page(args, dsn)
@@ -331,7 +333,9 @@ JobId = Annotated[
 
 
 @jobs_cli.command("show")
-def jobs_show(job_id: JobId, dsn: Dsn = None, as_json: AsJson = False) -> None:
+def jobs_show(
+    job_id: JobId, tenant: InTenant = None, dsn: Dsn = None, as_json: AsJson = False
+) -> None:
     """One job: its row and progress, its steps in the order the run reached them
     (x_jobs.job_steps), then every failed attempt (x_jobs.job_errors), oldest first."""
     out = Output(as_json)
@@ -339,6 +343,7 @@ def jobs_show(job_id: JobId, dsn: Dsn = None, as_json: AsJson = False) -> None:
     # READ COMMITTED would give each statement on its own.
     with database(dsn, out) as conn, conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        in_tenant(conn, tenant)  # after the isolation level, which must come first
         job = conn.cursor(row_factory=class_row(JobRow)).execute(SHOW_JOB, {"id": job_id})
         row = job.fetchone()
         if row is None:

@@ -16,7 +16,16 @@ from rich.console import RenderableType
 from rich.table import Table
 
 from x_jobs.cli._database import database
-from x_jobs.cli._options import BIGINT_MAX, BIGINT_MIN, INT_MAX, INT_MIN, AsJson, Dsn, PageSize
+from x_jobs.cli._options import (
+    BIGINT_MAX,
+    BIGINT_MIN,
+    INT_MAX,
+    INT_MIN,
+    AsJson,
+    Dsn,
+    InTenant,
+    PageSize,
+)
 from x_jobs.cli._output import (
     SHORT,
     Output,
@@ -136,6 +145,7 @@ def outbox_list(
         ),
     ] = None,
     limit: PageSize = 50,
+    tenant: InTenant = None,
     dsn: Dsn = None,
     as_json: AsJson = False,
 ) -> None:
@@ -145,7 +155,7 @@ def outbox_list(
     """
     out = Output(as_json)
     params = {"state": state, "topic": topic, "key": key, "before": before, "limit": limit}
-    with database(dsn, out) as conn:
+    with database(dsn, out, tenant=tenant) as conn:
         # The refusals x_jobs.list_jobs makes for `jobs list`, in its order.
         if state is not None:
             row = conn.execute(OUTBOX_STATES).fetchone()
@@ -164,6 +174,7 @@ def outbox_list(
         args += ["--state", state] if state is not None else []
         args += ["--topic", topic] if topic is not None else []
         args += ["--key", key] if key is not None else []
+        args += ["--tenant", tenant] if tenant is not None else []
         args += ["--limit", str(limit)] if limit != 50 else []
         args += ["--before", str(next_before)]
         human += _next_page(args, dsn)
@@ -179,12 +190,13 @@ def outbox_show(
         int,
         typer.Argument(metavar="ID", min=BIGINT_MIN, max=BIGINT_MAX, help="The message's id."),
     ],
+    tenant: InTenant = None,
     dsn: Dsn = None,
     as_json: AsJson = False,
 ) -> None:
     """One outbox message: every column, its headers and payload as JSON."""
     out = Output(as_json)
-    with database(dsn, out) as conn:
+    with database(dsn, out, tenant=tenant) as conn:
         cur = conn.cursor(row_factory=class_row(OutboxRow))
         row = cur.execute(SHOW_OUTBOX, {"id": message_id}).fetchone()
         if row is None:

@@ -11,7 +11,7 @@ import typer
 from psycopg.rows import class_row
 
 from x_jobs.cli._database import database
-from x_jobs.cli._options import AsJson, Dsn
+from x_jobs.cli._options import AsJson, Dsn, InTenant
 from x_jobs.cli._output import Output, _cell, _table
 
 logger = logging.getLogger(__name__)
@@ -42,7 +42,9 @@ RESUME: LiteralString = "SELECT x_jobs.resume_queue(queue => %(queue)s)"
 
 
 @queues_cli.callback(invoke_without_command=True)
-def queues(ctx: typer.Context, dsn: Dsn = None, as_json: AsJson = False) -> None:
+def queues(
+    ctx: typer.Context, tenant: InTenant = None, dsn: Dsn = None, as_json: AsJson = False
+) -> None:
     """Per queue: live jobs by state, demand, paused (x_jobs.queue_stats); pause or resume one.
 
     Queues with no live job and no pause are absent. `pause` holds a queue back from every claim,
@@ -51,7 +53,7 @@ def queues(ctx: typer.Context, dsn: Dsn = None, as_json: AsJson = False) -> None
     if ctx.invoked_subcommand is not None:
         return  # pause/resume read --dsn/--json given here from ctx.parent
     out = Output(as_json)
-    with database(dsn, out) as conn:
+    with database(dsn, out, tenant=tenant) as conn:
         rows = conn.cursor(row_factory=class_row(QueueRow)).execute(QUEUE_STATS).fetchall()
     table = _table()
     for column in ("queue", "ready", "delayed", "suspended", "running", "demand", "paused"):

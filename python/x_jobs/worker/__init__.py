@@ -532,6 +532,7 @@ class Worker:
                 worker=self.worker_id,
                 created_at=created_at,
                 _store=self._step_store,
+                _app=self.app,
             )
             run = Run(job or unknown_job(self.app, name), ctx, payload, checked=sent)
             self._held[job_id] = run
