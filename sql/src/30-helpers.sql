@@ -103,6 +103,9 @@ AS $$
         ('XJ051', 'X_MAX_AGE_INVALID', 'A queue_gauges max_age is missing, negative, or longer than a day.'),
         ('XJ047', 'X_DECLARATIONS_INVALID', 'declare_jobs got something other than an array of declaration objects, an unknown field or one of the wrong type, or a job declared twice in one call.'),
         ('XJ048', 'X_JOB_TIMEOUT_INVALID', 'A declared job timeout is not above zero, or longer than 1000 years.'),
+        ('XJ063', 'X_RATE_LIMIT_INVALID', 'A rate limit key is missing, empty or longer than 400 characters, max_starts is below 1, or per is not a positive interval up to 366 days.'),
+        ('XJ064', 'X_RATE_LIMIT_UNKNOWN', 'No rate limit has this key (an enqueue named a key no set_rate_limit declared, or drop_rate_limit a key without a limit).'),
+        ('XJ065', 'X_RATE_LIMIT_CONFLICT', 'A job named both a rate_limit_key and a concurrency_key.'),
         ('40001', 'X_ENQUEUE_RACE', 'An idempotency key kept changing hands during enqueue; retry the call.')
 $$;
 

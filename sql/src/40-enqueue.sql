@@ -27,7 +27,8 @@ AS $$
         coalesce((p_request).dead_letter, (p_type).dead_letter),
         coalesce((p_request).backoff_base, (p_type).backoff_base),
         coalesce((p_request).backoff_max, (p_type).backoff_max),
-        coalesce((p_request).keep_done, (p_type).keep_done)
+        coalesce((p_request).keep_done, (p_type).keep_done),
+        coalesce((p_request).rate_limit_key, (p_type).rate_limit_key)
     )::x_jobs.enqueue_request
 $$;
 
@@ -80,7 +81,7 @@ BEGIN
                        r.name, r.input, r.queue, r.run_at, r.idempotency_key, r.max_attempts,
                        r.priority, r.tenant_id, r.concurrency_key, r.concurrency_limit,
                        r.traceparent, r.enqueued_by, r.dead_letter, r.backoff_base, r.backoff_max,
-                       r.keep_done
+                       r.keep_done, r.rate_limit_key
                    )::x_jobs.enqueue_request, t)
             FROM unnest(p_requests) WITH ORDINALITY AS r
             LEFT JOIN x_jobs.job_type AS t ON t.name = r.name
@@ -119,6 +120,15 @@ BEGIN
                    -- and a traceparent up to 512 (W3C's is 55; 512 is what W3C asks tracers to
                    -- carry of a tracestate, room for other formats or a tracestate passed along).
                    WHEN pg_catalog.length(r.concurrency_key) > 400 THEN 'concurrency_key'
+                   WHEN r.rate_limit_key = '' OR pg_catalog.length(r.rate_limit_key) > 400 THEN 'rate_limit_key'
+                   -- One job, one gate: a claim grants a row under its concurrency key or its
+                   -- rate limit, and the two paths do not meet (see x_jobs.claim).
+                   WHEN r.rate_limit_key IS NOT NULL AND r.concurrency_key IS NOT NULL THEN 'rate_limit_conflict'
+                   -- A key without a declared limit is refused rather than run unlimited: a typo
+                   -- ('stripe_api') would otherwise lift the limit silently.
+                   WHEN r.rate_limit_key IS NOT NULL AND NOT EXISTS (
+                       SELECT FROM x_jobs.rate_limit AS l WHERE l.key = r.rate_limit_key
+                   ) THEN 'rate_limit_unknown'
                    WHEN pg_catalog.length(r.idempotency_key) > 400 THEN 'idempotency_key'
                    -- An empty key is most often a field that was left blank: taken as a key, it
                    -- made every such job a duplicate of the first one still live.
@@ -196,6 +206,30 @@ BEGIN
                     DETAIL = pg_catalog.format('In request %s (job %L).', v_bad_ord, v_bad.name),
                     HINT = 'Key the limit with a short text such as a customer id (up to 400 characters): '
                         'hash a longer one.';
+            WHEN 'rate_limit_key' THEN
+                RAISE EXCEPTION USING
+                    ERRCODE = 'XJ063',
+                    MESSAGE = pg_catalog.format(
+                        'X_RATE_LIMIT_INVALID: rate limit key %L is empty or longer than 400 characters',
+                        pg_catalog.left(v_bad.rate_limit_key, 64)),
+                    DETAIL = pg_catalog.format('In request %s (job %L).', v_bad_ord, v_bad.name),
+                    HINT = 'Name a rate limit declared with x_jobs.set_rate_limit, or leave rate_limit_key out.';
+            WHEN 'rate_limit_conflict' THEN
+                RAISE EXCEPTION USING
+                    ERRCODE = 'XJ065',
+                    MESSAGE = pg_catalog.format(
+                        'X_RATE_LIMIT_CONFLICT: rate limit key %L and concurrency key %L on one job',
+                        v_bad.rate_limit_key, v_bad.concurrency_key),
+                    DETAIL = pg_catalog.format('In request %s (job %L).', v_bad_ord, v_bad.name),
+                    HINT = 'Give a job a rate_limit_key or a concurrency_key, not both.';
+            WHEN 'rate_limit_unknown' THEN
+                RAISE EXCEPTION USING
+                    ERRCODE = 'XJ064',
+                    MESSAGE = pg_catalog.format('X_RATE_LIMIT_UNKNOWN: no rate limit has key %L',
+                        v_bad.rate_limit_key),
+                    DETAIL = pg_catalog.format('In request %s (job %L).', v_bad_ord, v_bad.name),
+                    HINT = 'Declare the limit first with x_jobs.set_rate_limit(key, max_starts, per), '
+                        'or leave rate_limit_key out.';
             WHEN 'idempotency_key' THEN
                 RAISE EXCEPTION USING
                     ERRCODE = 'XJ009',
@@ -271,7 +305,7 @@ BEGIN
     INSERT INTO x_jobs.job (
         id, run_at, created_at, updated_at, run_id, backoff_base, backoff_max, state,
         max_attempts, concurrency_limit, priority, dead_letter, name, queue, tenant_id,
-        concurrency_key, traceparent, enqueued_by, input, keep_done
+        concurrency_key, traceparent, enqueued_by, input, keep_done, rate_limit_key
     )
     OVERRIDING SYSTEM VALUE
     SELECT v_ids[r.ordinality], coalesce(r.run_at, v_now), v_now, v_now, v_run_ids[r.ordinality],
@@ -283,7 +317,7 @@ BEGIN
            coalesce(r.priority, 0), coalesce(r.dead_letter, TRUE), r.name,
            coalesce(r.queue, 'default'), coalesce(r.tenant_id, 'none'), r.concurrency_key,
            r.traceparent, r.enqueued_by, coalesce(r.input, '{}'::jsonb),
-           coalesce(r.keep_done, TRUE)
+           coalesce(r.keep_done, TRUE), r.rate_limit_key
     FROM unnest(p_requests) WITH ORDINALITY AS r
     WHERE r.idempotency_key IS NULL;
 
@@ -336,7 +370,7 @@ BEGIN
                    coalesce(s.queue, 'default') AS queue,
                    coalesce(s.tenant_id, 'none') AS tenant_id,
                    s.concurrency_key, s.traceparent, s.enqueued_by,
-                   coalesce(s.input, '{}'::jsonb) AS input
+                   coalesce(s.input, '{}'::jsonb) AS input, s.rate_limit_key
             FROM (
                 SELECT r.*, r.ordinality = f.first_ord AS leads
                 FROM unnest(p_requests) WITH ORDINALITY AS r
@@ -355,13 +389,14 @@ BEGIN
             INSERT INTO x_jobs.job AS j (
                 id, run_at, created_at, updated_at, run_id, backoff_base, backoff_max, state,
                 max_attempts, concurrency_limit, priority, dead_letter, name, queue, tenant_id,
-                idempotency_key, concurrency_key, traceparent, enqueued_by, input, keep_done
+                idempotency_key, concurrency_key, traceparent, enqueued_by, input, keep_done,
+                rate_limit_key
             )
             OVERRIDING SYSTEM VALUE
             SELECT r.id, r.run_at, v_now, v_now, r.run_id, r.backoff_base, r.backoff_max, r.state,
                    r.max_attempts, r.concurrency_limit, r.priority, r.dead_letter, r.name, r.queue,
                    r.tenant_id, r.idempotency_key, r.concurrency_key, r.traceparent, r.enqueued_by,
-                   r.input, r.keep_done
+                   r.input, r.keep_done, r.rate_limit_key
             FROM req AS r
             WHERE r.leads
             -- In key order (the ids were drawn in input order already): two batches that share
@@ -416,6 +451,8 @@ $$;
 -- Answers the row's id and run_id, and whether an existing live row with the same
 -- idempotency_key answered instead (deduped). A row due now wakes its queue (NOTIFY x_jobs).
 -- keep_done => false: completing the job deletes its row (see complete_many).
+-- rate_limit_key: each start (claim) of the row spends a start of that key's rate limit, which
+-- must have been declared (x_jobs.set_rate_limit; else XJ064); not with a concurrency_key.
 -- SECURITY DEFINER: producers hold no rights on the tables (see Grants).
 CREATE FUNCTION x_jobs.enqueue(
     name text,
@@ -433,7 +470,8 @@ CREATE FUNCTION x_jobs.enqueue(
     dead_letter boolean DEFAULT NULL,
     backoff_base interval DEFAULT NULL,
     backoff_max interval DEFAULT NULL,
-    keep_done boolean DEFAULT NULL
+    keep_done boolean DEFAULT NULL,
+    rate_limit_key text DEFAULT NULL
 )
 RETURNS x_jobs.enqueue_result
 LANGUAGE plpgsql
@@ -451,7 +489,7 @@ BEGIN
         enqueue.name, enqueue.input, enqueue.queue, enqueue.run_at, enqueue.idempotency_key,
         enqueue.max_attempts, enqueue.priority, enqueue.tenant_id, enqueue.concurrency_key,
         enqueue.concurrency_limit, enqueue.traceparent, enqueue.enqueued_by, enqueue.dead_letter,
-        enqueue.backoff_base, enqueue.backoff_max, enqueue.keep_done
+        enqueue.backoff_base, enqueue.backoff_max, enqueue.keep_done, enqueue.rate_limit_key
     )::x_jobs.enqueue_request]) AS e;
     RETURN v_result;
 END
@@ -474,7 +512,8 @@ DECLARE
     v_bad record;
     v_fields text[];
     v_text_fields text[] := ARRAY[
-        'name', 'queue', 'idempotency_key', 'tenant_id', 'concurrency_key', 'traceparent', 'enqueued_by'
+        'name', 'queue', 'idempotency_key', 'tenant_id', 'concurrency_key', 'traceparent', 'enqueued_by',
+        'rate_limit_key'
     ];
     v_value text;
     v_requests x_jobs.enqueue_request[];
@@ -519,6 +558,7 @@ BEGIN
             OR pg_catalog.jsonb_typeof(e.value -> 'concurrency_key') NOT IN ('string', 'null')
             OR pg_catalog.jsonb_typeof(e.value -> 'traceparent') NOT IN ('string', 'null')
             OR pg_catalog.jsonb_typeof(e.value -> 'enqueued_by') NOT IN ('string', 'null')
+            OR pg_catalog.jsonb_typeof(e.value -> 'rate_limit_key') NOT IN ('string', 'null')
     END
     ORDER BY e.ord
     LIMIT 1;

@@ -110,6 +110,11 @@ DECLARE
     v_visit_keys text[];
     v_visit_lims integer[];
     v_last bigint;
+    v_rated_ids bigint[] := '{}';
+    v_rated_at tid[] := '{}';
+    v_rated_lapsed bigint[] := '{}';
+    v_rated_attempt integer[] := '{}';
+    v_rated_worker text[] := '{}';
 BEGIN
     IF claim.queues IS NULL OR pg_catalog.cardinality(claim.queues) = 0
         OR EXISTS (SELECT FROM unnest(claim.queues) AS q WHERE q IS NULL OR q = '') THEN
@@ -167,6 +172,42 @@ BEGIN
         v_want := claim.qty - v_got;
         v_granted := NULL;
 
+        -- Rows with a rate limit key, on the first pass: those whose keys have budget are
+        -- locked and their starts spent (see _claim_rated), and the arms below look for the
+        -- rest of the slots. They go first, ahead of the keyless rows' claim order: a budget
+        -- is there to be used while its window lasts. Whether any such row waits or lapsed is
+        -- an empty probe of job_rated_idx and job_running_idx per queue, so a claim of queues
+        -- without them pays two probes a queue.
+        v_rated_ids := '{}';
+        v_rated_at := '{}';
+        IF v_pass = 1 AND (
+            EXISTS (
+                SELECT FROM unnest(v_queues) AS o (queue)
+                WHERE EXISTS (
+                    SELECT FROM x_jobs.job AS j
+                    WHERE j.queue = o.queue AND j.rate_limit_key IS NOT NULL
+                        AND j.state IN ('ready', 'delayed', 'suspended')
+                )
+            )
+            OR EXISTS (
+                SELECT FROM unnest(v_queues) AS o (queue)
+                WHERE EXISTS (
+                    SELECT FROM x_jobs.job AS j
+                    WHERE j.queue = o.queue AND j.state = 'running' AND j.visible_at <= v_now
+                        AND j.rate_limit_key IS NOT NULL
+                )
+            )
+        ) THEN
+            SELECT coalesce(pg_catalog.array_agg(r.o_id), '{}'),
+                   coalesce(pg_catalog.array_agg(r.o_at), '{}'),
+                   coalesce(pg_catalog.array_agg(r.o_id) FILTER (WHERE r.o_lapsed), '{}'),
+                   coalesce(pg_catalog.array_agg(r.o_attempt) FILTER (WHERE r.o_lapsed), '{}'),
+                   coalesce(pg_catalog.array_agg(r.o_claimed_by) FILTER (WHERE r.o_lapsed), '{}')
+            INTO v_rated_ids, v_rated_at, v_rated_lapsed, v_rated_attempt, v_rated_worker
+            FROM x_jobs._claim_rated(v_queues, v_want, v_now, claim.lease) AS r;
+            v_want := v_want - pg_catalog.cardinality(v_rated_ids);
+        END IF;
+
         -- How many rows the ready arm may lock in each queue. Up to v_want in every queue, as
         -- the other arms, the outer LIMIT keeping v_want of them: over 10 queues with a backlog
         -- a claim of 50 locked 500 rows (a WAL record each), and took half again the time of a
@@ -188,7 +229,7 @@ BEGIN
                         SELECT j.queue, j.priority, j.run_at, j.id
                         FROM x_jobs.job AS j
                         WHERE j.queue = o.queue
-                            AND j.state = 'ready' AND j.concurrency_key IS NULL
+                            AND j.state = 'ready' AND j.concurrency_key IS NULL AND j.rate_limit_key IS NULL
                             AND j.run_at <= v_now
                         ORDER BY j.priority, j.run_at, j.id
                         LIMIT v_want
@@ -427,7 +468,7 @@ BEGIN
                        j.concurrency_key, j.attempt, j.claimed_by, j.ctid AS at
                 FROM x_jobs.job AS j
                 WHERE j.queue = o.queue
-                    AND j.state = 'ready' AND j.concurrency_key IS NULL
+                    AND j.state = 'ready' AND j.concurrency_key IS NULL AND j.rate_limit_key IS NULL
                     AND j.run_at <= v_now
                 ORDER BY j.priority, j.run_at, j.id
                 LIMIT o.lim
@@ -442,6 +483,7 @@ BEGIN
                 FROM x_jobs.job AS j
                 WHERE j.queue = o.queue
                     AND j.state IN ('delayed', 'suspended') AND j.concurrency_key IS NULL
+                    AND j.rate_limit_key IS NULL
                     AND j.run_at <= v_now
                 ORDER BY j.run_at, j.id
                 LIMIT v_want
@@ -464,6 +506,9 @@ BEGIN
                 WHERE j.queue = o.queue
                     AND j.state = 'running'
                     AND j.visible_at <= v_now
+                    -- A lapsed row with a rate limit key starts again only under its budget:
+                    -- _claim_rated takes those; this arm buries those on their final attempt.
+                    AND (j.rate_limit_key IS NULL OR j.attempt >= j.max_attempts)
                     AND (j.updated_at >= (SELECT x_jobs._ready_since())
                         OR v_now >= (SELECT x_jobs._ready_since()) + claim.lease)
                 ORDER BY j.visible_at, j.id
@@ -475,7 +520,18 @@ BEGIN
         ) AS c;
 
         -- Nothing to take; or, on a first pass that read its limits, nothing free under them.
-        EXIT WHEN v_picked = 0 AND coalesce(v_peeked, 0) < v_want;
+        EXIT WHEN v_picked = 0 AND coalesce(v_peeked, 0) < v_want
+            AND pg_catalog.cardinality(v_rated_ids) = 0;
+
+        -- The rows _claim_rated locked and spent budget on are claimed whatever else happens.
+        v_take := v_take || v_rated_ids;
+        v_take_at := v_take_at || v_rated_at;
+        v_lapsed := v_lapsed || v_rated_lapsed;
+        v_lapsed_attempt := v_lapsed_attempt || v_rated_attempt;
+        v_lapsed_worker := v_lapsed_worker || v_rated_worker;
+        v_rated_lapsed := '{}';
+        v_rated_attempt := '{}';
+        v_rated_worker := '{}';
 
         IF pg_catalog.cardinality(v_keyed) > 0 THEN
             -- Serialize the claimers of each key, then count its running rows afresh: this
