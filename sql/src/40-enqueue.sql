@@ -32,6 +32,30 @@ AS $$
     )::x_jobs.enqueue_request
 $$;
 
+-- The jobs of `p_requests` that name a rate limit key, parked for its budget: one x_jobs.job_rate
+-- row each, with the state and run_at the claim restores (_enqueue inserted them 'delayed' at
+-- x_jobs._rate_parked_at()). Request i was inserted as p_ids[i], if it was (a deduped one was
+-- not: no row has its id). A call without such a request costs one pass over the requests.
+CREATE FUNCTION x_jobs._park_rated(p_requests x_jobs.enqueue_request[], p_ids bigint[], p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM unnest(p_requests) AS r WHERE r.rate_limit_key IS NOT NULL) THEN
+        RETURN;
+    END IF;
+    INSERT INTO x_jobs.job_rate (job_id, rate_limit_key, queue, priority, run_at, parked_state)
+    SELECT j.id, r.rate_limit_key, j.queue, j.priority, coalesce(r.run_at, p_now),
+           CASE WHEN r.run_at > p_now THEN 'delayed' ELSE 'ready' END::x_jobs.job_state
+    FROM unnest(p_requests) WITH ORDINALITY AS r
+    JOIN x_jobs.job AS j ON j.id = p_ids[r.ordinality]
+    WHERE r.rate_limit_key IS NOT NULL
+    ON CONFLICT ON CONSTRAINT job_rate_pkey DO NOTHING;
+END
+$$;
+
 -- The one implementation behind enqueue and enqueue_many: validate every request, insert them in
 -- order, dedupe live idempotency keys, and wake the queues that got a ready row. Answers one
 -- (ord, id, run_id, deduped) per request, ord counting from 1.
@@ -305,25 +329,28 @@ BEGIN
     INSERT INTO x_jobs.job (
         id, run_at, created_at, updated_at, run_id, backoff_base, backoff_max, state,
         max_attempts, concurrency_limit, priority, dead_letter, name, queue, tenant_id,
-        concurrency_key, traceparent, enqueued_by, input, keep_done, rate_limit_key
+        concurrency_key, traceparent, enqueued_by, input, keep_done
     )
     OVERRIDING SYSTEM VALUE
-    SELECT v_ids[r.ordinality], coalesce(r.run_at, v_now), v_now, v_now, v_run_ids[r.ordinality],
+    SELECT v_ids[r.ordinality],
+           CASE WHEN r.rate_limit_key IS NULL THEN coalesce(r.run_at, v_now) ELSE x_jobs._rate_parked_at() END,
+           v_now, v_now, v_run_ids[r.ordinality],
            coalesce(r.backoff_base, interval '1 second'),
            coalesce(r.backoff_max, interval '1 hour'),
-           CASE WHEN r.run_at > v_now THEN 'delayed' ELSE 'ready' END::x_jobs.job_state,
+           CASE WHEN r.run_at > v_now OR r.rate_limit_key IS NOT NULL THEN 'delayed' ELSE 'ready' END::x_jobs.job_state,
            coalesce(r.max_attempts, 25),
            CASE WHEN r.concurrency_key IS NOT NULL THEN coalesce(r.concurrency_limit, 1) END,
            coalesce(r.priority, 0), coalesce(r.dead_letter, TRUE), r.name,
            coalesce(r.queue, 'default'), coalesce(r.tenant_id, 'none'), r.concurrency_key,
            r.traceparent, r.enqueued_by, coalesce(r.input, '{}'::jsonb),
-           coalesce(r.keep_done, TRUE), r.rate_limit_key
+           coalesce(r.keep_done, TRUE)
     FROM unnest(p_requests) WITH ORDINALITY AS r
     WHERE r.idempotency_key IS NULL;
 
     PERFORM x_jobs._notify('x_jobs', q.queue) FROM unnest(v_due_queues) AS q (queue);
 
     IF NOT v_keyed THEN
+        PERFORM x_jobs._park_rated(p_requests, v_ids, v_now);
         RETURN QUERY
         SELECT i::integer, v_ids[i], v_run_ids[i], FALSE
         FROM pg_catalog.generate_series(1, pg_catalog.cardinality(p_requests)) AS i;
@@ -356,10 +383,12 @@ BEGIN
             SELECT s.ordinality AS ord, s.leads, s.idempotency_key,
                    CASE WHEN s.leads THEN v_ids[s.ordinality] END AS id,
                    CASE WHEN s.leads THEN v_run_ids[s.ordinality] END AS run_id,
-                   coalesce(s.run_at, v_now) AS run_at,
+                   CASE WHEN s.rate_limit_key IS NULL THEN coalesce(s.run_at, v_now)
+                       ELSE x_jobs._rate_parked_at() END AS run_at,
                    coalesce(s.backoff_base, interval '1 second') AS backoff_base,
                    coalesce(s.backoff_max, interval '1 hour') AS backoff_max,
-                   CASE WHEN s.run_at > v_now THEN 'delayed' ELSE 'ready' END::x_jobs.job_state AS state,
+                   CASE WHEN s.run_at > v_now OR s.rate_limit_key IS NOT NULL THEN 'delayed' ELSE 'ready' END::x_jobs.job_state
+                       AS state,
                    coalesce(s.max_attempts, 25) AS max_attempts,
                    CASE WHEN s.concurrency_key IS NOT NULL THEN coalesce(s.concurrency_limit, 1) END
                        AS concurrency_limit,
@@ -370,7 +399,7 @@ BEGIN
                    coalesce(s.queue, 'default') AS queue,
                    coalesce(s.tenant_id, 'none') AS tenant_id,
                    s.concurrency_key, s.traceparent, s.enqueued_by,
-                   coalesce(s.input, '{}'::jsonb) AS input, s.rate_limit_key
+                   coalesce(s.input, '{}'::jsonb) AS input
             FROM (
                 SELECT r.*, r.ordinality = f.first_ord AS leads
                 FROM unnest(p_requests) WITH ORDINALITY AS r
@@ -389,14 +418,13 @@ BEGIN
             INSERT INTO x_jobs.job AS j (
                 id, run_at, created_at, updated_at, run_id, backoff_base, backoff_max, state,
                 max_attempts, concurrency_limit, priority, dead_letter, name, queue, tenant_id,
-                idempotency_key, concurrency_key, traceparent, enqueued_by, input, keep_done,
-                rate_limit_key
+                idempotency_key, concurrency_key, traceparent, enqueued_by, input, keep_done
             )
             OVERRIDING SYSTEM VALUE
             SELECT r.id, r.run_at, v_now, v_now, r.run_id, r.backoff_base, r.backoff_max, r.state,
                    r.max_attempts, r.concurrency_limit, r.priority, r.dead_letter, r.name, r.queue,
                    r.tenant_id, r.idempotency_key, r.concurrency_key, r.traceparent, r.enqueued_by,
-                   r.input, r.keep_done, r.rate_limit_key
+                   r.input, r.keep_done
             FROM req AS r
             WHERE r.leads
             -- In key order (the ids were drawn in input order already): two batches that share
@@ -439,6 +467,7 @@ BEGIN
         EXIT WHEN pg_catalog.cardinality(v_todo) = 0;
     END LOOP;
 
+    PERFORM x_jobs._park_rated(p_requests, v_ids, v_now);
     RETURN QUERY SELECT r.* FROM unnest(v_result) AS r ORDER BY r.ord;
 END
 $$;

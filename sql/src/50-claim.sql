@@ -112,9 +112,6 @@ DECLARE
     v_last bigint;
     v_rated_ids bigint[] := '{}';
     v_rated_at tid[] := '{}';
-    v_rated_lapsed bigint[] := '{}';
-    v_rated_attempt integer[] := '{}';
-    v_rated_worker text[] := '{}';
 BEGIN
     IF claim.queues IS NULL OR pg_catalog.cardinality(claim.queues) = 0
         OR EXISTS (SELECT FROM unnest(claim.queues) AS q WHERE q IS NULL OR q = '') THEN
@@ -172,39 +169,22 @@ BEGIN
         v_want := claim.qty - v_got;
         v_granted := NULL;
 
-        -- Rows with a rate limit key, on the first pass: those whose keys have budget are
-        -- locked and their starts spent (see _claim_rated), and the arms below look for the
-        -- rest of the slots. They go first, ahead of the keyless rows' claim order: a budget
-        -- is there to be used while its window lasts. Whether any such row waits or lapsed is
-        -- an empty probe of job_rated_idx and job_running_idx per queue, so a claim of queues
-        -- without them pays two probes a queue.
+        -- Jobs parked for a rate limit's budget (x_jobs.job_rate), on the first pass: those of
+        -- keys with budget are restored, locked and their starts spent (see _claim_rated), and
+        -- the arms below look for the rest of the slots. They go first, ahead of the other rows'
+        -- claim order: a budget is there to be used while its window lasts. Whether any is
+        -- parked in these queues is one probe of job_rate_parked_idx, so a claim with none pays
+        -- that and no more.
         v_rated_ids := '{}';
         v_rated_at := '{}';
-        IF v_pass = 1 AND (
-            EXISTS (
-                SELECT FROM unnest(v_queues) AS o (queue)
-                WHERE EXISTS (
-                    SELECT FROM x_jobs.job AS j
-                    WHERE j.queue = o.queue AND j.rate_limit_key IS NOT NULL
-                        AND j.state IN ('ready', 'delayed', 'suspended')
-                )
-            )
-            OR EXISTS (
-                SELECT FROM unnest(v_queues) AS o (queue)
-                WHERE EXISTS (
-                    SELECT FROM x_jobs.job AS j
-                    WHERE j.queue = o.queue AND j.state = 'running' AND j.visible_at <= v_now
-                        AND j.rate_limit_key IS NOT NULL
-                )
-            )
+        IF v_pass = 1 AND EXISTS (
+            SELECT FROM x_jobs.job_rate AS r
+            WHERE r.queue = ANY (v_queues) AND r.parked_state IS NOT NULL
         ) THEN
             SELECT coalesce(pg_catalog.array_agg(r.o_id), '{}'),
-                   coalesce(pg_catalog.array_agg(r.o_at), '{}'),
-                   coalesce(pg_catalog.array_agg(r.o_id) FILTER (WHERE r.o_lapsed), '{}'),
-                   coalesce(pg_catalog.array_agg(r.o_attempt) FILTER (WHERE r.o_lapsed), '{}'),
-                   coalesce(pg_catalog.array_agg(r.o_claimed_by) FILTER (WHERE r.o_lapsed), '{}')
-            INTO v_rated_ids, v_rated_at, v_rated_lapsed, v_rated_attempt, v_rated_worker
-            FROM x_jobs._claim_rated(v_queues, v_want, v_now, claim.lease) AS r;
+                   coalesce(pg_catalog.array_agg(r.o_at), '{}')
+            INTO v_rated_ids, v_rated_at
+            FROM x_jobs._claim_rated(v_queues, v_want, v_now) AS r;
             v_want := v_want - pg_catalog.cardinality(v_rated_ids);
         END IF;
 
@@ -229,7 +209,7 @@ BEGIN
                         SELECT j.queue, j.priority, j.run_at, j.id
                         FROM x_jobs.job AS j
                         WHERE j.queue = o.queue
-                            AND j.state = 'ready' AND j.concurrency_key IS NULL AND j.rate_limit_key IS NULL
+                            AND j.state = 'ready' AND j.concurrency_key IS NULL
                             AND j.run_at <= v_now
                         ORDER BY j.priority, j.run_at, j.id
                         LIMIT v_want
@@ -468,7 +448,7 @@ BEGIN
                        j.concurrency_key, j.attempt, j.claimed_by, j.ctid AS at
                 FROM x_jobs.job AS j
                 WHERE j.queue = o.queue
-                    AND j.state = 'ready' AND j.concurrency_key IS NULL AND j.rate_limit_key IS NULL
+                    AND j.state = 'ready' AND j.concurrency_key IS NULL
                     AND j.run_at <= v_now
                 ORDER BY j.priority, j.run_at, j.id
                 LIMIT o.lim
@@ -483,7 +463,6 @@ BEGIN
                 FROM x_jobs.job AS j
                 WHERE j.queue = o.queue
                     AND j.state IN ('delayed', 'suspended') AND j.concurrency_key IS NULL
-                    AND j.rate_limit_key IS NULL
                     AND j.run_at <= v_now
                 ORDER BY j.run_at, j.id
                 LIMIT v_want
@@ -506,9 +485,6 @@ BEGIN
                 WHERE j.queue = o.queue
                     AND j.state = 'running'
                     AND j.visible_at <= v_now
-                    -- A lapsed row with a rate limit key starts again only under its budget:
-                    -- _claim_rated takes those; this arm buries those on their final attempt.
-                    AND (j.rate_limit_key IS NULL OR j.attempt >= j.max_attempts)
                     AND (j.updated_at >= (SELECT x_jobs._ready_since())
                         OR v_now >= (SELECT x_jobs._ready_since()) + claim.lease)
                 ORDER BY j.visible_at, j.id
@@ -523,15 +499,9 @@ BEGIN
         EXIT WHEN v_picked = 0 AND coalesce(v_peeked, 0) < v_want
             AND pg_catalog.cardinality(v_rated_ids) = 0;
 
-        -- The rows _claim_rated locked and spent budget on are claimed whatever else happens.
+        -- The jobs _claim_rated restored and spent budget on are claimed whatever else happens.
         v_take := v_take || v_rated_ids;
         v_take_at := v_take_at || v_rated_at;
-        v_lapsed := v_lapsed || v_rated_lapsed;
-        v_lapsed_attempt := v_lapsed_attempt || v_rated_attempt;
-        v_lapsed_worker := v_lapsed_worker || v_rated_worker;
-        v_rated_lapsed := '{}';
-        v_rated_attempt := '{}';
-        v_rated_worker := '{}';
 
         IF pg_catalog.cardinality(v_keyed) > 0 THEN
             -- Serialize the claimers of each key, then count its running rows afresh: this

@@ -3,7 +3,7 @@
 ------------------------------------------------------------------------------------------------
 
 -- A rate limit key is any text (a tenant, a job name, 'stripe-api'): 1 to 400 characters, as a
--- concurrency key (it is in job_rated_idx beside a queue name). Refuses anything else, XJ063.
+-- concurrency key (it is in job_rate_parked_idx beside a queue name). Refuses anything else, XJ063.
 CREATE FUNCTION x_jobs._require_rate_limit_key(p_key text)
 RETURNS void
 LANGUAGE plpgsql
@@ -120,8 +120,8 @@ END
 $$;
 
 -- Every rate limit, by key: its budget, and what the current window has spent (starts, and
--- `remaining`, which is max_starts in a window no claim has spent from yet), and how many rows
--- naming the key wait now (live, not running). `waiting` counts through job_rated_idx, per key.
+-- `remaining`, which is max_starts in a window no claim has spent from yet), and how many jobs
+-- of the key are parked for its budget now (`waiting`, due or not).
 -- SECURITY DEFINER: monitoring roles and the CLI read counts without rights on the tables.
 CREATE FUNCTION x_jobs.rate_limits()
 RETURNS TABLE (
@@ -141,38 +141,47 @@ AS $$
     SELECT r.key, r.max_starts, r.per, w.start,
            CASE WHEN r.window_start = w.start THEN r.starts ELSE 0 END,
            r.max_starts - CASE WHEN r.window_start = w.start THEN r.starts ELSE 0 END,
-           (SELECT count(*) FROM x_jobs.job AS j
-            WHERE j.rate_limit_key = r.key
-                AND j.rate_limit_key IS NOT NULL
-                AND j.state IN ('ready', 'delayed', 'suspended'))
+           (SELECT count(*) FROM x_jobs.job_rate AS p
+            WHERE p.rate_limit_key = r.key AND p.parked_state IS NOT NULL)
     FROM x_jobs.rate_limit AS r
     CROSS JOIN LATERAL (SELECT x_jobs._rate_window(r.per, x_jobs.now()) AS start) AS w
     ORDER BY r.key COLLATE "C"
 $$;
 
--- The claim's part for rows with a rate limit key: lock and answer up to `p_want` of them in
--- `p_queues` whose keys have budget in the current window, and spend it (one start a row).
--- Called by x_jobs.claim only, in its transaction: the key rows it updates stay locked until
--- the claim commits, so a start is counted exactly when the claim that made it commits.
+-- Where a job parked for its rate limit's budget waits: 'delayed' at this time, which no
+-- enqueue may take (run_at stops before the year 10000), so every keyless arm of the claim and
+-- queue_demand stop before it, and it is no parked row at infinity (x_jobs.hand_back's).
+CREATE FUNCTION x_jobs._rate_parked_at()
+RETURNS timestamptz
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+AS $$
+    SELECT timestamptz '100000-01-01 00:00:00+00'
+$$;
+
+-- The claim's part for jobs parked for a rate limit's budget (x_jobs.job_rate): restore and
+-- lock up to `p_want` of them in `p_queues` whose keys have budget in the current window, and
+-- spend it, one start a job. Called by x_jobs.claim only, in its transaction: the rate_limit
+-- rows it updates stay locked until the claim commits, so a start is counted exactly when the
+-- claim that made it commits, and a rolled back claim spends nothing.
 --
--- Keys, not rows, are walked: the keys with waiting rows in these queues, in key order through
--- job_rated_idx (a seek per queue from one key to the next), so a key out of budget with a
--- thousand due rows costs one seek, and never holds back the keys or the keyless rows behind
--- it. At most 10 x p_want + 100 keys a call, starting after the key the session's last walk
--- ended on and wrapping around, so successive claims reach every key. For each key with budget
--- its rate_limit row is locked FOR UPDATE SKIP LOCKED: a key another claimer holds now is
--- passed over (a claim never waits for another), and the budget read after the lock is the
--- latest committed one (READ COMMITTED, which claim insists on). A key that has rows but no
--- limit (dropped since the rows were enqueued) runs without one.
+-- Keys, not jobs, are walked: the keys with parked jobs in these queues, in key order through
+-- job_rate_parked_idx (a seek per queue from one key to the next), so a key out of budget with
+-- a million parked jobs costs one seek, and holds back neither other keys nor the jobs without
+-- a key (those are in the claim's other arms, which never see a parked job). At most
+-- 10 x p_want + 100 keys a call, starting after the key the session's last walk ended on and
+-- wrapping around, so successive claims reach every key. Each key's rate_limit row is locked
+-- FOR UPDATE SKIP LOCKED before its budget is read: a key another claimer holds now is passed
+-- over (a claim never waits for another), and the budget read after the lock is the latest
+-- committed one (READ COMMITTED, which claim insists on). A key whose limit was dropped after
+-- its jobs were enqueued runs them without one.
 --
--- A start is a claim: a first attempt, a retry, a resumed suspension, and a lapsed lease taken
--- again all spend one. So lapsed rows of a key (not on their final attempt: those the claim
--- buries, which starts nothing) come through here too, first, and the claim's lapsed arm
--- leaves them. Within a key: lapsed rows, then waiting ones in (priority, run_at, id) order;
--- across keys, in walk order. Answers id, ctid (for the claim's update) and, for a lapsed row,
--- what the claim logs of the lapse.
-CREATE FUNCTION x_jobs._claim_rated(p_queues text[], p_want integer, p_now timestamptz, p_lease interval)
-RETURNS TABLE (o_id bigint, o_at tid, o_lapsed boolean, o_attempt integer, o_claimed_by text)
+-- Within a key, jobs due now in (priority, run_at, id) order; across keys, in walk order. A
+-- granted job gets its state and run_at back (the claim then makes it 'running', by the ctid
+-- answered here). A parked job that is no longer parked (cancelled meanwhile) is let go of.
+CREATE FUNCTION x_jobs._claim_rated(p_queues text[], p_want integer, p_now timestamptz)
+RETURNS TABLE (o_id bigint, o_at tid)
 LANGUAGE plpgsql
 VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -184,135 +193,126 @@ DECLARE
     v_key text;
     v_next text;
     v_last text;
-    v_lapsed bigint[];
     v_room integer;
     v_per interval;
-    v_window timestamptz;
     v_limited boolean;
     v_ids bigint[];
-    v_ats tid[];
-    v_lapsed_of boolean[];
-    v_attempts integer[];
-    v_workers text[];
+    v_gone bigint[];
     v_n integer;
+    v_window timestamptz;
 BEGIN
-    -- Lapsed rows with a key, in lease order, as the claim's lapsed arm reads them (with the
-    -- same grace after a restart): usually none, one probe per queue.
-    v_lapsed := ARRAY(
-        SELECT l.id
-        FROM unnest(p_queues) AS o (queue)
-        CROSS JOIN LATERAL (
-            SELECT j.id
-            FROM x_jobs.job AS j
-            WHERE j.queue = o.queue
-                AND j.state = 'running'
-                AND j.visible_at <= p_now
-                AND j.rate_limit_key IS NOT NULL
-                AND j.attempt < j.max_attempts
-                AND (j.updated_at >= (SELECT x_jobs._ready_since())
-                    OR p_now >= (SELECT x_jobs._ready_since()) + p_lease)
-            ORDER BY j.visible_at, j.id
-            LIMIT p_want
-        ) AS l
-    );
-
     FOR v_lap IN 1..2 LOOP
         EXIT WHEN v_lap = 2 AND v_cursor = '';
         -- Keys are never empty, so '' is before the first one.
         v_key := CASE WHEN v_lap = 1 THEN v_cursor ELSE '' END;
         LOOP
             EXIT WHEN v_left <= 0 OR v_visits <= 0;
-            SELECT least(
-                       (SELECT min(f.key)
-                        FROM unnest(p_queues) AS o (queue)
-                        CROSS JOIN LATERAL (
-                            SELECT j.rate_limit_key AS key
-                            FROM x_jobs.job AS j
-                            WHERE j.queue = o.queue
-                                AND j.rate_limit_key > v_key
-                                AND j.rate_limit_key IS NOT NULL
-                                AND j.state IN ('ready', 'delayed', 'suspended')
-                            ORDER BY j.rate_limit_key
-                            LIMIT 1
-                        ) AS f),
-                       (SELECT min(j.rate_limit_key) FROM x_jobs.job AS j
-                        WHERE j.id = ANY (v_lapsed) AND j.rate_limit_key > v_key))
-            INTO v_next;
+            SELECT min(f.key)
+            INTO v_next
+            FROM unnest(p_queues) AS o (queue)
+            CROSS JOIN LATERAL (
+                SELECT r.rate_limit_key AS key
+                FROM x_jobs.job_rate AS r
+                WHERE r.queue = o.queue
+                    AND r.rate_limit_key > v_key
+                    AND r.parked_state IS NOT NULL
+                ORDER BY r.rate_limit_key
+                LIMIT 1
+            ) AS f;
             EXIT WHEN v_next IS NULL OR (v_lap = 2 AND v_next > v_cursor);
             v_key := v_next;
             v_last := v_key;
             v_visits := v_visits - 1;
 
-            SELECT r.per,
-                   r.max_starts - CASE
-                       WHEN r.window_start = x_jobs._rate_window(r.per, p_now) THEN r.starts ELSE 0
+            SELECT l.per,
+                   l.max_starts - CASE
+                       WHEN l.window_start = x_jobs._rate_window(l.per, p_now) THEN l.starts ELSE 0
                    END
             INTO v_per, v_room
-            FROM x_jobs.rate_limit AS r
-            WHERE r.key = v_key
+            FROM x_jobs.rate_limit AS l
+            WHERE l.key = v_key
             FOR UPDATE SKIP LOCKED;
             v_limited := FOUND;
             IF NOT v_limited THEN
-                -- Held by another claimer now (skip it), or no limit at all (no budget to keep).
-                CONTINUE WHEN EXISTS (SELECT FROM x_jobs.rate_limit AS r WHERE r.key = v_key);
+                -- Held by another claimer now (pass it over), or no limit at all (none to keep).
+                CONTINUE WHEN EXISTS (SELECT FROM x_jobs.rate_limit AS l WHERE l.key = v_key);
                 v_room := v_left;
             END IF;
             CONTINUE WHEN v_room <= 0;
 
-            SELECT coalesce(pg_catalog.array_agg(t.id ORDER BY t.n), '{}'),
-                   coalesce(pg_catalog.array_agg(t.at ORDER BY t.n), '{}'),
-                   coalesce(pg_catalog.array_agg(t.lapsed ORDER BY t.n), '{}'),
-                   coalesce(pg_catalog.array_agg(t.attempt ORDER BY t.n), '{}'),
-                   coalesce(pg_catalog.array_agg(t.claimed_by ORDER BY t.n), '{}')
-            INTO v_ids, v_ats, v_lapsed_of, v_attempts, v_workers
+            -- The key's first due parked jobs, locked: up to the room, plus ten to step over
+            -- jobs that are parked no longer (their rows here are let go of below).
+            SELECT coalesce(pg_catalog.array_agg(c.job_id) FILTER (WHERE c.parked AND c.n <= LEAST(v_room, v_left)), '{}'),
+                   coalesce(pg_catalog.array_agg(c.job_id) FILTER (WHERE NOT c.parked), '{}')
+            INTO v_ids, v_gone
             FROM (
-                SELECT c.*, pg_catalog.row_number() OVER (ORDER BY c.arm, c.k1, c.k2, c.id) AS n
+                SELECT w.job_id, l.id IS NOT NULL AS parked,
+                       pg_catalog.row_number() OVER (
+                           PARTITION BY l.id IS NOT NULL ORDER BY w.priority, w.run_at, w.job_id
+                       ) AS n
                 FROM (
-                    SELECT l.*
-                    FROM (
-                        SELECT j.id, j.ctid AS at, TRUE AS lapsed, j.attempt, j.claimed_by,
-                               0 AS arm, 0 AS k1, j.visible_at AS k2
-                        FROM x_jobs.job AS j
-                        WHERE j.id = ANY (v_lapsed)
-                            AND j.rate_limit_key = v_key
-                            AND j.state = 'running'
-                            AND j.visible_at <= p_now
-                        ORDER BY j.visible_at, j.id
-                        LIMIT LEAST(v_room, v_left)
-                        FOR UPDATE SKIP LOCKED
-                    ) AS l
-                    UNION ALL
-                    SELECT w.*
+                    SELECT e.*
                     FROM unnest(p_queues) AS o (queue)
                     CROSS JOIN LATERAL (
-                        SELECT j.id, j.ctid AS at, FALSE AS lapsed, j.attempt, j.claimed_by,
-                               1 AS arm, j.priority::integer AS k1, j.run_at AS k2
-                        FROM x_jobs.job AS j
-                        WHERE j.queue = o.queue
-                            AND j.rate_limit_key = v_key
-                            AND j.rate_limit_key IS NOT NULL
-                            AND j.state IN ('ready', 'delayed', 'suspended')
-                            AND j.run_at <= p_now
-                        ORDER BY j.priority, j.run_at, j.id
-                        LIMIT LEAST(v_room, v_left)
-                        FOR UPDATE SKIP LOCKED
-                    ) AS w
-                ) AS c
-            ) AS t
-            WHERE t.n <= LEAST(v_room, v_left);
+                        SELECT r.job_id, r.priority, r.run_at
+                        FROM x_jobs.job_rate AS r
+                        WHERE r.queue = o.queue
+                            AND r.rate_limit_key = v_key
+                            AND r.parked_state IS NOT NULL
+                            AND r.run_at <= p_now
+                        ORDER BY r.priority, r.run_at, r.job_id
+                        LIMIT LEAST(v_room, v_left) + 10
+                    ) AS e
+                ) AS w
+                LEFT JOIN LATERAL (
+                    SELECT j.id
+                    FROM x_jobs.job AS j
+                    WHERE j.id = w.job_id
+                        AND j.state = 'delayed'
+                        AND j.run_at = x_jobs._rate_parked_at()
+                    FOR UPDATE SKIP LOCKED
+                ) AS l ON TRUE
+            ) AS c;
+
+            -- Let go of the rows of jobs parked no longer: cancelled, or held by another claim
+            -- (SKIP LOCKED answers those as missing too, so only the ones not parked in a fresh
+            -- look are let go of).
+            IF pg_catalog.cardinality(v_gone) > 0 THEN
+                UPDATE x_jobs.job_rate AS r
+                SET parked_state = NULL
+                WHERE r.job_id = ANY (v_gone)
+                    AND NOT EXISTS (
+                        SELECT FROM x_jobs.job AS j
+                        WHERE j.id = r.job_id AND j.state = 'delayed'
+                            AND j.run_at = x_jobs._rate_parked_at()
+                    );
+            END IF;
 
             v_n := pg_catalog.cardinality(v_ids);
             CONTINUE WHEN v_n = 0;
             IF v_limited THEN
                 v_window := x_jobs._rate_window(v_per, p_now);
-                UPDATE x_jobs.rate_limit AS r
-                SET starts = CASE WHEN r.window_start = v_window THEN r.starts ELSE 0 END + v_n,
+                UPDATE x_jobs.rate_limit AS l
+                SET starts = CASE WHEN l.window_start = v_window THEN l.starts ELSE 0 END + v_n,
                     window_start = v_window,
                     updated_at = p_now
-                WHERE r.key = v_key;
+                WHERE l.key = v_key;
             END IF;
             v_left := v_left - v_n;
-            RETURN QUERY SELECT * FROM unnest(v_ids, v_ats, v_lapsed_of, v_attempts, v_workers);
+
+            RETURN QUERY
+            WITH granted AS (
+                UPDATE x_jobs.job_rate AS r
+                SET parked_state = NULL
+                FROM x_jobs.job_rate AS o
+                WHERE r.job_id = ANY (v_ids) AND o.job_id = r.job_id
+                RETURNING r.job_id, o.parked_state, o.run_at
+            )
+            UPDATE x_jobs.job AS j
+            SET state = g.parked_state, run_at = g.run_at
+            FROM granted AS g
+            WHERE j.id = g.job_id
+            RETURNING j.id, j.ctid;
         END LOOP;
         EXIT WHEN v_left <= 0 OR v_visits <= 0;
     END LOOP;

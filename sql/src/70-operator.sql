@@ -264,19 +264,13 @@ BEGIN
     FROM (
         SELECT j.id, j.queue, j.name, j.tenant_id, j.created_at
         FROM x_jobs.job AS j
-        WHERE j.state = 'ready' AND j.concurrency_key IS NULL AND j.rate_limit_key IS NULL
+        WHERE j.state = 'ready' AND j.concurrency_key IS NULL
             AND 'ready' = ANY (v_states)
         UNION ALL
         SELECT j.id, j.queue, j.name, j.tenant_id, j.created_at
         FROM x_jobs.job AS j
         WHERE j.state IN ('delayed', 'suspended') AND j.concurrency_key IS NULL
-            AND j.rate_limit_key IS NULL
             AND j.state = ANY (v_states) AND v_states && ARRAY['delayed', 'suspended']::x_jobs.job_state[]
-        UNION ALL
-        SELECT j.id, j.queue, j.name, j.tenant_id, j.created_at
-        FROM x_jobs.job AS j
-        WHERE j.rate_limit_key IS NOT NULL AND j.state IN ('ready', 'delayed', 'suspended')
-            AND j.state = ANY (v_states)
         UNION ALL
         SELECT j.id, j.queue, j.name, j.tenant_id, j.created_at
         FROM x_jobs.job AS j

@@ -143,13 +143,11 @@ AS $$
         SELECT o.queue, o.n
         FROM (
             SELECT j.queue, count(*) AS n FROM x_jobs.job AS j
-            WHERE j.state = 'ready' AND j.concurrency_key IS NULL AND j.rate_limit_key IS NULL
-                AND j.run_at <= x_jobs.now()
+            WHERE j.state = 'ready' AND j.concurrency_key IS NULL AND j.run_at <= x_jobs.now()
             GROUP BY j.queue
             UNION ALL
             SELECT j.queue, count(*) FROM x_jobs.job AS j
             WHERE j.state IN ('delayed', 'suspended') AND j.concurrency_key IS NULL
-                AND j.rate_limit_key IS NULL
                 AND j.run_at <= x_jobs.now()
             GROUP BY j.queue
             UNION ALL
@@ -174,22 +172,22 @@ AS $$
         LEFT JOIN busy AS b ON b.concurrency_key = k.concurrency_key
         GROUP BY k.queue
         UNION ALL
-        -- Rows with a rate limit key: as many of each key's due rows, in grant order, as its
-        -- budget in the current window has starts left (all of them for a key without a limit).
+        -- Jobs parked for a rate limit's budget (x_jobs.job_rate): as many of each key's due ones,
+        -- in grant order, as its budget in the current window has starts left (every one, for a
+        -- key whose limit was dropped).
         SELECT k.queue, count(*) FILTER (
             WHERE l.key IS NULL OR k.rank <= l.max_starts - CASE
                 WHEN l.window_start = x_jobs._rate_window(l.per, x_jobs.now()) THEN l.starts ELSE 0
             END)
         FROM (
-            SELECT j.queue, j.rate_limit_key,
+            SELECT r.queue, r.rate_limit_key,
                    pg_catalog.row_number() OVER (
-                       PARTITION BY j.rate_limit_key ORDER BY j.priority, j.run_at, j.id
+                       PARTITION BY r.rate_limit_key ORDER BY r.priority, r.run_at, r.job_id
                    ) AS rank
-            FROM x_jobs.job AS j
-            WHERE j.rate_limit_key IS NOT NULL
-                AND j.state IN ('ready', 'delayed', 'suspended')
-                AND j.run_at <= x_jobs.now()
-                AND j.queue <> ALL (ARRAY(SELECT p.queue FROM x_jobs.queue_pause AS p))
+            FROM x_jobs.job_rate AS r
+            WHERE r.parked_state IS NOT NULL
+                AND r.run_at <= x_jobs.now()
+                AND r.queue <> ALL (ARRAY(SELECT p.queue FROM x_jobs.queue_pause AS p))
         ) AS k
         LEFT JOIN x_jobs.rate_limit AS l ON l.key = k.rate_limit_key
         GROUP BY k.queue
@@ -235,7 +233,6 @@ AS $$
         FROM (
             SELECT j.queue, count(*) AS ready, 0 AS delayed, 0 AS suspended, 0 AS running
             FROM x_jobs.job AS j WHERE j.state = 'ready' AND j.concurrency_key IS NULL
-                AND j.rate_limit_key IS NULL
             GROUP BY j.queue
             UNION ALL
             SELECT j.queue, count(*), 0, 0, 0
@@ -245,14 +242,6 @@ AS $$
             SELECT j.queue, 0, count(*) FILTER (WHERE j.state = 'delayed'),
                    count(*) FILTER (WHERE j.state = 'suspended'), 0
             FROM x_jobs.job AS j WHERE j.state IN ('delayed', 'suspended') AND j.concurrency_key IS NULL
-                AND j.rate_limit_key IS NULL
-            GROUP BY j.queue
-            UNION ALL
-            SELECT j.queue, count(*) FILTER (WHERE j.state = 'ready'),
-                   count(*) FILTER (WHERE j.state = 'delayed'),
-                   count(*) FILTER (WHERE j.state = 'suspended'), 0
-            FROM x_jobs.job AS j WHERE j.rate_limit_key IS NOT NULL
-                AND j.state IN ('ready', 'delayed', 'suspended')
             GROUP BY j.queue
             UNION ALL
             SELECT j.queue, 0, count(*) FILTER (WHERE j.state = 'delayed'),

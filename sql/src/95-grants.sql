@@ -127,7 +127,7 @@ GRANT SELECT, DELETE ON x_jobs.webhook_ledger TO x_jobs_admin;
 -- the jobs they have no handler for, through functions that run as their owner. Admins forget a
 -- declaration: drop_job_type runs as the admin, who holds what it deletes.
 GRANT EXECUTE ON FUNCTION x_jobs.declare_job(
-    text, text, integer, interval, interval, boolean, interval, integer, text, boolean, integer, text, text
+    text, text, integer, interval, interval, boolean, interval, integer, text, boolean, integer, text, text, text
 ) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.declare_jobs(jsonb, text, text) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.job_types() TO x_jobs_worker;
@@ -167,6 +167,8 @@ GRANT SELECT, UPDATE, DELETE ON x_jobs.schedule TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs.set_rate_limit(text, integer, interval) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.rate_limits() TO x_jobs_worker, pg_monitor;
 GRANT EXECUTE ON FUNCTION x_jobs.drop_rate_limit(text) TO x_jobs_admin;
+-- purge, which runs as the admin, deletes the rate limit rows of the jobs it deletes.
+GRANT SELECT, DELETE ON x_jobs.job_rate TO x_jobs_admin;
 
 -- Readers. They run as their caller, who holds SELECT on what each reads: admins (through
 -- x_jobs_worker, and their own grants on job_error, step and counter) read a job, its errors and
