@@ -36,6 +36,7 @@ LANGUAGE sql
 IMMUTABLE
 STRICT
 PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT pg_catalog.to_timestamp(
         (pg_catalog.floor(EXTRACT(EPOCH FROM p_now) / EXTRACT(EPOCH FROM p_per))
@@ -156,6 +157,7 @@ RETURNS timestamptz
 LANGUAGE sql
 IMMUTABLE
 PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT timestamptz '100000-01-01 00:00:00+00'
 $$;
