@@ -110,8 +110,8 @@ DECLARE
     v_visit_keys text[];
     v_visit_lims integer[];
     v_last bigint;
-    v_rated_ids bigint[] := '{}';
-    v_rated_at tid[] := '{}';
+    v_rated_ids bigint[] := ARRAY[]::bigint[];
+    v_rated_at tid[] := ARRAY[]::tid[];
 BEGIN
     IF claim.queues IS NULL OR pg_catalog.cardinality(claim.queues) = 0
         OR EXISTS (SELECT FROM unnest(claim.queues) AS q WHERE q IS NULL OR q = '') THEN
@@ -175,14 +175,14 @@ BEGIN
         -- claim order: a budget is there to be used while its window lasts. Whether any is
         -- parked in these queues is one probe of job_rate_parked_idx, so a claim with none pays
         -- that and no more.
-        v_rated_ids := '{}';
-        v_rated_at := '{}';
+        v_rated_ids := ARRAY[]::bigint[];
+        v_rated_at := ARRAY[]::tid[];
         IF v_pass = 1 AND EXISTS (
             SELECT FROM x_jobs.job_rate AS r
             WHERE r.queue = ANY (v_queues) AND r.parked_state IS NOT NULL
         ) THEN
-            SELECT coalesce(pg_catalog.array_agg(r.o_id), '{}'),
-                   coalesce(pg_catalog.array_agg(r.o_at), '{}')
+            SELECT coalesce(pg_catalog.array_agg(r.o_id), ARRAY[]::bigint[]),
+                   coalesce(pg_catalog.array_agg(r.o_at), ARRAY[]::tid[])
             INTO v_rated_ids, v_rated_at
             FROM x_jobs._claim_rated(v_queues, v_want, v_now) AS r;
             v_want := v_want - pg_catalog.cardinality(v_rated_ids);
