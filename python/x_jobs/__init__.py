@@ -27,6 +27,9 @@ from x_jobs.errors import (
     JobTenantMissing,
     PermanentError,
     PermissionDenied,
+    RateLimitConflict,
+    RateLimitInvalid,
+    RateLimitUnknown,
     ResultTimeout,
     ScheduleInvalid,
     ScheduleNotFound,
@@ -36,7 +39,7 @@ from x_jobs.errors import (
     XJobsError,
     translate,
 )
-from x_jobs.jobs import Concurrency, Enqueued, Job, Retry
+from x_jobs.jobs import Concurrency, Enqueued, Job, RateLimit, Retry
 from x_jobs.schedules import Cron, Schedule
 from x_jobs.sinks import OutboxMessage
 from x_jobs.steps import AsyncSteps, Steps
@@ -62,6 +65,10 @@ __all__ = [
     "OutboxMessage",
     "PermanentError",
     "PermissionDenied",
+    "RateLimit",
+    "RateLimitConflict",
+    "RateLimitInvalid",
+    "RateLimitUnknown",
     "ResultTimeout",
     "Retry",
     "Schedule",

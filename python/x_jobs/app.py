@@ -60,6 +60,7 @@ from x_jobs.jobs import Concurrency as Concurrency  # noqa: PLC0414
 from x_jobs.jobs import Enqueued as Enqueued  # noqa: PLC0414
 from x_jobs.jobs import I as I  # noqa: PLC0414
 from x_jobs.jobs import Job as Job  # noqa: PLC0414
+from x_jobs.jobs import RateLimit as RateLimit  # noqa: PLC0414
 from x_jobs.jobs import Retry as Retry  # noqa: PLC0414
 from x_jobs.jobs import Seconds as Seconds  # noqa: PLC0414
 from x_jobs.jobs import interval as interval  # noqa: PLC0414
@@ -192,6 +193,7 @@ class App:
         priority: int = 0,
         keep_done: bool = True,
         schedule: Cron | Sequence[Cron] | None = None,
+        rate_limit: RateLimit | None = None,
     ) -> Callable[[Callable[..., Any]], Job[Any]]: ...
 
     def job(
@@ -210,6 +212,7 @@ class App:
         priority: int = 0,
         keep_done: bool = True,
         schedule: Cron | Sequence[Cron] | None = None,
+        rate_limit: RateLimit | None = None,
     ) -> Job[Any] | Callable[[Callable[..., Any]], Job[Any]]:
         """Declare a job over a plain function, sync or ``async``:
         ``def handle(input)`` or ``def handle(input, ctx)``. The input's type annotation (a
@@ -219,8 +222,15 @@ class App:
 
         ``schedule``: a :class:`~x_jobs.Cron`, or several, on which the job is enqueued (see
         :meth:`schedule`). One is named as the job; of several, each is named
-        ``JOB@EXPR`` (``JOB@EXPR TZ`` outside UTC), unless its ``Cron(name=...)`` says."""
+        ``JOB@EXPR`` (``JOB@EXPR TZ`` outside UTC), unless its ``Cron(name=...)`` says.
+
+        ``rate_limit``: a :class:`~x_jobs.RateLimit`; every enqueue of the job names its key, and
+        a worker's start declares the limit (``x_jobs.set_rate_limit``). Not with ``concurrency``."""
         crons = _crons(schedule)
+        if rate_limit is not None and not isinstance(rate_limit, RateLimit):
+            raise TypeError(f"rate_limit is a RateLimit, not {type(rate_limit).__name__}")
+        if rate_limit is not None and concurrency is not None:
+            raise TypeError("a job takes a rate_limit or a concurrency limit, not both")
 
         def declare(handler: Callable[..., Any]) -> Job[Any]:
             job_name = name or f"{handler.__module__}.{handler.__qualname__}"
@@ -243,6 +253,7 @@ class App:
                 retry=retry or Retry(),
                 timeout=None if timeout is None else seconds(timeout),
                 concurrency=limit,
+                rate_limit=rate_limit,
                 idempotency_key=idempotency_key,
                 tenant=tenant,
                 priority=priority,

@@ -32,6 +32,9 @@ logger = logging.getLogger(__name__)
 #: The first SQL API version with declarations, hand-backs and announced job names.
 SINCE = (0, 4, 0)
 
+SET_RATE_LIMIT: LiteralString = (
+    "SELECT (x_jobs.set_rate_limit(key => %s, max_starts => %s, per => %s)).key"
+)
 DECLARE_JOBS: LiteralString = (
     "SELECT name FROM x_jobs.declare_jobs(jobs => %s, declared_by => %s, build => %s)"
 )
@@ -84,6 +87,8 @@ def declaration(job: Job[Any]) -> dict[str, Any]:
         "timeout": None if job.timeout is None else _interval(job.timeout),
         "concurrency_limit": None if job.concurrency is None else job.concurrency.limit,
         "concurrency_key": job.fixed_concurrency_key,
+        # Left out without a limit, so that the declaration reads as it did before rate limits.
+        **({} if job.rate_limit is None else {"rate_limit_key": job.rate_limit.key}),
     }
 
 
@@ -98,6 +103,15 @@ def declare(
     """Record the declarations of ``app``'s jobs in one call; answers the names declared."""
     if not app.jobs:
         return []
+    # The rate limits first: a declaration (and an enqueue) naming a key needs its limit.
+    # Two jobs naming one key with different limits: the later name's wins, as a later
+    # declaration does.
+    for name in sorted(app.jobs):
+        limit = app.jobs[name].rate_limit
+        if limit is not None:
+            conn.execute(
+                SET_RATE_LIMIT, [limit.key, limit.max, timedelta(seconds=seconds(limit.per))]
+            )
     rows = conn.execute(DECLARE_JOBS, [Jsonb(declarations(app)), declared_by, build]).fetchall()
     return [str(row[0]) for row in rows]
 

@@ -329,6 +329,24 @@ class CrossTenant(XJobsError):
     on every tenant's jobs of it)."""
 
     code, sqlstate = "X_CROSS_TENANT", "XJ062"
+class RateLimitInvalid(InvalidArgument):
+    """A rate limit key is empty or longer than 400 characters, max_starts is below 1, or per is
+    not a positive interval up to 366 days."""
+
+    code, sqlstate = "X_RATE_LIMIT_INVALID", "XJ063"
+
+
+class RateLimitUnknown(XJobsError):
+    """No rate limit has the key: an enqueue or a declaration named a key that
+    ``x_jobs.set_rate_limit`` never declared, or ``drop_rate_limit`` a key without a limit."""
+
+    code, sqlstate = "X_RATE_LIMIT_UNKNOWN", "XJ064"
+
+
+class RateLimitConflict(InvalidArgument):
+    """A job named both a rate_limit_key and a concurrency_key."""
+
+    code, sqlstate = "X_RATE_LIMIT_CONFLICT", "XJ065"
 
 
 class EnqueueRace(XJobsError):

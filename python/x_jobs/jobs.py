@@ -62,6 +62,19 @@ class Concurrency:
 
 
 @dataclass(frozen=True)
+class RateLimit:
+    """At most ``max`` starts (claims) of the jobs naming ``key`` in each window of ``per``
+    seconds (fixed windows, aligned to the epoch: see ``x_jobs.set_rate_limit``); the others wait
+    unclaimed. ``key`` is any text (a tenant, an API's name): jobs of several types may share it.
+    Declaring a job with one (``@app.job(rate_limit=...)``) sets the limit when a worker starts
+    and gives every enqueue of the job the key."""
+
+    key: str
+    max: int
+    per: Seconds = 60.0
+
+
+@dataclass(frozen=True)
 class Enqueued:
     """What an enqueue answered: the row, and whether a live row with the same idempotency key
     answered instead of a new one."""
@@ -83,6 +96,7 @@ class Job(Generic[I]):
     retry: Retry = field(default_factory=Retry)
     timeout: float | None = None
     concurrency: Concurrency | None = None
+    rate_limit: RateLimit | None = None
     idempotency_key: Callable[[I], str | None] | None = None
     tenant: str | Callable[[I], str] | None = None
     priority: int = 0
@@ -209,6 +223,8 @@ class Job(Generic[I]):
             key = self.concurrency.key
             req["concurrency_key"] = key(payload) if key is not None else self.fixed_concurrency_key
             req["concurrency_limit"] = self.concurrency.limit
+        if self.rate_limit is not None:
+            req["rate_limit_key"] = self.rate_limit.key
         if unknown := options.keys() - ENQUEUE_OPTIONS:
             raise TypeError(
                 f"unknown enqueue option {min(unknown)!r}; known: {sorted(ENQUEUE_OPTIONS)}"

@@ -31,7 +31,9 @@ CREATE TYPE x_jobs.enqueue_request AS (
     dead_letter boolean,
     backoff_base interval,
     backoff_max interval,
-    keep_done boolean
+    keep_done boolean,
+    -- Last, where the update that added it (ALTER TYPE ADD ATTRIBUTE) put it.
+    rate_limit_key text
 );
 
 CREATE TYPE x_jobs.enqueue_result AS (

@@ -211,12 +211,65 @@ CREATE TABLE x_jobs.counter (
 COMMENT ON COLUMN x_jobs.counter.run_ms IS
 'Sum of the durations (claim to settle) of the attempts counted in this bucket.';
 
+-- Rate limits: at most max_starts starts (claims) of the jobs naming `key` in each window of
+-- length `per`. The windows are FIXED, aligned to the epoch (a window starts at a multiple of
+-- `per` since 1970-01-01 UTC): window_start and starts count the current window's starts, and a
+-- claim in a later window counts afresh, so a budget recovers by itself, with no maintenance.
+-- So no window holds more than max_starts starts; a sliding interval of length `per` that
+-- straddles a boundary may hold up to twice that (the end of one window and the start of the
+-- next). A claim locks the key's row (FOR UPDATE SKIP LOCKED) before it counts and keeps the
+-- lock until it commits, so two claimers can never both spend the last start.
+CREATE TABLE x_jobs.rate_limit (
+    key text NOT NULL, -- noqa: RF04
+    max_starts integer NOT NULL,
+    per interval NOT NULL, -- noqa: RF04
+    window_start timestamptz,
+    starts integer NOT NULL DEFAULT 0,
+    created_at timestamptz NOT NULL,
+    updated_at timestamptz NOT NULL,
+    CONSTRAINT rate_limit_pkey PRIMARY KEY (key),
+    CONSTRAINT rate_limit_max_starts_positive CHECK (max_starts >= 1),
+    CONSTRAINT rate_limit_per_positive CHECK (per > interval '0')
+);
+
+COMMENT ON TABLE x_jobs.rate_limit IS
+'Rate limits per key: at most max_starts claims of the key''s jobs per fixed window of length per.';
+
+-- The jobs that name a rate limit key, beside x_jobs.job rather than in it: a column of
+-- x_jobs.job changes the row type x_jobs.claim returns, and a claim of the previous release in
+-- flight while the update commits then fails (its caller planned the old row type; see
+-- CHANGELOG 0.4.2). A job waiting for its key's budget is PARKED: its x_jobs.job row is
+-- 'delayed' at x_jobs._rate_parked_at() (a time no enqueue may take, so every keyless arm of
+-- the claim stops before it, as before parked rows at infinity), and its row here keeps what
+-- the claim restores when the budget allows (parked_state: 'ready' or 'delayed', and run_at,
+-- the time it is due), and what the claim orders the key's jobs by. A granted job keeps its row
+-- here with parked_state NULL. Rows of jobs that are gone are removed by x_jobs.purge.
+CREATE TABLE x_jobs.job_rate (
+    job_id bigint NOT NULL,
+    rate_limit_key text NOT NULL,
+    queue text NOT NULL,
+    priority smallint NOT NULL,
+    run_at timestamptz NOT NULL,
+    parked_state x_jobs.job_state,
+    CONSTRAINT job_rate_pkey PRIMARY KEY (job_id)
+);
+
+COMMENT ON TABLE x_jobs.job_rate IS
+'The rate limit key of each job that names one; parked_state set: the job waits for the key''s budget.';
+
+-- The parked jobs of each key, per queue in grant order: the claim seeks from one key of a
+-- queue to the next here (a loose index scan) and takes the first due jobs of keys with budget.
+CREATE INDEX job_rate_parked_idx ON x_jobs.job_rate (queue, rate_limit_key, priority, run_at, job_id)
+WHERE parked_state IS NOT NULL;
+
 -- pg_dump keeps the rows of these tables (and the id sequence, so restored ids do not collide).
 SELECT pg_catalog.pg_extension_config_dump('x_jobs.job', '');
 SELECT pg_catalog.pg_extension_config_dump('x_jobs.job_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('x_jobs.job_error', '');
 SELECT pg_catalog.pg_extension_config_dump('x_jobs.queue_pause', '');
 SELECT pg_catalog.pg_extension_config_dump('x_jobs.counter', '');
+SELECT pg_catalog.pg_extension_config_dump('x_jobs.rate_limit', '');
+SELECT pg_catalog.pg_extension_config_dump('x_jobs.job_rate', '');
 
 -- Tests: tests/pgtap/00-schema.sql, tests/pgtap/80-privileges.sql, tests/python/test_plan.py,
 --        scripts/check-upgrade

@@ -23,6 +23,9 @@ CREATE TABLE x_jobs.job_type (
     declared_at timestamptz NOT NULL,
     declared_by text NOT NULL,
     build text,
+    -- Last, where the update that added it (ALTER TABLE ADD COLUMN) put it: the rate limit key
+    -- every enqueue of the name gets unless it passes its own.
+    rate_limit_key text,
     CONSTRAINT job_type_pkey PRIMARY KEY (name)
 );
 

@@ -110,6 +110,9 @@ AS $$
         ('XJ060', 'X_TENANT_OUT_OF_SCOPE', 'A bound role named a tenant it is not bound to (tenant_id, or the x_jobs.tenant setting).'),
         ('XJ061', 'X_TENANT_AMBIGUOUS', 'A role bound to several tenants wrote a row naming none, with x_jobs.tenant unset.'),
         ('XJ062', 'X_CROSS_TENANT', 'A bound role filtered by a tenant outside its scope, or paused or resumed a queue (every tenant''s jobs).'),
+        ('XJ063', 'X_RATE_LIMIT_INVALID', 'A rate limit key is missing, empty or longer than 400 characters, max_starts is below 1, or per is not a positive interval up to 366 days.'),
+        ('XJ064', 'X_RATE_LIMIT_UNKNOWN', 'No rate limit has this key (an enqueue named a key no set_rate_limit declared, or drop_rate_limit a key without a limit).'),
+        ('XJ065', 'X_RATE_LIMIT_CONFLICT', 'A job named both a rate_limit_key and a concurrency_key.'),
         ('40001', 'X_ENQUEUE_RACE', 'An idempotency key kept changing hands during enqueue; retry the call.')
 $$;
 

@@ -27,8 +27,33 @@ AS $$
         coalesce((p_request).dead_letter, (p_type).dead_letter),
         coalesce((p_request).backoff_base, (p_type).backoff_base),
         coalesce((p_request).backoff_max, (p_type).backoff_max),
-        coalesce((p_request).keep_done, (p_type).keep_done)
+        coalesce((p_request).keep_done, (p_type).keep_done),
+        coalesce((p_request).rate_limit_key, (p_type).rate_limit_key)
     )::x_jobs.enqueue_request
+$$;
+
+-- The jobs of `p_requests` that name a rate limit key, parked for its budget: one x_jobs.job_rate
+-- row each, with the state and run_at the claim restores (_enqueue inserted them 'delayed' at
+-- x_jobs._rate_parked_at()). Request i was inserted as p_ids[i], if it was (a deduped one was
+-- not: no row has its id). A call without such a request costs one pass over the requests.
+CREATE FUNCTION x_jobs._park_rated(p_requests x_jobs.enqueue_request[], p_ids bigint[], p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM unnest(p_requests) AS r WHERE r.rate_limit_key IS NOT NULL) THEN
+        RETURN;
+    END IF;
+    INSERT INTO x_jobs.job_rate (job_id, rate_limit_key, queue, priority, run_at, parked_state)
+    SELECT j.id, r.rate_limit_key, j.queue, j.priority, coalesce(r.run_at, p_now),
+           CASE WHEN r.run_at > p_now THEN 'delayed' ELSE 'ready' END::x_jobs.job_state
+    FROM unnest(p_requests) WITH ORDINALITY AS r
+    JOIN x_jobs.job AS j ON j.id = p_ids[r.ordinality]
+    WHERE r.rate_limit_key IS NOT NULL
+    ON CONFLICT ON CONSTRAINT job_rate_pkey DO NOTHING;
+END
 $$;
 
 -- The one implementation behind enqueue and enqueue_many: validate every request, insert them in
@@ -81,7 +106,7 @@ BEGIN
                        r.name, r.input, r.queue, r.run_at, r.idempotency_key, r.max_attempts,
                        r.priority, r.tenant_id, r.concurrency_key, r.concurrency_limit,
                        r.traceparent, r.enqueued_by, r.dead_letter, r.backoff_base, r.backoff_max,
-                       r.keep_done
+                       r.keep_done, r.rate_limit_key
                    )::x_jobs.enqueue_request, t)
             FROM unnest(p_requests) WITH ORDINALITY AS r
             LEFT JOIN x_jobs.job_type AS t ON t.name = r.name
@@ -98,7 +123,7 @@ BEGIN
                        r.name, r.input, r.queue, r.run_at, r.idempotency_key, r.max_attempts,
                        r.priority, x_jobs._stamp_tenant(r.tenant_id, v_scope), r.concurrency_key,
                        r.concurrency_limit, r.traceparent, r.enqueued_by, r.dead_letter,
-                       r.backoff_base, r.backoff_max, r.keep_done
+                       r.backoff_base, r.backoff_max, r.keep_done, r.rate_limit_key
                    )::x_jobs.enqueue_request
             FROM unnest(p_requests) WITH ORDINALITY AS r
             ORDER BY r.ordinality
@@ -136,6 +161,15 @@ BEGIN
                    -- and a traceparent up to 512 (W3C's is 55; 512 is what W3C asks tracers to
                    -- carry of a tracestate, room for other formats or a tracestate passed along).
                    WHEN pg_catalog.length(r.concurrency_key) > 400 THEN 'concurrency_key'
+                   WHEN r.rate_limit_key = '' OR pg_catalog.length(r.rate_limit_key) > 400 THEN 'rate_limit_key'
+                   -- One job, one gate: a claim grants a row under its concurrency key or its
+                   -- rate limit, and the two paths do not meet (see x_jobs.claim).
+                   WHEN r.rate_limit_key IS NOT NULL AND r.concurrency_key IS NOT NULL THEN 'rate_limit_conflict'
+                   -- A key without a declared limit is refused rather than run unlimited: a typo
+                   -- ('stripe_api') would otherwise lift the limit silently.
+                   WHEN r.rate_limit_key IS NOT NULL AND NOT EXISTS (
+                       SELECT FROM x_jobs.rate_limit AS l WHERE l.key = r.rate_limit_key
+                   ) THEN 'rate_limit_unknown'
                    WHEN pg_catalog.length(r.idempotency_key) > 400 THEN 'idempotency_key'
                    -- An empty key is most often a field that was left blank: taken as a key, it
                    -- made every such job a duplicate of the first one still live.
@@ -213,6 +247,30 @@ BEGIN
                     DETAIL = pg_catalog.format('In request %s (job %L).', v_bad_ord, v_bad.name),
                     HINT = 'Key the limit with a short text such as a customer id (up to 400 characters): '
                         'hash a longer one.';
+            WHEN 'rate_limit_key' THEN
+                RAISE EXCEPTION USING
+                    ERRCODE = 'XJ063',
+                    MESSAGE = pg_catalog.format(
+                        'X_RATE_LIMIT_INVALID: rate limit key %L is empty or longer than 400 characters',
+                        pg_catalog.left(v_bad.rate_limit_key, 64)),
+                    DETAIL = pg_catalog.format('In request %s (job %L).', v_bad_ord, v_bad.name),
+                    HINT = 'Name a rate limit declared with x_jobs.set_rate_limit, or leave rate_limit_key out.';
+            WHEN 'rate_limit_conflict' THEN
+                RAISE EXCEPTION USING
+                    ERRCODE = 'XJ065',
+                    MESSAGE = pg_catalog.format(
+                        'X_RATE_LIMIT_CONFLICT: rate limit key %L and concurrency key %L on one job',
+                        v_bad.rate_limit_key, v_bad.concurrency_key),
+                    DETAIL = pg_catalog.format('In request %s (job %L).', v_bad_ord, v_bad.name),
+                    HINT = 'Give a job a rate_limit_key or a concurrency_key, not both.';
+            WHEN 'rate_limit_unknown' THEN
+                RAISE EXCEPTION USING
+                    ERRCODE = 'XJ064',
+                    MESSAGE = pg_catalog.format('X_RATE_LIMIT_UNKNOWN: no rate limit has key %L',
+                        v_bad.rate_limit_key),
+                    DETAIL = pg_catalog.format('In request %s (job %L).', v_bad_ord, v_bad.name),
+                    HINT = 'Declare the limit first with x_jobs.set_rate_limit(key, max_starts, per), '
+                        'or leave rate_limit_key out.';
             WHEN 'idempotency_key' THEN
                 RAISE EXCEPTION USING
                     ERRCODE = 'XJ009',
@@ -291,10 +349,12 @@ BEGIN
         concurrency_key, traceparent, enqueued_by, input, keep_done
     )
     OVERRIDING SYSTEM VALUE
-    SELECT v_ids[r.ordinality], coalesce(r.run_at, v_now), v_now, v_now, v_run_ids[r.ordinality],
+    SELECT v_ids[r.ordinality],
+           CASE WHEN r.rate_limit_key IS NULL THEN coalesce(r.run_at, v_now) ELSE x_jobs._rate_parked_at() END,
+           v_now, v_now, v_run_ids[r.ordinality],
            coalesce(r.backoff_base, interval '1 second'),
            coalesce(r.backoff_max, interval '1 hour'),
-           CASE WHEN r.run_at > v_now THEN 'delayed' ELSE 'ready' END::x_jobs.job_state,
+           CASE WHEN r.run_at > v_now OR r.rate_limit_key IS NOT NULL THEN 'delayed' ELSE 'ready' END::x_jobs.job_state,
            coalesce(r.max_attempts, 25),
            CASE WHEN r.concurrency_key IS NOT NULL THEN coalesce(r.concurrency_limit, 1) END,
            coalesce(r.priority, 0), coalesce(r.dead_letter, TRUE), r.name,
@@ -307,6 +367,7 @@ BEGIN
     PERFORM x_jobs._notify('x_jobs', q.queue) FROM unnest(v_due_queues) AS q (queue);
 
     IF NOT v_keyed THEN
+        PERFORM x_jobs._park_rated(p_requests, v_ids, v_now);
         RETURN QUERY
         SELECT i::integer, v_ids[i], v_run_ids[i], FALSE
         FROM pg_catalog.generate_series(1, pg_catalog.cardinality(p_requests)) AS i;
@@ -339,10 +400,12 @@ BEGIN
             SELECT s.ordinality AS ord, s.leads, s.idempotency_key,
                    CASE WHEN s.leads THEN v_ids[s.ordinality] END AS id,
                    CASE WHEN s.leads THEN v_run_ids[s.ordinality] END AS run_id,
-                   coalesce(s.run_at, v_now) AS run_at,
+                   CASE WHEN s.rate_limit_key IS NULL THEN coalesce(s.run_at, v_now)
+                       ELSE x_jobs._rate_parked_at() END AS run_at,
                    coalesce(s.backoff_base, interval '1 second') AS backoff_base,
                    coalesce(s.backoff_max, interval '1 hour') AS backoff_max,
-                   CASE WHEN s.run_at > v_now THEN 'delayed' ELSE 'ready' END::x_jobs.job_state AS state,
+                   CASE WHEN s.run_at > v_now OR s.rate_limit_key IS NOT NULL THEN 'delayed' ELSE 'ready' END::x_jobs.job_state
+                       AS state,
                    coalesce(s.max_attempts, 25) AS max_attempts,
                    CASE WHEN s.concurrency_key IS NOT NULL THEN coalesce(s.concurrency_limit, 1) END
                        AS concurrency_limit,
@@ -424,6 +487,7 @@ BEGIN
         EXIT WHEN pg_catalog.cardinality(v_todo) = 0;
     END LOOP;
 
+    PERFORM x_jobs._park_rated(p_requests, v_ids, v_now);
     RETURN QUERY SELECT r.* FROM unnest(v_result) AS r ORDER BY r.ord;
 END
 $$;
@@ -436,6 +500,8 @@ $$;
 -- Answers the row's id and run_id, and whether an existing live row with the same
 -- idempotency_key answered instead (deduped). A row due now wakes its queue (NOTIFY x_jobs).
 -- keep_done => false: completing the job deletes its row (see complete_many).
+-- rate_limit_key: each start (claim) of the row spends a start of that key's rate limit, which
+-- must have been declared (x_jobs.set_rate_limit; else XJ064); not with a concurrency_key.
 -- SECURITY DEFINER: producers hold no rights on the tables (see Grants).
 CREATE FUNCTION x_jobs.enqueue(
     name text,
@@ -453,7 +519,8 @@ CREATE FUNCTION x_jobs.enqueue(
     dead_letter boolean DEFAULT NULL,
     backoff_base interval DEFAULT NULL,
     backoff_max interval DEFAULT NULL,
-    keep_done boolean DEFAULT NULL
+    keep_done boolean DEFAULT NULL,
+    rate_limit_key text DEFAULT NULL
 )
 RETURNS x_jobs.enqueue_result
 LANGUAGE plpgsql
@@ -471,7 +538,7 @@ BEGIN
         enqueue.name, enqueue.input, enqueue.queue, enqueue.run_at, enqueue.idempotency_key,
         enqueue.max_attempts, enqueue.priority, enqueue.tenant_id, enqueue.concurrency_key,
         enqueue.concurrency_limit, enqueue.traceparent, enqueue.enqueued_by, enqueue.dead_letter,
-        enqueue.backoff_base, enqueue.backoff_max, enqueue.keep_done
+        enqueue.backoff_base, enqueue.backoff_max, enqueue.keep_done, enqueue.rate_limit_key
     )::x_jobs.enqueue_request]) AS e;
     RETURN v_result;
 END
@@ -494,7 +561,8 @@ DECLARE
     v_bad record;
     v_fields text[];
     v_text_fields text[] := ARRAY[
-        'name', 'queue', 'idempotency_key', 'tenant_id', 'concurrency_key', 'traceparent', 'enqueued_by'
+        'name', 'queue', 'idempotency_key', 'tenant_id', 'concurrency_key', 'traceparent', 'enqueued_by',
+        'rate_limit_key'
     ];
     v_value text;
     v_requests x_jobs.enqueue_request[];
@@ -539,6 +607,7 @@ BEGIN
             OR pg_catalog.jsonb_typeof(e.value -> 'concurrency_key') NOT IN ('string', 'null')
             OR pg_catalog.jsonb_typeof(e.value -> 'traceparent') NOT IN ('string', 'null')
             OR pg_catalog.jsonb_typeof(e.value -> 'enqueued_by') NOT IN ('string', 'null')
+            OR pg_catalog.jsonb_typeof(e.value -> 'rate_limit_key') NOT IN ('string', 'null')
     END
     ORDER BY e.ord
     LIMIT 1;

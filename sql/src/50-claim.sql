@@ -115,6 +115,8 @@ DECLARE
     -- NULL test a row read. A bound worker on a queue shared with other tenants reads past their
     -- due rows: give a bound tenant's jobs queues of their own.
     v_scope text[] := x_jobs._tenant_scope();
+    v_rated_ids bigint[] := ARRAY[]::bigint[];
+    v_rated_at tid[] := ARRAY[]::tid[];
 BEGIN
     IF claim.queues IS NULL OR pg_catalog.cardinality(claim.queues) = 0
         OR EXISTS (SELECT FROM unnest(claim.queues) AS q WHERE q IS NULL OR q = '') THEN
@@ -175,6 +177,25 @@ BEGIN
         v_pass := v_pass + 1;
         v_want := claim.qty - v_got;
         v_granted := NULL;
+
+        -- Jobs parked for a rate limit's budget (x_jobs.job_rate), on the first pass: those of
+        -- keys with budget are restored, locked and their starts spent (see _claim_rated), and
+        -- the arms below look for the rest of the slots. They go first, ahead of the other rows'
+        -- claim order: a budget is there to be used while its window lasts. Whether any is
+        -- parked in these queues is one probe of job_rate_parked_idx, so a claim with none pays
+        -- that and no more.
+        v_rated_ids := ARRAY[]::bigint[];
+        v_rated_at := ARRAY[]::tid[];
+        IF v_pass = 1 AND EXISTS (
+            SELECT FROM x_jobs.job_rate AS r
+            WHERE r.queue = ANY (v_queues) AND r.parked_state IS NOT NULL
+        ) THEN
+            SELECT coalesce(pg_catalog.array_agg(r.o_id), ARRAY[]::bigint[]),
+                   coalesce(pg_catalog.array_agg(r.o_at), ARRAY[]::tid[])
+            INTO v_rated_ids, v_rated_at
+            FROM x_jobs._claim_rated(v_queues, v_want, v_now) AS r;
+            v_want := v_want - pg_catalog.cardinality(v_rated_ids);
+        END IF;
 
         -- How many rows the ready arm may lock in each queue. Up to v_want in every queue, as
         -- the other arms, the outer LIMIT keeping v_want of them: over 10 queues with a backlog
@@ -490,7 +511,12 @@ BEGIN
         ) AS c;
 
         -- Nothing to take; or, on a first pass that read its limits, nothing free under them.
-        EXIT WHEN v_picked = 0 AND coalesce(v_peeked, 0) < v_want;
+        EXIT WHEN v_picked = 0 AND coalesce(v_peeked, 0) < v_want
+            AND pg_catalog.cardinality(v_rated_ids) = 0;
+
+        -- The jobs _claim_rated restored and spent budget on are claimed whatever else happens.
+        v_take := v_take || v_rated_ids;
+        v_take_at := v_take_at || v_rated_at;
 
         IF pg_catalog.cardinality(v_keyed) > 0 THEN
             -- Serialize the claimers of each key, then count its running rows afresh: this

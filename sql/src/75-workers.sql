@@ -188,6 +188,26 @@ AS $$
         LEFT JOIN busy AS b ON b.concurrency_key = k.concurrency_key
         GROUP BY k.queue
         UNION ALL
+        -- Jobs parked for a rate limit's budget (x_jobs.job_rate): as many of each key's due ones,
+        -- in grant order, as its budget in the current window has starts left (every one, for a
+        -- key whose limit was dropped).
+        SELECT k.queue, count(*) FILTER (
+            WHERE l.key IS NULL OR k.rank <= l.max_starts - CASE
+                WHEN l.window_start = x_jobs._rate_window(l.per, x_jobs.now()) THEN l.starts ELSE 0
+            END)
+        FROM (
+            SELECT r.queue, r.rate_limit_key,
+                   pg_catalog.row_number() OVER (
+                       PARTITION BY r.rate_limit_key ORDER BY r.priority, r.run_at, r.job_id
+                   ) AS rank
+            FROM x_jobs.job_rate AS r
+            WHERE r.parked_state IS NOT NULL
+                AND r.run_at <= x_jobs.now()
+                AND r.queue <> ALL (ARRAY(SELECT p.queue FROM x_jobs.queue_pause AS p))
+        ) AS k
+        LEFT JOIN x_jobs.rate_limit AS l ON l.key = k.rate_limit_key
+        GROUP BY k.queue
+        UNION ALL
         SELECT j.queue, count(*) FROM x_jobs.job AS j
         WHERE j.state = 'running' AND j.visible_at > x_jobs.now()
             AND NOT EXISTS (SELECT FROM draining)

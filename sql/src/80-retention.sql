@@ -127,6 +127,7 @@ BEGIN
 
     DELETE FROM x_jobs.job_error AS e WHERE e.job_id = ANY (v_ids);
     DELETE FROM x_jobs.step AS s WHERE s.job_id = ANY (v_ids);
+    DELETE FROM x_jobs.job_rate AS r WHERE r.job_id = ANY (v_ids);
     RETURN pg_catalog.cardinality(v_ids)::bigint;
 END
 $$;

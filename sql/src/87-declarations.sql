@@ -111,6 +111,12 @@ BEGIN
                    WHEN t.priority NOT BETWEEN -32768 AND 32767 THEN 'priority'
                    WHEN t.concurrency_limit < 1 OR t.concurrency_key = '' THEN 'concurrency'
                    WHEN pg_catalog.length(t.concurrency_key) > 400 THEN 'concurrency_key'
+                   -- As at enqueue: a declared key needs its limit, and no concurrency key beside it.
+                   WHEN t.rate_limit_key = '' OR pg_catalog.length(t.rate_limit_key) > 400 THEN 'rate_limit_key'
+                   WHEN t.rate_limit_key IS NOT NULL AND t.concurrency_key IS NOT NULL THEN 'rate_limit_conflict'
+                   WHEN t.rate_limit_key IS NOT NULL AND NOT EXISTS (
+                       SELECT FROM x_jobs.rate_limit AS l WHERE l.key = t.rate_limit_key
+                   ) THEN 'rate_limit_unknown'
                    WHEN t.backoff_base < interval '0' OR t.backoff_max < interval '0'
                        OR coalesce(t.backoff_base, interval '1 second')
                        > coalesce(t.backoff_max, interval '1 hour') THEN 'backoff'
@@ -192,6 +198,29 @@ BEGIN
                     DETAIL = pg_catalog.format('In declaration %s (job %L).', v_bad_ord, v_bad.name),
                     HINT = 'Declare a timeout above zero and up to 1000 years, such as ''30 seconds'', '
                         'or NULL for none.';
+            WHEN 'rate_limit_key' THEN
+                RAISE EXCEPTION USING
+                    ERRCODE = 'XJ063',
+                    MESSAGE = pg_catalog.format(
+                        'X_RATE_LIMIT_INVALID: rate limit key %L is empty or longer than 400 characters',
+                        pg_catalog.left(v_bad.rate_limit_key, 64)),
+                    DETAIL = pg_catalog.format('In declaration %s.', v_bad_ord),
+                    HINT = 'Name a rate limit declared with x_jobs.set_rate_limit, or leave rate_limit_key out.';
+            WHEN 'rate_limit_conflict' THEN
+                RAISE EXCEPTION USING
+                    ERRCODE = 'XJ065',
+                    MESSAGE = pg_catalog.format(
+                        'X_RATE_LIMIT_CONFLICT: rate limit key %L and concurrency key %L on one job',
+                        v_bad.rate_limit_key, v_bad.concurrency_key),
+                    DETAIL = pg_catalog.format('In declaration %s.', v_bad_ord),
+                    HINT = 'Declare a rate_limit_key or a concurrency_key for a job, not both.';
+            WHEN 'rate_limit_unknown' THEN
+                RAISE EXCEPTION USING
+                    ERRCODE = 'XJ064',
+                    MESSAGE = pg_catalog.format('X_RATE_LIMIT_UNKNOWN: no rate limit has key %L',
+                        v_bad.rate_limit_key),
+                    DETAIL = pg_catalog.format('In declaration %s.', v_bad_ord),
+                    HINT = 'Declare the limit first with x_jobs.set_rate_limit(key, max_starts, per).';
         END CASE;
     END IF;
 
@@ -199,11 +228,12 @@ BEGIN
     WITH declared AS (
         INSERT INTO x_jobs.job_type AS t (
             name, queue, max_attempts, priority, dead_letter, backoff_base, backoff_max, keep_done,
-            concurrency_key, concurrency_limit, timeout, declared_at, declared_by, build
+            concurrency_key, concurrency_limit, timeout, declared_at, declared_by, build,
+            rate_limit_key
         )
         SELECT d.name, d.queue, d.max_attempts, d.priority, d.dead_letter, d.backoff_base,
                d.backoff_max, d.keep_done, d.concurrency_key, d.concurrency_limit, d.timeout,
-               d.declared_at, d.declared_by, d.build
+               d.declared_at, d.declared_by, d.build, d.rate_limit_key
         FROM unnest(p_types) AS d
         -- In name order: two workers declaring the same jobs at once wait on each other's rows
         -- in one order, never in a cycle (a deadlock).
@@ -221,7 +251,8 @@ BEGIN
             timeout = excluded.timeout,
             declared_at = excluded.declared_at,
             declared_by = excluded.declared_by,
-            build = excluded.build
+            build = excluded.build,
+            rate_limit_key = excluded.rate_limit_key
         RETURNING t.*
     )
     SELECT d.*
@@ -251,7 +282,7 @@ $$;
 
 -- Declare a job type: what every enqueue of `name` gets for what it leaves out (queue,
 -- max_attempts, priority, dead_letter, backoff_base, backoff_max, keep_done, concurrency_key and
--- concurrency_limit, as enqueue's parameters of those names), and how it runs (timeout: a run
+-- concurrency_limit, rate_limit_key, as enqueue's parameters of those names), and how it runs (timeout: a run
 -- deadline the worker enforces). Workers call it at their start, for every job they have a
 -- handler for (the Python worker through declare_jobs), so that a SQL, Node or Go producer's
 -- rows get what the handler's declaration says. NULL leaves a field undeclared. Answers the
@@ -270,7 +301,8 @@ CREATE FUNCTION x_jobs.declare_job(
     keep_done boolean DEFAULT NULL,
     priority integer DEFAULT NULL,
     declared_by text DEFAULT NULL,
-    build text DEFAULT NULL
+    build text DEFAULT NULL,
+    rate_limit_key text DEFAULT NULL
 )
 RETURNS x_jobs.job_type
 LANGUAGE plpgsql
@@ -287,7 +319,8 @@ BEGIN
         declare_job.name, declare_job.queue, declare_job.max_attempts, declare_job.priority,
         declare_job.dead_letter, declare_job.backoff_base, declare_job.backoff_max,
         declare_job.keep_done, declare_job.concurrency_key, declare_job.concurrency_limit,
-        declare_job.timeout, x_jobs.now(), x_jobs._declarer(declare_job.declared_by), declare_job.build
+        declare_job.timeout, x_jobs.now(), x_jobs._declarer(declare_job.declared_by), declare_job.build,
+        declare_job.rate_limit_key
     )::x_jobs.job_type]) AS d;
     RETURN v_row;
 END
@@ -308,9 +341,9 @@ AS $$
 DECLARE
     v_fields text[] := ARRAY[
         'name', 'queue', 'max_attempts', 'backoff_base', 'backoff_max', 'dead_letter', 'timeout',
-        'concurrency_limit', 'concurrency_key', 'keep_done', 'priority'
+        'concurrency_limit', 'concurrency_key', 'keep_done', 'priority', 'rate_limit_key'
     ];
-    v_text_fields text[] := ARRAY['name', 'queue', 'concurrency_key'];
+    v_text_fields text[] := ARRAY['name', 'queue', 'concurrency_key', 'rate_limit_key'];
     v_bad record;
     v_now timestamptz := x_jobs.now();
     v_by text := x_jobs._declarer(declare_jobs.declared_by);
@@ -344,6 +377,7 @@ BEGIN
             OR pg_catalog.jsonb_typeof(e.value -> 'name') NOT IN ('string', 'null')
             OR pg_catalog.jsonb_typeof(e.value -> 'queue') NOT IN ('string', 'null')
             OR pg_catalog.jsonb_typeof(e.value -> 'concurrency_key') NOT IN ('string', 'null')
+            OR pg_catalog.jsonb_typeof(e.value -> 'rate_limit_key') NOT IN ('string', 'null')
     END
     ORDER BY e.ord
     LIMIT 1;
@@ -377,7 +411,7 @@ BEGIN
             SELECT ROW(
                 r.name, r.queue, r.max_attempts, r.priority, r.dead_letter, r.backoff_base,
                 r.backoff_max, r.keep_done, r.concurrency_key, r.concurrency_limit, r.timeout,
-                v_now, v_by, declare_jobs.build
+                v_now, v_by, declare_jobs.build, r.rate_limit_key
             )::x_jobs.job_type
             FROM pg_catalog.jsonb_populate_recordset(NULL::x_jobs.job_type, declare_jobs.jobs)
                 WITH ORDINALITY AS r

@@ -36,7 +36,8 @@ AS $$
         p_schedule.dead_letter,
         p_schedule.backoff_base,
         p_schedule.backoff_max,
-        p_schedule.keep_done
+        p_schedule.keep_done,
+        NULL
     )::x_jobs.enqueue_request
 $$;
 

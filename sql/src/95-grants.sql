@@ -18,7 +18,7 @@ GRANT EXECUTE ON FUNCTION x_jobs.error_codes() TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs.version() TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs.enqueue(
     text, jsonb, text, timestamptz, text, integer, integer, text, text, text, text, integer, boolean, interval,
-    interval, boolean
+    interval, boolean, text
 ) TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs.enqueue_many(jsonb) TO x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs.result(bigint) TO x_jobs_producer;
@@ -133,7 +133,7 @@ GRANT SELECT, DELETE ON x_jobs.webhook_ledger TO x_jobs_admin;
 -- the jobs they have no handler for, through functions that run as their owner. Admins forget a
 -- declaration: drop_job_type runs as the admin, who holds what it deletes.
 GRANT EXECUTE ON FUNCTION x_jobs.declare_job(
-    text, text, integer, interval, interval, boolean, interval, integer, text, boolean, integer, text, text
+    text, text, integer, interval, interval, boolean, interval, integer, text, boolean, integer, text, text, text
 ) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.declare_jobs(jsonb, text, text) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.job_types() TO x_jobs_worker;
@@ -166,6 +166,15 @@ GRANT EXECUTE ON FUNCTION x_jobs.run_schedule_now(text) TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs._schedule_info(x_jobs.schedule) TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs._schedule_not_found(text) TO x_jobs_admin;
 GRANT SELECT, UPDATE, DELETE ON x_jobs.schedule TO x_jobs_admin;
+
+-- Rate limits. Workers declare their app's limits (an app's @app.job(rate_limit=...)) and
+-- read them, through functions that run as their owner, as monitoring reads them; admins drop
+-- one. None holds a right on x_jobs.rate_limit itself: every change goes through the checks.
+GRANT EXECUTE ON FUNCTION x_jobs.set_rate_limit(text, integer, interval) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.rate_limits() TO x_jobs_worker, pg_monitor;
+GRANT EXECUTE ON FUNCTION x_jobs.drop_rate_limit(text) TO x_jobs_admin;
+-- purge, which runs as the admin, deletes the rate limit rows of the jobs it deletes.
+GRANT SELECT, DELETE ON x_jobs.job_rate TO x_jobs_admin;
 
 -- Readers. They run as their caller, who holds SELECT on what each reads: admins (through
 -- x_jobs_worker, and their own grants on job_error, step and counter) read a job, its errors and

@@ -309,6 +309,89 @@ USING (
     )
 );
 CREATE POLICY owner_functions ON x_jobs.step TO x_jobs_owner USING (TRUE) WITH CHECK (TRUE);
+-- Rate limits per key (x_jobs.rate_limit, set_rate_limit, drop_rate_limit, rate_limits), named
+-- by a job at enqueue or by its declaration (rate_limit_key), enforced by the claim. The jobs'
+-- keys are in a table of their own, x_jobs.job_rate: a column of x_jobs.job would change the
+-- row type claim returns, and a claim of 0.4.1 in flight while this update commits would fail
+-- (see CHANGELOG). The attribute and the declaration's column go last, as a fresh install has
+-- them.
+ALTER TYPE x_jobs.enqueue_request ADD ATTRIBUTE rate_limit_key text;
+ALTER TABLE x_jobs.job_type ADD COLUMN rate_limit_key text;
+
+CREATE TABLE x_jobs.rate_limit (
+    key text NOT NULL, -- noqa: RF04
+    max_starts integer NOT NULL,
+    per interval NOT NULL, -- noqa: RF04
+    window_start timestamptz,
+    starts integer NOT NULL DEFAULT 0,
+    created_at timestamptz NOT NULL,
+    updated_at timestamptz NOT NULL,
+    CONSTRAINT rate_limit_pkey PRIMARY KEY (key),
+    CONSTRAINT rate_limit_max_starts_positive CHECK (max_starts >= 1),
+    CONSTRAINT rate_limit_per_positive CHECK (per > interval '0')
+);
+
+COMMENT ON TABLE x_jobs.rate_limit IS
+'Rate limits per key: at most max_starts claims of the key''s jobs per fixed window of length per.';
+
+CREATE TABLE x_jobs.job_rate (
+    job_id bigint NOT NULL,
+    rate_limit_key text NOT NULL,
+    queue text NOT NULL,
+    priority smallint NOT NULL,
+    run_at timestamptz NOT NULL,
+    parked_state x_jobs.job_state,
+    CONSTRAINT job_rate_pkey PRIMARY KEY (job_id)
+);
+
+COMMENT ON TABLE x_jobs.job_rate IS
+'The rate limit key of each job that names one; parked_state set: the job waits for the key''s budget.';
+
+CREATE INDEX job_rate_parked_idx ON x_jobs.job_rate (queue, rate_limit_key, priority, run_at, job_id)
+WHERE parked_state IS NOT NULL;
+
+SELECT pg_catalog.pg_extension_config_dump('x_jobs.rate_limit', '');
+SELECT pg_catalog.pg_extension_config_dump('x_jobs.job_rate', '');
+
+-- enqueue takes rate_limit_key, last: a new signature.
+DROP FUNCTION x_jobs.enqueue(
+    text, jsonb, text, timestamptz, text, integer, integer, text, text, text, text, integer, boolean, interval,
+    interval, boolean
+);
+
+-- declare_job likewise.
+DROP FUNCTION x_jobs.declare_job(
+    text, text, integer, interval, interval, boolean, interval, integer, text, boolean, integer, text, text
+);
+
+--@function x_jobs._rate_parked_at
+--@function x_jobs._rate_window
+--@function x_jobs._park_rated
+--@function x_jobs._filled
+--@function x_jobs.enqueue
+--@function x_jobs.enqueue_many
+--@function x_jobs.queue_demand
+--@function x_jobs.purge
+--@function x_jobs._require_rate_limit_key
+--@function x_jobs.set_rate_limit
+--@function x_jobs.drop_rate_limit
+--@function x_jobs.rate_limits
+--@function x_jobs._claim_rated
+--@function x_jobs._declare
+--@function x_jobs.declare_job
+--@function x_jobs.declare_jobs
+
+GRANT EXECUTE ON FUNCTION x_jobs.enqueue(
+    text, jsonb, text, timestamptz, text, integer, integer, text, text, text, text, integer, boolean, interval,
+    interval, boolean, text
+) TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs.declare_job(
+    text, text, integer, interval, interval, boolean, interval, integer, text, boolean, integer, text, text, text
+) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.set_rate_limit(text, integer, interval) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.rate_limits() TO x_jobs_worker, pg_monitor;
+GRANT EXECUTE ON FUNCTION x_jobs.drop_rate_limit(text) TO x_jobs_admin;
+GRANT SELECT, DELETE ON x_jobs.job_rate TO x_jobs_admin;
 
 -- Nothing new left to PUBLIC (a new function is executable by PUBLIC until revoked); the
 -- functions from before hold no PUBLIC right, so this changes none of theirs.
@@ -319,6 +402,7 @@ GRANT USAGE ON SCHEMA x_jobs TO x_jobs_webhook;
 REVOKE EXECUTE ON FUNCTION x_jobs.receive_webhook(text, text, text, jsonb, text, jsonb) FROM x_jobs_producer;
 GRANT EXECUTE ON FUNCTION x_jobs.receive_webhook(text, text, text, jsonb, text, jsonb) TO x_jobs_webhook;
 REVOKE ALL ON TABLE x_jobs.tenant_binding FROM public;
+REVOKE ALL ON TABLE x_jobs.rate_limit, x_jobs.job_rate FROM public;
 -- Schedules. Every x_jobs role may preview a cron expression (cron_next runs as its caller,
 -- through the pure helpers granted with it). Workers declare their app's schedules, read them
 -- and tick, through functions that run as their owner; pg_cron's job ticks as a login granted

@@ -2,7 +2,7 @@
 -- volatile it is, whose rights it runs with, which settings it pins, and who may use what.
 -- A change to any of these is a change to the API: it shows up here first, on purpose.
 BEGIN;
-SELECT plan(1266);
+SELECT plan(1351);
 
 -- The functions of the API, one row each, with what 00-schema pins about them. `args` is how
 -- pgTAP's catalog view spells the argument types (regtype output: 'timestamp with time zone',
@@ -50,7 +50,7 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
 (
     'enqueue',
     '{text,jsonb,text,timestamp with time zone,text,integer,integer,text,text,text,text,integer,boolean,'
-    'interval,interval,boolean}',
+    'interval,interval,boolean,text}',
     'x_jobs.enqueue_result', 'VOLATILE', 'so a producer enqueues without any right on the jobs table'
 ),
 (
@@ -193,7 +193,7 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
 ('_declarer', '{text}', 'text', 'STABLE', NULL),
 (
     'declare_job',
-    '{text,text,integer,interval,interval,boolean,interval,integer,text,boolean,integer,text,text}',
+    '{text,text,integer,interval,interval,boolean,interval,integer,text,boolean,integer,text,text,text}',
     'x_jobs.job_type', 'VOLATILE', 'so a worker declares its jobs with no right to write the tables'
 ),
 (
@@ -275,7 +275,25 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
 ('_refuse_cross_tenant', '{text,text}', 'void', 'STABLE', NULL),
 ('bind_tenant', '{name,text}', 'void', 'VOLATILE', 'so an admin binds roles with no right on the bindings'),
 ('unbind_tenant', '{name,text}', 'boolean', 'VOLATILE', 'so an admin unbinds roles with no right on the bindings'),
-('tenant_bindings', '{}', 'setof record', 'STABLE', 'so an admin reads the bindings with no right on the table');
+('tenant_bindings', '{}', 'setof record', 'STABLE', 'so an admin reads the bindings with no right on the table'),
+-- Rate limits (0.4.2).
+('_require_rate_limit_key', '{text}', 'void', 'IMMUTABLE', NULL),
+('_rate_window', '{interval,timestamp with time zone}', 'timestamp with time zone', 'IMMUTABLE', NULL),
+('_rate_parked_at', '{}', 'timestamp with time zone', 'IMMUTABLE', NULL),
+('_park_rated', '{x_jobs.enqueue_request[],bigint[],timestamp with time zone}', 'void', 'VOLATILE', NULL),
+('_claim_rated', '{text[],integer,timestamp with time zone}', 'setof record', 'VOLATILE', NULL),
+(
+    'set_rate_limit', '{text,integer,interval}', 'x_jobs.rate_limit', 'VOLATILE',
+    'so a worker declares its app''s rate limits with no right on the table'
+),
+(
+    'drop_rate_limit', '{text}', 'text', 'VOLATILE',
+    'so an admin drops a limit with no right on the table'
+),
+(
+    'rate_limits', '{}', 'setof record', 'STABLE',
+    'so monitoring and workers read the limits and counts with no right on the tables'
+);
 
 -- Who may execute what, as the Grants section states it: the lowest x_jobs role granted
 -- EXECUTE (a worker is a member of producer and an admin of worker, and has_function_privilege,
@@ -419,7 +437,17 @@ INSERT INTO api_grant (fn, lowest_role, to_pg_monitor) VALUES
 ('_refuse_cross_tenant', 'x_jobs_admin', FALSE),
 ('bind_tenant', 'x_jobs_admin', FALSE),
 ('unbind_tenant', 'x_jobs_admin', FALSE),
-('tenant_bindings', 'x_jobs_admin', FALSE);
+('tenant_bindings', 'x_jobs_admin', FALSE),
+-- Rate limits (0.4.2): a worker declares and lists them, monitoring lists them, an admin drops
+-- one; the helpers run inside the functions that run as their owner.
+('_require_rate_limit_key', NULL, FALSE),
+('_rate_window', NULL, FALSE),
+('_rate_parked_at', NULL, FALSE),
+('_park_rated', NULL, FALSE),
+('_claim_rated', NULL, FALSE),
+('set_rate_limit', 'x_jobs_worker', FALSE),
+('rate_limits', 'x_jobs_worker', TRUE),
+('drop_rate_limit', 'x_jobs_admin', FALSE);
 
 -- The roles a grant is checked for, in the order of their membership chain; NULL: outside it
 -- (x_jobs_webhook is a member of no x_jobs role, and none is a member of it).
@@ -451,10 +479,10 @@ SELECT tables_are(
     'x_jobs',
     ARRAY[
         'job', 'job_error', 'queue_pause', 'worker', 'queue_snapshot', 'counter', 'step', 'event', 'outbox',
-        'webhook_ledger', 'job_type', 'schedule', 'worker_login', 'tenant_binding'
+        'webhook_ledger', 'job_type', 'schedule', 'worker_login', 'tenant_binding', 'rate_limit', 'job_rate'
     ],
     'The x_jobs schema should hold exactly the tables job, job_error, queue_pause, worker, queue_snapshot, counter, '
-    'step, event, outbox, webhook_ledger, job_type, schedule, worker_login and tenant_binding'
+    'step, event, outbox, webhook_ledger, job_type, schedule, worker_login, tenant_binding, rate_limit and job_rate'
 );
 
 SELECT sequences_are(
@@ -654,6 +682,7 @@ SELECT results_eq(
         ('x_jobs.job_type', 'declared_at', 'timestamp with time zone', TRUE),
         ('x_jobs.job_type', 'declared_by', 'text', TRUE),
         ('x_jobs.job_type', 'build', 'text', FALSE),
+        ('x_jobs.job_type', 'rate_limit_key', 'text', FALSE),
         ('x_jobs.worker', 'jobs', 'text[]', FALSE)
     $$,
     'The job_type table and worker.jobs should have the documented columns, types and NOT NULLs, in order'
@@ -850,6 +879,7 @@ SELECT results_eq(
         ('x_jobs.enqueue_request', 'backoff_base', 'interval'),
         ('x_jobs.enqueue_request', 'backoff_max', 'interval'),
         ('x_jobs.enqueue_request', 'keep_done', 'boolean'),
+        ('x_jobs.enqueue_request', 'rate_limit_key', 'text'),
         ('x_jobs.enqueue_result', 'id', 'bigint'),
         ('x_jobs.enqueue_result', 'run_id', 'uuid'),
         ('x_jobs.enqueue_result', 'deduped', 'boolean')
@@ -1034,10 +1064,12 @@ SELECT results_eq(
         ('x_jobs.job', ''),
         ('x_jobs.job_error', ''),
         ('x_jobs.job_id_seq', ''),
+        ('x_jobs.job_rate', ''),
         ('x_jobs.job_type', ''),
         ('x_jobs.outbox', ''),
         ('x_jobs.outbox_id_seq', ''),
         ('x_jobs.queue_pause', ''),
+        ('x_jobs.rate_limit', ''),
         ('x_jobs.schedule', ''),
         ('x_jobs.step', ''),
         ('x_jobs.tenant_binding', ''),
@@ -1278,7 +1310,8 @@ INSERT INTO api_param (fn, arguments) VALUES
     'concurrency_key text DEFAULT NULL::text, traceparent text DEFAULT NULL::text, '
     'enqueued_by text DEFAULT NULL::text, concurrency_limit integer DEFAULT NULL::integer, '
     'dead_letter boolean DEFAULT NULL::boolean, backoff_base interval DEFAULT NULL::interval, '
-    'backoff_max interval DEFAULT NULL::interval, keep_done boolean DEFAULT NULL::boolean'
+    'backoff_max interval DEFAULT NULL::interval, keep_done boolean DEFAULT NULL::boolean, '
+    'rate_limit_key text DEFAULT NULL::text'
 ),
 ('enqueue_many', 'jobs jsonb'),
 ('result', 'id bigint'),
@@ -1403,7 +1436,8 @@ INSERT INTO api_param (fn, arguments) VALUES
     'dead_letter boolean DEFAULT NULL::boolean, timeout interval DEFAULT NULL::interval, '
     'concurrency_limit integer DEFAULT NULL::integer, concurrency_key text DEFAULT NULL::text, '
     'keep_done boolean DEFAULT NULL::boolean, priority integer DEFAULT NULL::integer, '
-    'declared_by text DEFAULT NULL::text, build text DEFAULT NULL::text'
+    'declared_by text DEFAULT NULL::text, build text DEFAULT NULL::text, '
+    'rate_limit_key text DEFAULT NULL::text'
 ),
 ('declare_jobs', 'jobs jsonb, declared_by text DEFAULT NULL::text, build text DEFAULT NULL::text'),
 ('job_types', ''),
@@ -1450,7 +1484,10 @@ INSERT INTO api_param (fn, arguments) VALUES
 ('tick_schedules', 'max_rows integer DEFAULT 1000'),
 ('bind_tenant', 'role name, tenant text'),
 ('unbind_tenant', 'role name, tenant text'),
-('tenant_bindings', '');
+('tenant_bindings', ''),
+('set_rate_limit', 'key text, max_starts integer, per interval'),
+('drop_rate_limit', 'key text'),
+('rate_limits', '');
 
 SELECT set_eq(
     $$ SELECT e.fn FROM api_param AS e $$,
@@ -1590,7 +1627,11 @@ SELECT set_eq(
         -- an admin pauses, resumes and drops them as itself.
         ('schedule', 'x_jobs_admin', 'SELECT'),
         ('schedule', 'x_jobs_admin', 'UPDATE'),
-        ('schedule', 'x_jobs_admin', 'DELETE')
+        ('schedule', 'x_jobs_admin', 'DELETE'),
+        -- Rate limits: purge deletes the jobs' rows as the admin; the limits change only
+        -- through functions that run as their owner.
+        ('job_rate', 'x_jobs_admin', 'SELECT'),
+        ('job_rate', 'x_jobs_admin', 'DELETE')
     $$,
     'Table and sequence privileges should be granted directly only as the Grants section states, none to PUBLIC'
 );
@@ -1750,7 +1791,17 @@ FROM (
     ('tenant_binding', 'x_jobs_worker', '{}'),
     ('tenant_binding', 'x_jobs_admin', '{}'),
     ('tenant_binding', 'pg_monitor', '{}'),
-    ('tenant_binding', 'public', '{}')
+    ('tenant_binding', 'public', '{}'),
+    ('rate_limit', 'x_jobs_producer', '{}'),
+    ('rate_limit', 'x_jobs_worker', '{}'),
+    ('rate_limit', 'x_jobs_admin', '{}'),
+    ('rate_limit', 'pg_monitor', '{}'),
+    ('rate_limit', 'public', '{}'),
+    ('job_rate', 'x_jobs_producer', '{}'),
+    ('job_rate', 'x_jobs_worker', '{}'),
+    ('job_rate', 'x_jobs_admin', '{DELETE,SELECT}'),
+    ('job_rate', 'pg_monitor', '{}'),
+    ('job_rate', 'public', '{}')
 ) AS t (tbl, grantee, privs)
 INNER JOIN grant_role AS r ON t.grantee = r.grantee
 ORDER BY t.tbl, r.grantee;

@@ -233,7 +233,7 @@ SELECT results_eq(
     $$,
     $$
     VALUES ('XJ009', 'X_JOBS_INVALID: name {"a": 1} of request 2 is not a string', '',
-            'Pass name, queue, idempotency_key, tenant_id, concurrency_key, traceparent, enqueued_by as JSON '
+            'Pass name, queue, idempotency_key, tenant_id, concurrency_key, traceparent, enqueued_by, rate_limit_key as JSON '
             'strings, such as {"name": "send_email", "queue": "mail"}, or leave them out (name is required).')
     $$,
     'A name that is a JSON object should be refused, naming the field, its value and the request, with a HINT'
@@ -293,7 +293,7 @@ SELECT results_eq(
     VALUES ('XJ009',
             'Use the argument names of x_jobs.enqueue: name, input, queue, run_at, idempotency_key, '
             'max_attempts, priority, tenant_id, concurrency_key, concurrency_limit, traceparent, '
-            'enqueued_by, dead_letter, backoff_base, backoff_max, keep_done.')
+            'enqueued_by, dead_letter, backoff_base, backoff_max, keep_done, rate_limit_key.')
     $$,
     'The refusal of an unknown field should hint at every accepted field name'
 );

@@ -2,7 +2,7 @@
 -- (every SQLSTATE and X_ code an x_jobs body raises is in it, paired as raised) and true (every
 -- entry is raised somewhere), with unique codes and SQLSTATEs. The bodies are read from pg_proc.
 BEGIN;
-SELECT plan(19);
+SELECT plan(20);
 
 -- Every RAISE EXCEPTION of every x_jobs function, one row each: the text from that RAISE to the
 -- next one (or the end of the body), the ERRCODE it names and the X_ code its MESSAGE starts with
@@ -143,7 +143,7 @@ SELECT is_empty(
 -- finds), XJ044 and XJ045 (the bulk operations' filters), XJ047 and XJ048 (declarations), XJ051
 -- (queue_gauges' max_age), 0.4.2 XJ043, XJ046, XJ049 and XJ050 (schedules), XJ052 and XJ053 (the
 -- fence: a worker id another login's, attempts that do not pair with their ids), XJ058..XJ062
--- (tenants).
+-- (tenants), XJ063..XJ065 (rate limits).
 SELECT set_eq(
     $$SELECT sqlstate, code FROM x_jobs.error_codes()$$,
     $$VALUES
@@ -167,6 +167,7 @@ SELECT set_eq(
         ('XJ052', 'X_WORKER_NOT_YOURS'), ('XJ053', 'X_ATTEMPTS_INVALID'),
         ('XJ058', 'X_ROLE_UNKNOWN'), ('XJ059', 'X_TENANT_NOT_BOUND'), ('XJ060', 'X_TENANT_OUT_OF_SCOPE'),
         ('XJ061', 'X_TENANT_AMBIGUOUS'), ('XJ062', 'X_CROSS_TENANT'),
+        ('XJ063', 'X_RATE_LIMIT_INVALID'), ('XJ064', 'X_RATE_LIMIT_UNKNOWN'), ('XJ065', 'X_RATE_LIMIT_CONFLICT'),
         ('40001', 'X_ENQUEUE_RACE')$$,
     'error_codes() should list exactly the documented SQLSTATE and X_ code pairs'
 );
@@ -209,6 +210,18 @@ SELECT set_eq(
       WHERE r.sqlstate IN ('XJ047', 'XJ048')$$,
     $$VALUES ('XJ047', '_declare'), ('XJ047', 'declare_jobs'), ('XJ048', '_declare')$$,
     'XJ047 and XJ048 should be raised only by the declaring functions'
+);
+
+-- The rate limits' own codes come from the key check, the limit functions, enqueue's and the
+-- declarations' checks.
+SELECT set_eq(
+    $$SELECT DISTINCT r.sqlstate, regexp_replace(r.fn, '^x_jobs\.|\(.*$', '', 'g')
+      FROM raised AS r
+      WHERE r.sqlstate IN ('XJ063', 'XJ064', 'XJ065')$$,
+    $$VALUES ('XJ063', '_require_rate_limit_key'), ('XJ063', 'set_rate_limit'), ('XJ063', '_enqueue'),
+             ('XJ063', '_declare'), ('XJ064', 'drop_rate_limit'), ('XJ064', '_enqueue'),
+             ('XJ064', '_declare'), ('XJ065', '_enqueue'), ('XJ065', '_declare')$$,
+    'XJ063..XJ065 should be raised only by the rate limit functions and the checks of enqueue and declarations'
 );
 
 -- The schedules' own codes come from the cron reader, the zone check and the schedule functions.

@@ -156,6 +156,7 @@ from x_jobs.cli.serve import (
     relay,
     worker,
 )
+from x_jobs.cli.ratelimits import rate_limits
 from x_jobs.cli.steps import RESOLVE_STEP, steps_cli, steps_resolve
 from x_jobs.cli.tenants import tenants_bind, tenants_cli, tenants_list, tenants_unbind
 from x_jobs.errors import DatabaseError, MessageNotFound
@@ -191,6 +192,7 @@ cli.command("tick")(tick_command)
 cli.command("maintain")(maintain_command)
 cli.command("install")(install_command)
 cli.command("manifest")(manifest_command)
+cli.command("rate-limits")(rate_limits)
 
 __all__ = [
     "BIGINT_MAX",
