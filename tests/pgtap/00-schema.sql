@@ -1542,15 +1542,20 @@ SELECT
     function_privs_are(
         'x_jobs', g.fn, a.args, r.grantee,
         CASE
-            WHEN r.chain_rank >= lr.chain_rank OR r.grantee = g.lowest_role
-                OR (r.grantee = 'pg_monitor' AND g.to_pg_monitor) THEN '{EXECUTE}'
+            WHEN
+                r.chain_rank >= lr.chain_rank
+                OR r.grantee = g.lowest_role
+                OR (r.grantee = 'pg_monitor' AND g.to_pg_monitor)
+                THEN '{EXECUTE}'
             ELSE '{}'
         END::name[],
         pg_catalog.format(
             'Role %s should %s x_jobs.%s',
             r.grantee,
             CASE
-                WHEN r.chain_rank >= lr.chain_rank OR r.grantee = g.lowest_role
+                WHEN
+                    r.chain_rank >= lr.chain_rank
+                    OR r.grantee = g.lowest_role
                     OR (r.grantee = 'pg_monitor' AND g.to_pg_monitor)
                     THEN 'be able to run'
                 ELSE 'not be able to run'

@@ -74,15 +74,24 @@ SET ROLE t39_receiver;
 CREATE TEMP TABLE t39_got (tenant text, job_id bigint, duplicate boolean);
 
 INSERT INTO t39_got
-SELECT 'acme', w.job_id, w.duplicate
+SELECT
+    'acme' AS tenant,
+    w.job_id,
+    w.duplicate
 FROM x_jobs.receive_webhook('t39-shop', 'msg_1', 't39_paid', '{"n": 1}', request => '{"tenant_id": "acme"}') AS w;
 
 INSERT INTO t39_got
-SELECT 'globex', w.job_id, w.duplicate
+SELECT
+    'globex' AS tenant,
+    w.job_id,
+    w.duplicate
 FROM x_jobs.receive_webhook('t39-shop', 'msg_1', 't39_paid', '{"n": 2}', request => '{"tenant_id": "globex"}') AS w;
 
 INSERT INTO t39_got
-SELECT 'none', w.job_id, w.duplicate
+SELECT
+    'none' AS tenant,
+    w.job_id,
+    w.duplicate
 FROM x_jobs.receive_webhook('t39-shop', 'msg_1', 't39_paid', '{"n": 3}') AS w;
 
 SELECT results_eq(
@@ -130,7 +139,10 @@ SELECT results_eq(
 );
 
 SELECT is(
-    (SELECT count(*)::integer FROM x_jobs.job AS k WHERE k.name = 't39_paid'),
+    (
+        SELECT count(*)::integer FROM x_jobs.job AS k
+        WHERE k.name = 't39_paid'
+    ),
     3,
     'The redeliveries should have enqueued nothing'
 );

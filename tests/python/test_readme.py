@@ -137,13 +137,14 @@ def test_client_code_table_is_what_the_package_raises(
 
 #: A row of docs/sql-api.md's signature table: function, parameters, answers, role.
 SIGNATURE_ROW = re.compile(r"^\| `(\w+)` \| .+ \| .+ \| ([\w, -]+) \|$")
-#: Which role a function is granted to: the first of the three that may call it, and
-#: pg_monitor beside it when it may too.
+#: Which role a function is granted to: the first of the chain's three that may call it, else
+#: x_jobs_webhook (which stands apart from the chain), and pg_monitor beside it when it may too.
 GRANTED_TO = """
     SELECT p.proname, concat_ws(', ',
         CASE WHEN has_function_privilege('x_jobs_producer', p.oid, 'EXECUTE') THEN 'x_jobs_producer'
              WHEN has_function_privilege('x_jobs_worker', p.oid, 'EXECUTE') THEN 'x_jobs_worker'
              WHEN has_function_privilege('x_jobs_admin', p.oid, 'EXECUTE') THEN 'x_jobs_admin'
+             WHEN has_function_privilege('x_jobs_webhook', p.oid, 'EXECUTE') THEN 'x_jobs_webhook'
              ELSE '-' END,
         CASE WHEN has_function_privilege('pg_monitor', p.oid, 'EXECUTE') THEN 'pg_monitor' END)
     FROM pg_catalog.pg_proc AS p JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace
@@ -165,14 +166,21 @@ def test_the_sql_api_page_lists_every_public_function_and_its_role(
 def test_the_roles_page_lists_what_each_role_may_call(
     conn: psycopg.Connection[tuple[object, ...]],
 ) -> None:
-    """docs/roles.md's table: each role's row names what it may call beyond the role before."""
+    """docs/roles.md's table: each role's row names what it may call beyond the role before
+    (x_jobs_webhook and pg_monitor, outside the chain: all they may call)."""
     rows = {}
     for line in (ROOT / "docs" / "roles.md").read_text().splitlines():
         match = re.match(r"^\| `(x_jobs_\w+|pg_monitor)` \| (.+) \|$", line)
         if match:
             rows[match[1]] = set(re.findall(r"`(\w+)`", match[2]))
     may: dict[str, set[str]] = {}
-    for role in ("x_jobs_producer", "x_jobs_worker", "x_jobs_admin", "pg_monitor"):
+    for role in (
+        "x_jobs_producer",
+        "x_jobs_worker",
+        "x_jobs_admin",
+        "x_jobs_webhook",
+        "pg_monitor",
+    ):
         may[role] = {
             str(fn)
             for (fn,) in conn.execute(
@@ -187,6 +195,7 @@ def test_the_roles_page_lists_what_each_role_may_call(
         "x_jobs_producer": may["x_jobs_producer"],
         "x_jobs_worker": may["x_jobs_worker"] - may["x_jobs_producer"],
         "x_jobs_admin": may["x_jobs_admin"] - may["x_jobs_worker"],
+        "x_jobs_webhook": may["x_jobs_webhook"],
         "pg_monitor": may["pg_monitor"],
     }
 

@@ -24,7 +24,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -286,8 +286,11 @@ def test_under_another_wsgi_server_a_chunked_body_is_read_to_its_end_or_refused_
     body = b'{"order": 5}'
     statuses: list[str] = []
 
-    def start_response(status: str, headers: list[tuple[str, str]]) -> None:
+    def start_response(
+        status: str, headers: list[tuple[str, str]], exc_info: Any = None, /
+    ) -> Callable[[bytes], object]:
         statuses.append(status)
+        return lambda data: None
 
     # A server that hands on neither the chunks nor where they end: 411, final.
     answer = b"".join(receiver.wsgi(_environ(body), start_response))
