@@ -564,10 +564,9 @@ BEGIN
             AND (s.event_key IS NULL OR s.event_key = publish.key)
             AND (s.match IS NULL OR publish.payload @> s.match)
             -- A wait of another tenant's run is not this publisher's to resolve: its job's
-            -- tenant is read by id, per matching wait.
-            AND (v_scope IS NULL OR EXISTS (
-                SELECT FROM x_jobs.job AS t WHERE t.id = s.job_id AND t.tenant_id = v_tenant
-            ))
+            -- tenant is read by id, per matching wait (a scalar subquery: an EXISTS here may be
+            -- planned as a hash of the whole job table).
+            AND (v_scope IS NULL OR (SELECT t.tenant_id FROM x_jobs.job AS t WHERE t.id = s.job_id) = v_tenant)
         ORDER BY s.job_id, s.name
         FOR UPDATE OF s
     ),

@@ -271,19 +271,19 @@ WHERE idempotency_key IS NOT NULL AND state IN ('ready', 'delayed', 'suspended',
 ALTER TABLE x_jobs.job ENABLE ROW LEVEL SECURITY;
 ALTER TABLE x_jobs.job FORCE ROW LEVEL SECURITY;
 CREATE POLICY tenant_scope ON x_jobs.job
-USING ((SELECT x_jobs._tenant_scope()) IS NULL OR tenant_id = ANY ((SELECT x_jobs._tenant_scope())::text []));
+USING ((SELECT x_jobs._tenant_scope()) IS NULL OR tenant_id = any((SELECT x_jobs._tenant_scope())::text[]));
 CREATE POLICY owner_functions ON x_jobs.job TO x_jobs_owner USING (TRUE) WITH CHECK (TRUE);
 
 ALTER TABLE x_jobs.outbox ENABLE ROW LEVEL SECURITY;
 ALTER TABLE x_jobs.outbox FORCE ROW LEVEL SECURITY;
 CREATE POLICY tenant_scope ON x_jobs.outbox
-USING ((SELECT x_jobs._tenant_scope()) IS NULL OR tenant_id = ANY ((SELECT x_jobs._tenant_scope())::text []));
+USING ((SELECT x_jobs._tenant_scope()) IS NULL OR tenant_id = any((SELECT x_jobs._tenant_scope())::text[]));
 CREATE POLICY owner_functions ON x_jobs.outbox TO x_jobs_owner USING (TRUE) WITH CHECK (TRUE);
 
 ALTER TABLE x_jobs.event ENABLE ROW LEVEL SECURITY;
 ALTER TABLE x_jobs.event FORCE ROW LEVEL SECURITY;
 CREATE POLICY tenant_scope ON x_jobs.event
-USING ((SELECT x_jobs._tenant_scope()) IS NULL OR tenant_id = ANY ((SELECT x_jobs._tenant_scope())::text []));
+USING ((SELECT x_jobs._tenant_scope()) IS NULL OR tenant_id = any((SELECT x_jobs._tenant_scope())::text[]));
 CREATE POLICY owner_functions ON x_jobs.event TO x_jobs_owner USING (TRUE) WITH CHECK (TRUE);
 
 ALTER TABLE x_jobs.job_error ENABLE ROW LEVEL SECURITY;
@@ -293,7 +293,7 @@ USING (
     (SELECT x_jobs._tenant_scope()) IS NULL
     OR EXISTS (
         SELECT FROM x_jobs.job AS j
-        WHERE j.id = job_error.job_id AND j.tenant_id = ANY ((SELECT x_jobs._tenant_scope())::text [])
+        WHERE j.id = job_error.job_id AND j.tenant_id = any((SELECT x_jobs._tenant_scope())::text[])
     )
 );
 CREATE POLICY owner_functions ON x_jobs.job_error TO x_jobs_owner USING (TRUE) WITH CHECK (TRUE);
@@ -305,7 +305,7 @@ USING (
     (SELECT x_jobs._tenant_scope()) IS NULL
     OR EXISTS (
         SELECT FROM x_jobs.job AS j
-        WHERE j.id = step.job_id AND j.tenant_id = ANY ((SELECT x_jobs._tenant_scope())::text [])
+        WHERE j.id = step.job_id AND j.tenant_id = any((SELECT x_jobs._tenant_scope())::text[])
     )
 );
 CREATE POLICY owner_functions ON x_jobs.step TO x_jobs_owner USING (TRUE) WITH CHECK (TRUE);

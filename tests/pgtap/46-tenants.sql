@@ -47,26 +47,37 @@ SELECT lives_ok(
     $$SELECT x_jobs.bind_tenant(role => 't46_free', tenant => 'tmp')$$,
     'The fixture: t46_free bound for a moment'
 );
-SELECT is(x_jobs.unbind_tenant(role => 't46_free', tenant => 'tmp'), TRUE,
-    'unbind_tenant should answer true for a binding it removed');
-SELECT is(x_jobs.unbind_tenant(role => 't46_free', tenant => 'tmp'), FALSE,
-    'unbind_tenant should answer false for a binding that is not there');
+SELECT is(
+    x_jobs.unbind_tenant(role => 't46_free', tenant => 'tmp'), TRUE,
+    'unbind_tenant should answer true for a binding it removed'
+);
+SELECT is(
+    x_jobs.unbind_tenant(role => 't46_free', tenant => 'tmp'), FALSE,
+    'unbind_tenant should answer false for a binding that is not there'
+);
 
 -- The other tenant's rows, made by the superuser (unbound) --------------------------------------
 
 CREATE TEMP TABLE u (tag text PRIMARY KEY, id bigint);
-GRANT SELECT ON u TO PUBLIC;
+GRANT SELECT ON u TO public;
 
 INSERT INTO u (tag, id)
 VALUES
-    ('ready', (x_jobs.enqueue('t46_job', queue => 't46-q', tenant_id => 'globex', idempotency_key => 'k1')).id),
-    ('dead', (x_jobs.enqueue('t46_job', queue => 't46-dead', tenant_id => 'globex', max_attempts => 1)).id),
-    ('outbox', x_jobs.outbox_put('t46-topic', '{"who": "globex"}'));
-UPDATE x_jobs.outbox SET tenant_id = 'globex' WHERE id = (SELECT id FROM u WHERE tag = 'outbox');
+('ready', (x_jobs.enqueue('t46_job', queue => 't46-q', tenant_id => 'globex', idempotency_key => 'k1')).id),
+('dead', (x_jobs.enqueue('t46_job', queue => 't46-dead', tenant_id => 'globex', max_attempts => 1)).id),
+('outbox', x_jobs.outbox_put('t46-topic', '{"who": "globex"}'));
+UPDATE x_jobs.outbox SET tenant_id = 'globex'
+WHERE id = (
+    SELECT id FROM u
+    WHERE tag = 'outbox'
+);
 
 SELECT ok(
     (SELECT count(*) = 1 FROM x_jobs.claim(ARRAY['t46-dead'], 't46-w'))
-    AND x_jobs.fail((SELECT id FROM u WHERE tag = 'dead'), 't46-w', 'boom') = 'dead',
+    AND x_jobs.fail((
+        SELECT id FROM u
+        WHERE tag = 'dead'
+    ), 't46-w', 'boom') = 'dead',
     'The fixture: globex''s second job is dead, with an error row'
 );
 
@@ -103,39 +114,67 @@ SELECT lives_ok(
     'An enqueue naming the role''s own tenant should be accepted'
 );
 
-SELECT is_empty($$SELECT * FROM x_jobs.result((SELECT id FROM u WHERE tag = 'ready'))$$,
-    'result should answer no row for another tenant''s job');
-SELECT is_empty($$SELECT * FROM x_jobs.job_detail((SELECT id FROM u WHERE tag = 'dead'))$$,
-    'job_detail should answer no row for another tenant''s job');
-SELECT is_empty($$SELECT * FROM x_jobs.job_errors((SELECT id FROM u WHERE tag = 'dead'))$$,
-    'job_errors should answer no row for another tenant''s job');
-SELECT is_empty($$SELECT * FROM x_jobs.job_steps((SELECT id FROM u WHERE tag = 'dead'))$$,
-    'job_steps should answer no row for another tenant''s job');
-SELECT is_empty($$SELECT * FROM x_jobs.job_states(ARRAY[(SELECT id FROM u WHERE tag = 'ready')])$$,
-    'job_states should answer no row for another tenant''s job');
-SELECT is_empty($$SELECT * FROM x_jobs.list_jobs() WHERE tenant_id <> 'acme'$$,
-    'list_jobs should list only the role''s tenant''s jobs');
-SELECT is_empty($$SELECT * FROM x_jobs.list_jobs(state => 'dead')$$,
-    'list_jobs of a state only another tenant has should be empty');
-SELECT is_empty($$SELECT * FROM x_jobs.job_error$$,
-    'A bound role''s direct SELECT of x_jobs.job_error should see no other tenant''s error');
-SELECT is_empty($$SELECT * FROM x_jobs.outbox$$,
-    'A bound role''s direct SELECT of x_jobs.outbox should see no other tenant''s message');
-SELECT is_empty($$SELECT * FROM x_jobs.list_outbox()$$,
-    'list_outbox should list no other tenant''s message');
-SELECT is_empty($$SELECT * FROM x_jobs.outbox_message((SELECT id FROM u WHERE tag = 'outbox'))$$,
-    'outbox_message should answer no row for another tenant''s message');
-SELECT is_empty($$SELECT * FROM x_jobs.job_counters()$$,
-    'job_counters (per job name, over every tenant) should answer nothing to a bound role');
+SELECT is_empty(
+    $$SELECT * FROM x_jobs.result((SELECT id FROM u WHERE tag = 'ready'))$$,
+    'result should answer no row for another tenant''s job'
+);
+SELECT is_empty(
+    $$SELECT * FROM x_jobs.job_detail((SELECT id FROM u WHERE tag = 'dead'))$$,
+    'job_detail should answer no row for another tenant''s job'
+);
+SELECT is_empty(
+    $$SELECT * FROM x_jobs.job_errors((SELECT id FROM u WHERE tag = 'dead'))$$,
+    'job_errors should answer no row for another tenant''s job'
+);
+SELECT is_empty(
+    $$SELECT * FROM x_jobs.job_steps((SELECT id FROM u WHERE tag = 'dead'))$$,
+    'job_steps should answer no row for another tenant''s job'
+);
+SELECT is_empty(
+    $$SELECT * FROM x_jobs.job_states(ARRAY[(SELECT id FROM u WHERE tag = 'ready')])$$,
+    'job_states should answer no row for another tenant''s job'
+);
+SELECT is_empty(
+    $$SELECT * FROM x_jobs.list_jobs() WHERE tenant_id <> 'acme'$$,
+    'list_jobs should list only the role''s tenant''s jobs'
+);
+SELECT is_empty(
+    $$SELECT * FROM x_jobs.list_jobs(state => 'dead')$$,
+    'list_jobs of a state only another tenant has should be empty'
+);
+SELECT is_empty(
+    $$SELECT * FROM x_jobs.job_error$$,
+    'A bound role''s direct SELECT of x_jobs.job_error should see no other tenant''s error'
+);
+SELECT is_empty(
+    $$SELECT * FROM x_jobs.outbox$$,
+    'A bound role''s direct SELECT of x_jobs.outbox should see no other tenant''s message'
+);
+SELECT is_empty(
+    $$SELECT * FROM x_jobs.list_outbox()$$,
+    'list_outbox should list no other tenant''s message'
+);
+SELECT is_empty(
+    $$SELECT * FROM x_jobs.outbox_message((SELECT id FROM u WHERE tag = 'outbox'))$$,
+    'outbox_message should answer no row for another tenant''s message'
+);
+SELECT is_empty(
+    $$SELECT * FROM x_jobs.job_counters()$$,
+    'job_counters (per job name, over every tenant) should answer nothing to a bound role'
+);
 SELECT results_eq(
     $$SELECT queue, ready FROM x_jobs.queue_stats() WHERE queue LIKE 't46%'$$,
     $$VALUES ('t46-q'::text, 2::bigint)$$,
     'queue_stats should count only the role''s tenant''s rows'
 );
-SELECT is(x_jobs.cancel_jobs(queue => 't46-q', dry_run => TRUE), 2::bigint,
-    'cancel_jobs should count only the role''s tenant''s rows');
-SELECT is(x_jobs.retry_jobs(queue => 't46-dead', dry_run => TRUE), 0::bigint,
-    'retry_jobs should find none of another tenant''s dead rows');
+SELECT is(
+    x_jobs.cancel_jobs(queue => 't46-q', dry_run => TRUE), 2::bigint,
+    'cancel_jobs should count only the role''s tenant''s rows'
+);
+SELECT is(
+    x_jobs.retry_jobs(queue => 't46-dead', dry_run => TRUE), 0::bigint,
+    'retry_jobs should find none of another tenant''s dead rows'
+);
 SELECT throws_ok(
     $$SELECT x_jobs.cancel_jobs(tenant_id => 'globex')$$,
     'XJ062', 'X_CROSS_TENANT: role t46_acme may not cancel the jobs of tenant ''globex''',
@@ -153,8 +192,8 @@ SELECT results_eq(
 );
 
 -- The oracle: the refusal of another tenant's id is the refusal of a missing id, byte for byte.
-CREATE TEMP TABLE said (call text, tenant text, missing text);
-GRANT ALL ON said TO PUBLIC;
+CREATE TEMP TABLE said (stmt text, tenant text, missing text);
+GRANT ALL ON said TO public;
 -- What a call answers when it fails: its SQLSTATE, message, detail and hint.
 CREATE FUNCTION pg_temp.err(p_sql text) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
@@ -168,8 +207,13 @@ EXCEPTION WHEN OTHERS THEN
     RETURN concat_ws(' | ', SQLSTATE, SQLERRM, v_detail, v_hint);
 END
 $$;
-INSERT INTO said (call, tenant)
-SELECT c, pg_temp.err(format(c, (SELECT id FROM u WHERE tag = 'ready')))
+INSERT INTO said (stmt, tenant)
+SELECT
+    c AS stmt,
+    pg_temp.err(format(c, (
+        SELECT id FROM u
+        WHERE tag = 'ready'
+    ))) AS tenant
 FROM unnest(ARRAY[
     'SELECT x_jobs.cancel(%s)', 'SELECT x_jobs.retry(%s)',
     'SELECT x_jobs.resolve_step(%s, ''s'')', 'SELECT x_jobs.steps(%s, ''t46-w'')',
@@ -179,16 +223,23 @@ FROM unnest(ARRAY[
 
 RESET ROLE;
 -- The other tenant's job gone, the same calls again, by the same role.
-DELETE FROM x_jobs.job WHERE id = (SELECT id FROM u WHERE tag = 'ready');
+DELETE FROM x_jobs.job
+WHERE id = (
+    SELECT id FROM u
+    WHERE tag = 'ready'
+);
 SET ROLE t46_acme;
-UPDATE said SET missing = pg_temp.err(format(call, (SELECT id FROM u WHERE tag = 'ready')));
+UPDATE said SET missing = pg_temp.err(format(stmt, (
+    SELECT id FROM u
+    WHERE tag = 'ready'
+)));
 
 SELECT is_empty(
-    $$SELECT call, tenant, missing FROM said WHERE tenant IS DISTINCT FROM missing$$,
+    $$SELECT stmt, tenant, missing FROM said WHERE tenant IS DISTINCT FROM missing$$,
     'Every call should refuse another tenant''s id with the very error it gives for a missing id'
 );
 SELECT is_empty(
-    $$SELECT call FROM said WHERE tenant = 'no error' AND call NOT LIKE '%outbox_redrive%'$$,
+    $$SELECT stmt FROM said WHERE tenant = 'no error' AND stmt NOT LIKE '%outbox_redrive%'$$,
     'Every call on an id should refuse a missing one (outbox_redrive counts what it redrove)'
 );
 
@@ -219,18 +270,26 @@ SELECT results_eq(
     $$SELECT tenant_id FROM x_jobs.job WHERE queue = 't46-m'$$, $$VALUES ('globex'::text)$$,
     'SET LOCAL x_jobs.tenant should pick the tenant an ambiguous role stamps'
 );
-SELECT is_empty($$SELECT * FROM x_jobs.job WHERE tenant_id <> 'globex'$$,
-    'SET LOCAL x_jobs.tenant should narrow what a role bound to several tenants sees');
+SELECT is_empty(
+    $$SELECT * FROM x_jobs.job WHERE tenant_id <> 'globex'$$,
+    'SET LOCAL x_jobs.tenant should narrow what a role bound to several tenants sees'
+);
 SET LOCAL "x_jobs.tenant" = '';
-SELECT is((SELECT count(DISTINCT tenant_id)::integer FROM x_jobs.job), 2,
-    'A role bound to two tenants should see both, and only them');
+SELECT is(
+    (SELECT count(DISTINCT tenant_id)::integer FROM x_jobs.job), 2,
+    'A role bound to two tenants should see both, and only them'
+);
 
 SET ROLE t46_free;
-SELECT is((SELECT count(DISTINCT tenant_id)::integer FROM x_jobs.job), 2,
-    'An unbound role should see every tenant''s rows');
+SELECT is(
+    (SELECT count(DISTINCT tenant_id)::integer FROM x_jobs.job), 2,
+    'An unbound role should see every tenant''s rows'
+);
 SET LOCAL "x_jobs.tenant" = 'acme';
-SELECT is_empty($$SELECT * FROM x_jobs.job WHERE tenant_id <> 'acme'$$,
-    'An unbound role''s x_jobs.tenant should narrow it to that tenant');
+SELECT is_empty(
+    $$SELECT * FROM x_jobs.job WHERE tenant_id <> 'acme'$$,
+    'An unbound role''s x_jobs.tenant should narrow it to that tenant'
+);
 SET LOCAL "x_jobs.tenant" = '';
 
 -- A bound worker claims its tenant's rows only -------------------------------------------------
@@ -238,8 +297,10 @@ SET LOCAL "x_jobs.tenant" = '';
 RESET ROLE;
 SELECT x_jobs.enqueue('t46_job', queue => 't46-w', tenant_id => 'globex');
 SET ROLE t46_worker;
-SELECT is_empty($$SELECT * FROM x_jobs.claim(ARRAY['t46-w'], 't46-bw', qty => 10)$$,
-    'A bound worker should claim none of another tenant''s ready rows');
+SELECT is_empty(
+    $$SELECT * FROM x_jobs.claim(ARRAY['t46-w'], 't46-bw', qty => 10)$$,
+    'A bound worker should claim none of another tenant''s ready rows'
+);
 SELECT is(
     (SELECT count(*)::integer FROM x_jobs.claim(ARRAY['t46-q'], 't46-bw', qty => 10)),
     2,
@@ -248,7 +309,10 @@ SELECT is(
 
 RESET ROLE;
 SELECT is(
-    (SELECT count(*)::integer FROM x_jobs.job WHERE queue = 't46-w' AND state = 'ready'),
+    (
+        SELECT count(*)::integer FROM x_jobs.job
+        WHERE queue = 't46-w' AND state = 'ready'
+    ),
     1,
     'The other tenant''s row should still be ready'
 );

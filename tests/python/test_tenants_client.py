@@ -104,6 +104,23 @@ def test_an_app_without_tenants_takes_tenant_as_an_option_of_the_job() -> None:
     assert own.request({"org": "globex"})["tenant_id"] == "globex"
 
 
+def test_a_view_for_a_tenant_shares_the_declarations_sinks_and_pool() -> None:
+    app = x_jobs.App("")
+
+    @app.job(name="shared")
+    def shared(input: dict[str, str]) -> None: ...
+
+    @app.outbox.sink("orders")
+    def deliver(message: x_jobs.OutboxMessage) -> None: ...
+
+    view = app.for_tenant("acme")
+    assert (view.tenant, app.tenant) == ("acme", None)
+    assert view.jobs is app.jobs and view.schedules is app.schedules
+    assert view.outbox.sinks is app.outbox.sinks and view.outbox.app is view
+    assert view._pools is app._pools
+    assert view.for_tenant("globex").tenant == "globex"
+
+
 def test_a_tenant_is_checked_where_the_app_is_made() -> None:
     with pytest.raises(errors.TenantInvalid):
         x_jobs.App("", tenant="")
