@@ -84,10 +84,10 @@ def _windows(conn: Conn, key: str | None) -> dict[int, int]:
     return {int(w): int(n) for w, n in rows}
 
 
-def test_concurrent_claimers_never_start_more_than_the_budget(
-    conn: Conn, worker_dsn: str
-) -> None:
-    conn.execute("SELECT x_jobs.set_rate_limit('stripe-api', %s, %s * interval '1 second')", [MAX, PER])
+def test_concurrent_claimers_never_start_more_than_the_budget(conn: Conn, worker_dsn: str) -> None:
+    conn.execute(
+        "SELECT x_jobs.set_rate_limit('stripe-api', %s, %s * interval '1 second')", [MAX, PER]
+    )
     conn.execute("SELECT x_jobs.set_rate_limit('roomy', 100000, '1 minute')")
     requests = (
         [{"name": "call", "queue": "rl", "rate_limit_key": "stripe-api"}] * LIMITED
@@ -145,10 +145,12 @@ def test_a_worker_declares_the_limit_and_enqueues_name_the_key(dsn: str, conn: C
             charge.enqueue({"n": -1})
         with serving(app):
             wait_for(
-                lambda: conn.execute(
-                    "SELECT EXISTS (SELECT FROM x_jobs.rate_limits() WHERE key = 'psp')"
-                ).fetchone()
-                == (True,),
+                lambda: (
+                    conn.execute(
+                        "SELECT EXISTS (SELECT FROM x_jobs.rate_limits() WHERE key = 'psp')"
+                    ).fetchone()
+                    == (True,)
+                ),
                 "the worker's declaration of the limit",
             )
             for n in range(5):
@@ -158,14 +160,16 @@ def test_a_worker_declares_the_limit_and_enqueues_name_the_key(dsn: str, conn: C
             # Three an hour: the other two wait, parked.
             assert len(ran) == 3
             row = conn.execute(
-                "SELECT max_starts, per, starts, waiting FROM x_jobs.rate_limits() WHERE key = 'psp'"
+                "SELECT max_starts, per, starts, waiting FROM x_jobs.rate_limits()"
+                " WHERE key = 'psp'"
             ).fetchone()
             assert row is not None
             assert (row[0], row[1].total_seconds(), row[2], row[3]) == (3, 3600.0, 3, 2)
     finally:
         app.close()
     names = collections.Counter(
-        r[0] for r in conn.execute(
+        r[0]
+        for r in conn.execute(
             "SELECT rate_limit_key FROM x_jobs.job_types() AS t"
             " JOIN x_jobs.job_type AS d USING (name) WHERE name = 'charge'"
         )
