@@ -10,6 +10,7 @@ declares the limit when a worker starts and enqueues name the key.
 from __future__ import annotations
 
 import collections
+import json
 import subprocess
 import sys
 import time
@@ -23,8 +24,10 @@ from conftest import DEADLINE_SECONDS, Conn, serving, wait_for
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.types.json import Jsonb
+from typer.testing import CliRunner
 
 import x_jobs
+from x_jobs.cli import cli
 
 #: The limit: at most MAX starts of the key per PER-second window.
 MAX, PER = 7, 2
@@ -191,3 +194,23 @@ def test_bad_limits_are_refused_with_typed_errors(conn: Conn) -> None:
 
         @app.job(name="both", concurrency=1, rate_limit=x_jobs.RateLimit(key="k", max=1))
         def both(input: dict[str, Any]) -> None: ...
+
+
+def test_the_cli_lists_the_limits(dsn: str, conn: Conn) -> None:
+    runner = CliRunner(env={"COLUMNS": None})
+    empty = runner.invoke(cli, ["rate-limits", "--dsn", dsn])
+    assert empty.exit_code == 0, empty.output
+    assert empty.stdout.strip() == "no rate limit is declared"
+    conn.execute("SELECT x_jobs.set_rate_limit('stripe-api', 100, '1 minute')")
+    conn.execute("SELECT x_jobs.enqueue('charge', rate_limit_key => 'stripe-api')")
+    listed = runner.invoke(cli, ["rate-limits", "--json", "--dsn", dsn])
+    assert listed.exit_code == 0, listed.output
+    (row,) = json.loads(listed.stdout)["rate_limits"]
+    assert (row["key"], row["max_starts"], row["per"], row["waiting"]) == (
+        "stripe-api",
+        100,
+        60.0,
+        1,
+    )
+    table = runner.invoke(cli, ["rate-limits", "--dsn", dsn])
+    assert table.exit_code == 0 and "stripe-api" in table.stdout
