@@ -224,8 +224,9 @@ class App:
         :meth:`schedule`). One is named as the job; of several, each is named
         ``JOB@EXPR`` (``JOB@EXPR TZ`` outside UTC), unless its ``Cron(name=...)`` says.
 
-        ``rate_limit``: a :class:`~x_jobs.RateLimit`; every enqueue of the job names its key, and
-        a worker's start declares the limit (``x_jobs.set_rate_limit``). Not with ``concurrency``."""
+        ``rate_limit``: a :class:`~x_jobs.RateLimit`; every enqueue of the job names its key,
+        and a worker's start declares the limit (``x_jobs.set_rate_limit``). Not with
+        ``concurrency``."""
         crons = _crons(schedule)
         if rate_limit is not None and not isinstance(rate_limit, RateLimit):
             raise TypeError(f"rate_limit is a RateLimit, not {type(rate_limit).__name__}")

@@ -40,6 +40,12 @@
 -- statement, so two claimers cannot both take the last slot. That needs READ COMMITTED, which
 -- a claim refuses to run without.
 --
+-- Rate limits: a job naming a rate limit key waits parked ('delayed' at _rate_parked_at(), which
+-- no arm reaches) until its key has budget; on its first pass the claim hands out such jobs first,
+-- as _claim_rated grants them (a walk of the keys with parked jobs, each key's budget counted
+-- under its row's lock), and looks for the remaining slots in the arms above. Queues without a
+-- parked job cost one probe of an empty index range.
+--
 -- Slots spent on rows it could not hand out (buried, or denied by a key) are claimed again in
 -- up to two more passes. Rows a scan locked and the outer LIMIT dropped stay locked until the
 -- transaction ends; called on its own, a claim is its own transaction and that is at once. Over

@@ -323,7 +323,7 @@ CREATE TABLE x_jobs.rate_limit (
     max_starts integer NOT NULL,
     per interval NOT NULL, -- noqa: RF04
     window_start timestamptz,
-    starts integer NOT NULL DEFAULT 0,
+    starts integer NOT NULL DEFAULT 0, -- noqa: RF04
     created_at timestamptz NOT NULL,
     updated_at timestamptz NOT NULL,
     CONSTRAINT rate_limit_pkey PRIMARY KEY (key),

@@ -88,28 +88,42 @@ SELECT count(*) FROM x_jobs.enqueue_many(
       {"name": "plain", "queue": "rl"}]'
 );
 SELECT is(
-    (SELECT count(*)::integer FROM x_jobs.job_rate AS r JOIN x_jobs.job AS j ON j.id = r.job_id
-     WHERE r.rate_limit_key = 'api' AND r.parked_state = 'ready' AND j.state = 'delayed'),
+    (
+        SELECT count(*)::integer FROM x_jobs.job_rate AS r INNER JOIN x_jobs.job AS j ON r.job_id = j.id
+        WHERE r.rate_limit_key = 'api' AND r.parked_state = 'ready' AND j.state = 'delayed'
+    ),
     5,
     'enqueue and enqueue_many should park the jobs of a rate limit key for its budget'
 );
 
 CREATE TEMPORARY TABLE got AS
-SELECT c.id, c.name, r.rate_limit_key
+SELECT
+    c.id,
+    c.name,
+    r.rate_limit_key
 FROM x_jobs.claim(ARRAY['rl'], 'w1', '10 minutes', 100) AS c
-LEFT JOIN x_jobs.job_rate AS r ON r.job_id = c.id;
+LEFT JOIN x_jobs.job_rate AS r ON c.id = r.job_id;
 SELECT is(
-    (SELECT count(*)::integer FROM got WHERE rate_limit_key = 'api'),
+    (
+        SELECT count(*)::integer FROM got
+        WHERE rate_limit_key = 'api'
+    ),
     3,
     'A claim should hand out no more of a key''s rows than its budget'
 );
 SELECT is(
-    (SELECT count(*)::integer FROM got WHERE rate_limit_key = 'other'),
+    (
+        SELECT count(*)::integer FROM got
+        WHERE rate_limit_key = 'other'
+    ),
     2,
     'A key out of budget should not hold back the rows of another key'
 );
 SELECT is(
-    (SELECT count(*)::integer FROM got WHERE rate_limit_key IS NULL),
+    (
+        SELECT count(*)::integer FROM got
+        WHERE rate_limit_key IS NULL
+    ),
     2,
     'A key out of budget should not hold back rows without a key'
 );
@@ -119,7 +133,10 @@ SELECT results_eq(
     'rate_limits should list what the window spent and what waits'
 );
 SELECT is(
-    (SELECT demand FROM x_jobs.queue_demand() WHERE queue = 'rl'),
+    (
+        SELECT demand FROM x_jobs.queue_demand()
+        WHERE queue = 'rl'
+    ),
     7::bigint,
     'queue_demand should count the running rows and no row of a key out of budget'
 );
@@ -145,8 +162,10 @@ SELECT results_eq(
 SELECT x_jobs.declare_job(name => 'declared', rate_limit_key => 'other');
 SELECT x_jobs.enqueue('declared', queue => 'dq');
 SELECT is(
-    (SELECT r.rate_limit_key FROM x_jobs.job_rate AS r JOIN x_jobs.job AS j ON j.id = r.job_id
-     WHERE j.name = 'declared'),
+    (
+        SELECT r.rate_limit_key FROM x_jobs.job_rate AS r INNER JOIN x_jobs.job AS j ON r.job_id = j.id
+        WHERE j.name = 'declared'
+    ),
     'other',
     'An enqueue should take the rate limit key of the job''s declaration'
 );

@@ -10,6 +10,7 @@ declares the limit when a worker starts and enqueues name the key.
 from __future__ import annotations
 
 import collections
+import json
 import subprocess
 import sys
 import time
@@ -23,8 +24,10 @@ from conftest import DEADLINE_SECONDS, Conn, serving, wait_for
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.types.json import Jsonb
+from typer.testing import CliRunner
 
 import x_jobs
+from x_jobs.cli import cli
 
 #: The limit: at most MAX starts of the key per PER-second window.
 MAX, PER = 7, 2
@@ -84,10 +87,10 @@ def _windows(conn: Conn, key: str | None) -> dict[int, int]:
     return {int(w): int(n) for w, n in rows}
 
 
-def test_concurrent_claimers_never_start_more_than_the_budget(
-    conn: Conn, worker_dsn: str
-) -> None:
-    conn.execute("SELECT x_jobs.set_rate_limit('stripe-api', %s, %s * interval '1 second')", [MAX, PER])
+def test_concurrent_claimers_never_start_more_than_the_budget(conn: Conn, worker_dsn: str) -> None:
+    conn.execute(
+        "SELECT x_jobs.set_rate_limit('stripe-api', %s, %s * interval '1 second')", [MAX, PER]
+    )
     conn.execute("SELECT x_jobs.set_rate_limit('roomy', 100000, '1 minute')")
     requests = (
         [{"name": "call", "queue": "rl", "rate_limit_key": "stripe-api"}] * LIMITED
@@ -145,10 +148,12 @@ def test_a_worker_declares_the_limit_and_enqueues_name_the_key(dsn: str, conn: C
             charge.enqueue({"n": -1})
         with serving(app):
             wait_for(
-                lambda: conn.execute(
-                    "SELECT EXISTS (SELECT FROM x_jobs.rate_limits() WHERE key = 'psp')"
-                ).fetchone()
-                == (True,),
+                lambda: (
+                    conn.execute(
+                        "SELECT EXISTS (SELECT FROM x_jobs.rate_limits() WHERE key = 'psp')"
+                    ).fetchone()
+                    == (True,)
+                ),
                 "the worker's declaration of the limit",
             )
             for n in range(5):
@@ -158,14 +163,16 @@ def test_a_worker_declares_the_limit_and_enqueues_name_the_key(dsn: str, conn: C
             # Three an hour: the other two wait, parked.
             assert len(ran) == 3
             row = conn.execute(
-                "SELECT max_starts, per, starts, waiting FROM x_jobs.rate_limits() WHERE key = 'psp'"
+                "SELECT max_starts, per, starts, waiting FROM x_jobs.rate_limits()"
+                " WHERE key = 'psp'"
             ).fetchone()
             assert row is not None
             assert (row[0], row[1].total_seconds(), row[2], row[3]) == (3, 3600.0, 3, 2)
     finally:
         app.close()
     names = collections.Counter(
-        r[0] for r in conn.execute(
+        r[0]
+        for r in conn.execute(
             "SELECT rate_limit_key FROM x_jobs.job_types() AS t"
             " JOIN x_jobs.job_type AS d USING (name) WHERE name = 'charge'"
         )
@@ -187,3 +194,23 @@ def test_bad_limits_are_refused_with_typed_errors(conn: Conn) -> None:
 
         @app.job(name="both", concurrency=1, rate_limit=x_jobs.RateLimit(key="k", max=1))
         def both(input: dict[str, Any]) -> None: ...
+
+
+def test_the_cli_lists_the_limits(dsn: str, conn: Conn) -> None:
+    runner = CliRunner(env={"COLUMNS": None})
+    empty = runner.invoke(cli, ["rate-limits", "--dsn", dsn])
+    assert empty.exit_code == 0, empty.output
+    assert empty.stdout.strip() == "no rate limit is declared"
+    conn.execute("SELECT x_jobs.set_rate_limit('stripe-api', 100, '1 minute')")
+    conn.execute("SELECT x_jobs.enqueue('charge', rate_limit_key => 'stripe-api')")
+    listed = runner.invoke(cli, ["rate-limits", "--json", "--dsn", dsn])
+    assert listed.exit_code == 0, listed.output
+    (row,) = json.loads(listed.stdout)["rate_limits"]
+    assert (row["key"], row["max_starts"], row["per"], row["waiting"]) == (
+        "stripe-api",
+        100,
+        60.0,
+        1,
+    )
+    table = runner.invoke(cli, ["rate-limits", "--dsn", dsn])
+    assert table.exit_code == 0 and "stripe-api" in table.stdout

@@ -125,6 +125,7 @@ from x_jobs.cli.queues import (
     queues_pause,
     queues_resume,
 )
+from x_jobs.cli.ratelimits import rate_limits
 from x_jobs.cli.schedules import (
     PREVIEW,
     SYNCED_BY,
@@ -156,7 +157,6 @@ from x_jobs.cli.serve import (
     relay,
     worker,
 )
-from x_jobs.cli.ratelimits import rate_limits
 from x_jobs.cli.steps import RESOLVE_STEP, steps_cli, steps_resolve
 from x_jobs.cli.tenants import tenants_bind, tenants_cli, tenants_list, tenants_unbind
 from x_jobs.errors import DatabaseError, MessageNotFound
