@@ -189,7 +189,9 @@ CREATE TABLE x_jobs.event_lock (
 );
 
 INSERT INTO x_jobs.event_lock (kind, slot)
-SELECT k.kind, s.slot
+SELECT
+    k.kind,
+    s.slot
 FROM generate_series(1, 2) AS k (kind)
 CROSS JOIN generate_series(0, 4095) AS s (slot);
 
