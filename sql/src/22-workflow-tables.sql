@@ -49,6 +49,26 @@ COMMENT ON COLUMN x_jobs.step.resolved_by IS 'worker, event, timeout or operator
 CREATE INDEX step_waiting_idx ON x_jobs.step (event, event_key)
 WHERE status = 'waiting';
 
+-- What a wait and a publish lock, so that neither misses the other (see "The wait and the
+-- publish" in 60-steps.sql): a row per slot, 4096 for event names (kind 1) and 4096 for event
+-- names with a key (kind 2), an event hashed onto its slot. Row locks, not advisory locks: any
+-- login may take an advisory lock of any key, and one holding an event's made its publishes and
+-- waits wait for it (until statement_timeout); a row lock needs the right to update the table,
+-- which no role holds but its owner, through publish and step_wait. Two events of one slot
+-- share its lock: a wait then waits for the other event's publishes in flight too, no more.
+CREATE TABLE x_jobs.event_lock (
+    kind smallint NOT NULL,
+    slot integer NOT NULL,
+    CONSTRAINT event_lock_pkey PRIMARY KEY (kind, slot)
+);
+
+INSERT INTO x_jobs.event_lock (kind, slot)
+SELECT
+    k.kind,
+    s.slot
+FROM generate_series(1, 2) AS k (kind)
+CROSS JOIN generate_series(0, 4095) AS s (slot);
+
 -- Every published event, kept for the waits that reach their step after it was published (a
 -- wait may ask for the events since its run began) and for the operator, until purge_events.
 CREATE TABLE x_jobs.event (

@@ -11,9 +11,10 @@
 -- The wait and the publish, without a lost wake-up. A wait checks the published events, then
 -- suspends; a publish records its event, then resolves the open waits. Run side by side, each
 -- could miss the other: the wait's check sees no event, the publish sees no wait yet. So both
--- take a transaction-scoped advisory lock on the event first (a publish a shared one on its name
--- and on its name and key; a wait an exclusive one on its name, or on its name and key when it
--- names a key), and read after the lock: whichever comes second sees what the first committed.
+-- take a transaction-scoped lock on the event first (a publish a shared one on its name and on
+-- its name and key; a wait an exclusive one on its name, or on its name and key when it names a
+-- key: row locks of x_jobs.event_lock, which only x_jobs's functions can take), and read after
+-- the lock: whichever comes second sees what the first committed.
 -- Publishes of one event never wait for each other; a wait waits for the publishes of its event
 -- that are in flight, and a publish for the waits being registered.
 --
@@ -105,6 +106,28 @@ BEGIN
             MESSAGE = pg_catalog.format('X_EVENT_INVALID: event name %s is missing, empty or longer than 200 characters',
                 coalesce(pg_catalog.quote_literal(p_event), 'NULL')),
             HINT = 'Name the event with a short text, such as ''order.paid''.';
+    END IF;
+END
+$$;
+
+-- The lock of the wait and the publish (see "The wait and the publish" above): the row of
+-- `p_text`'s slot in x_jobs.event_lock, of kind 1 (an event name) or 2 (a name and a key),
+-- FOR UPDATE for a wait, FOR SHARE for a publish. Held to the end of the transaction.
+CREATE FUNCTION x_jobs._lock_event(p_kind smallint, p_text text, p_exclusive boolean)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF p_exclusive THEN
+        PERFORM FROM x_jobs.event_lock AS l
+        WHERE l.kind = p_kind AND l.slot = pg_catalog.hashtext(p_text) & 4095
+        FOR UPDATE;
+    ELSE
+        PERFORM FROM x_jobs.event_lock AS l
+        WHERE l.kind = p_kind AND l.slot = pg_catalog.hashtext(p_text) & 4095
+        FOR SHARE;
     END IF;
 END
 $$;
@@ -402,10 +425,9 @@ BEGIN
     -- See "The wait and the publish": after this lock, every publish of this event that came
     -- first has committed, and every one that comes later waits for this transaction.
     IF step_wait.event_key IS NULL THEN
-        PERFORM pg_catalog.pg_advisory_xact_lock(2024061702, pg_catalog.hashtext(step_wait.event));
+        PERFORM x_jobs._lock_event(1::smallint, step_wait.event, TRUE);
     ELSE
-        PERFORM pg_catalog.pg_advisory_xact_lock(2024061703,
-            pg_catalog.hashtext(step_wait.event || E'\x1f' || step_wait.event_key));
+        PERFORM x_jobs._lock_event(2::smallint, step_wait.event || E'\x1f' || step_wait.event_key, TRUE);
     END IF;
     v_reached := x_jobs._clock();
 
@@ -544,10 +566,9 @@ BEGIN
             HINT = 'Publish from a READ COMMITTED transaction (the default).';
     END IF;
 
-    PERFORM pg_catalog.pg_advisory_xact_lock_shared(2024061702, pg_catalog.hashtext(publish.event));
+    PERFORM x_jobs._lock_event(1::smallint, publish.event, FALSE);
     IF publish.key IS NOT NULL THEN
-        PERFORM pg_catalog.pg_advisory_xact_lock_shared(2024061703,
-            pg_catalog.hashtext(publish.event || E'\x1f' || publish.key));
+        PERFORM x_jobs._lock_event(2::smallint, publish.event || E'\x1f' || publish.key, FALSE);
     END IF;
 
     INSERT INTO x_jobs.event (name, key, published_at, payload, tenant_id)

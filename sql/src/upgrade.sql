@@ -203,6 +203,24 @@ DROP FUNCTION x_jobs.step_sleep(bigint, text, text, interval);
 DROP FUNCTION x_jobs.step_wait(bigint, text, text, text, text, jsonb, interval, timestamptz);
 DROP FUNCTION x_jobs._require_held(bigint, text, text);
 
+-- Events: the wait and the publish lock rows of x_jobs.event_lock, not advisory locks, which any
+-- login could take and so hold back an event's publishes and waits.
+CREATE TABLE x_jobs.event_lock (
+    kind smallint NOT NULL,
+    slot integer NOT NULL,
+    CONSTRAINT event_lock_pkey PRIMARY KEY (kind, slot)
+);
+
+INSERT INTO x_jobs.event_lock (kind, slot)
+SELECT
+    k.kind,
+    s.slot
+FROM generate_series(1, 2) AS k (kind)
+CROSS JOIN generate_series(0, 4095) AS s (slot);
+
+--@function x_jobs._lock_event
+--@function x_jobs.publish
+
 --@function x_jobs._fence
 --@function x_jobs._require_fence
 --@function x_jobs._require_attempts
@@ -258,7 +276,6 @@ WHERE idempotency_key IS NOT NULL AND state IN ('ready', 'delayed', 'suspended',
 --@function x_jobs.tenant_bindings
 --@function x_jobs._enqueue
 --@function x_jobs.result
---@function x_jobs.publish
 --@function x_jobs.outbox_put
 --@function x_jobs.outbox_put_many
 --@function x_jobs.cancel_jobs
@@ -439,6 +456,7 @@ GRANT EXECUTE ON FUNCTION x_jobs.tenant_bindings() TO x_jobs_admin;
 
 -- The fence's functions again, with their new signatures (see Grants).
 REVOKE ALL ON TABLE x_jobs.worker_login FROM public;
+REVOKE ALL ON TABLE x_jobs.event_lock FROM public;
 GRANT SELECT ON x_jobs.worker_login TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs.extend_lease(bigint[], text, interval, integer[]) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.release(bigint[], text, integer[]) TO x_jobs_worker;

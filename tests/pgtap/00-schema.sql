@@ -2,7 +2,7 @@
 -- volatile it is, whose rights it runs with, which settings it pins, and who may use what.
 -- A change to any of these is a change to the API: it shows up here first, on purpose.
 BEGIN;
-SELECT plan(1351);
+SELECT plan(1365);
 
 -- The functions of the API, one row each, with what 00-schema pins about them. `args` is how
 -- pgTAP's catalog view spells the argument types (regtype output: 'timestamp with time zone',
@@ -38,6 +38,7 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
 ('_require_fence', '{text}', 'void', 'VOLATILE', NULL),
 ('_require_attempts', '{bigint[],integer[]}', 'void', 'IMMUTABLE', NULL),
 ('_attempt_map', '{bigint[],integer[]}', 'jsonb', 'IMMUTABLE', NULL),
+('_lock_event', '{smallint,text,boolean}', 'void', 'VOLATILE', NULL),
 ('_require_retention', '{text,interval,integer,text}', 'void', 'IMMUTABLE', NULL),
 ('_enqueue', '{x_jobs.enqueue_request[]}', 'setof x_jobs.enqueue_many_result', 'VOLATILE', NULL),
 ('_run_ids', '{integer}', 'uuid[]', 'VOLATILE', NULL),
@@ -330,6 +331,7 @@ INSERT INTO api_grant (fn, lowest_role, to_pg_monitor) VALUES
 ('_require_fence', NULL, FALSE),
 ('_require_attempts', NULL, FALSE),
 ('_attempt_map', NULL, FALSE),
+('_lock_event', NULL, FALSE),
 ('_require_retention', 'x_jobs_admin', FALSE),
 ('enqueue', 'x_jobs_producer', FALSE),
 ('enqueue_many', 'x_jobs_producer', FALSE),
@@ -479,10 +481,11 @@ SELECT tables_are(
     'x_jobs',
     ARRAY[
         'job', 'job_error', 'queue_pause', 'worker', 'queue_snapshot', 'counter', 'step', 'event', 'outbox',
-        'webhook_ledger', 'job_type', 'schedule', 'worker_login', 'tenant_binding', 'rate_limit', 'job_rate'
+        'webhook_ledger', 'job_type', 'schedule', 'worker_login', 'tenant_binding', 'rate_limit', 'job_rate',
+        'event_lock'
     ],
     'The x_jobs schema should hold exactly the tables job, job_error, queue_pause, worker, queue_snapshot, counter, '
-    'step, event, outbox, webhook_ledger, job_type, schedule, worker_login, tenant_binding, rate_limit and job_rate'
+    'step, event, outbox, webhook_ledger, job_type, schedule, worker_login, tenant_binding, rate_limit, job_rate and event_lock'
 );
 
 SELECT sequences_are(
@@ -1748,6 +1751,12 @@ FROM (
     ('worker_login', 'x_jobs_admin', '{SELECT}'),
     ('worker_login', 'pg_monitor', '{}'),
     ('worker_login', 'public', '{}'),
+    -- The events' lock rows: only publish and step_wait lock them, as their owner.
+    ('event_lock', 'x_jobs_producer', '{}'),
+    ('event_lock', 'x_jobs_worker', '{}'),
+    ('event_lock', 'x_jobs_admin', '{}'),
+    ('event_lock', 'pg_monitor', '{}'),
+    ('event_lock', 'public', '{}'),
     -- The gauges' snapshot: queue_gauges reads and writes it as its owner.
     ('queue_snapshot', 'x_jobs_producer', '{}'),
     ('queue_snapshot', 'x_jobs_worker', '{}'),

@@ -163,3 +163,43 @@ def test_the_workers_stale_attempt_settles_nothing(admin: Conn, dsn: str, conn: 
         assert login == a
         conn.execute("DELETE FROM x_jobs.job WHERE id = %s", [job_id])
         conn.execute("DELETE FROM x_jobs.worker WHERE id = 'fence-worker'")
+
+
+def test_a_stranger_holding_the_old_event_lock_keys_blocks_no_publish_or_wait(
+    admin: Conn, dsn: str, conn: Conn
+) -> None:
+    """A login of no x_jobs role takes the advisory keys publish and step_wait locked before
+    0.4.2 (classes 2024061702 and 2024061703), exclusive: a publish and a wait of that event
+    still go through at once (they lock rows of x_jobs.event_lock, which it cannot lock)."""
+    with (
+        worker_login(admin) as a,
+        psycopg.connect(f"{dsn} user={a}", autocommit=True) as as_a,
+    ):
+        conn.execute("CREATE ROLE x_jobs_test_stranger LOGIN")
+        try:
+            with psycopg.connect(f"{dsn} user=x_jobs_test_stranger", autocommit=True) as stranger:
+                stranger.execute("SET statement_timeout = 0")
+                stranger.execute(
+                    "SELECT pg_advisory_lock(2024061702, hashtext('fence.paid')),"
+                    " pg_advisory_lock(2024061703, hashtext('fence.paid' || E'\\x1f' || 'k1'))"
+                )
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    stranger.execute("SELECT FROM x_jobs.event_lock FOR UPDATE")
+                conn.execute("SELECT x_jobs.enqueue('fence_wait', queue => 'fence-wait')")
+                (job_id,) = as_a.execute(
+                    "SELECT id FROM x_jobs.claim(ARRAY['fence-wait'], 'fence-waiter')"
+                ).fetchone() or (None,)
+                for c in (conn, as_a):
+                    c.execute("SET statement_timeout = '5s'")
+                waited = as_a.execute(
+                    "SELECT status::text FROM x_jobs.step_wait(%s, 'fence-waiter', 'pay',"
+                    " 'fence.paid', event_key => 'k1')",
+                    [job_id],
+                ).fetchone()
+                assert waited == ("waiting",)
+                published = conn.execute(
+                    "SELECT woken FROM x_jobs.publish('fence.paid', '{}', key => 'k1')"
+                ).fetchone()
+                assert published == (1,)
+        finally:
+            conn.execute("DROP ROLE x_jobs_test_stranger")

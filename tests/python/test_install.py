@@ -178,6 +178,7 @@ def test_install_gives_the_schema_create_extension_gives(plain_dsn: str, dsn: st
     assert tables == {
         "counter",
         "event",
+        "event_lock",
         "job",
         "job_error",
         "job_type",
@@ -188,6 +189,7 @@ def test_install_gives_the_schema_create_extension_gives(plain_dsn: str, dsn: st
         "step",
         "webhook_ledger",
         "worker",
+        "worker_login",
     }
     assert len(extension["functions"]) >= 25
     assert len(extension["indexes"]) >= 10

@@ -681,12 +681,6 @@ class Worker:
         self._watch.silent = False
 
     def _start_with(self, conn: psycopg.Connection[Any]) -> None:
-        # The fence (x_jobs 0.4.2): pass the attempts this worker holds to the calls that act on
-        # its runs, so that a stale attempt of its own settles nothing; an older database
-        # takes the calls without them.
-        row = conn.execute(FENCED).fetchone()
-        fenced = bool(row and row[0])
-        self._leases.fenced = self._settler.fenced = self._step_store.fenced = fenced
         self._declares = declarations.start(
             conn,
             self.app,
@@ -695,6 +689,13 @@ class Worker:
             check_version=self.check_version,
             log=logger,
         )
+        # The fence (x_jobs 0.4.2): pass the attempts this worker holds to the calls that act on
+        # its runs, so that a stale attempt of its own settles nothing; an older database
+        # takes the calls without them. Asked after the version check, which says what a login
+        # of no x_jobs role lacks.
+        row = conn.execute(FENCED).fetchone()
+        fenced = bool(row and row[0])
+        self._leases.fenced = self._settler.fenced = self._step_store.fenced = fenced
         if _ticker.start(conn, self.app, worker=self.worker_id) and self.tick_schedules:
             self._ticker = _ticker.Ticker(
                 self.app.dsn,
