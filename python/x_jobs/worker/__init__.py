@@ -689,12 +689,9 @@ class Worker:
             check_version=self.check_version,
             log=logger,
         )
-        # The fence (x_jobs 0.4.2): pass the attempts this worker holds to the calls that act on
-        # its runs, so that a stale attempt of its own settles nothing; an older database
-        # takes the calls without them. Asked after the version check, which says what a login
-        # of no x_jobs role lacks.
-        row = conn.execute(FENCED).fetchone()
-        fenced = bool(row and row[0])
+        # Pass the attempts held (a stale one settles nothing) where the database takes them;
+        # asked after the version check, which says what a login of no x_jobs role lacks.
+        fenced = bool((row := conn.execute(FENCED).fetchone()) and row[0])
         self._leases.fenced = self._settler.fenced = self._step_store.fenced = fenced
         if _ticker.start(conn, self.app, worker=self.worker_id) and self.tick_schedules:
             self._ticker = _ticker.Ticker(
