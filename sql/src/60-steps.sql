@@ -695,7 +695,9 @@ BEGIN
             'at', x_jobs._clock()))
     WHERE j.id = progress.id
         AND j.state::text = 'running' -- by id only: see job_running_idx
-        AND j.claimed_by = progress.worker;
+        AND j.claimed_by = progress.worker
+        -- A bound worker reports on its tenants' runs only (see x_jobs._tenant_scope).
+        AND (x_jobs._tenant_scope() IS NULL OR j.tenant_id = ANY (x_jobs._tenant_scope()));
     RETURN FOUND;
 END
 $$;

@@ -204,6 +204,7 @@ WHERE idempotency_key IS NOT NULL AND state IN ('ready', 'delayed', 'suspended',
 --@function x_jobs.resume_queue
 --@function x_jobs.queue_stats
 --@function x_jobs.job_counters
+--@function x_jobs.progress
 
 ALTER TABLE x_jobs.job ENABLE ROW LEVEL SECURITY;
 ALTER TABLE x_jobs.job FORCE ROW LEVEL SECURITY;
