@@ -181,6 +181,8 @@ DROP INDEX x_jobs.job_idempotency_key_idx;
 CREATE UNIQUE INDEX job_idempotency_key_idx ON x_jobs.job (tenant_id, idempotency_key)
 WHERE idempotency_key IS NOT NULL AND state IN ('ready', 'delayed', 'suspended', 'running');
 
+ALTER TYPE x_jobs.outbox_entry ADD ATTRIBUTE tenant_id text;
+
 --@function x_jobs._tenant_scope
 --@function x_jobs._stamp_tenant
 --@function x_jobs._refuse_cross_tenant
@@ -205,6 +207,8 @@ WHERE idempotency_key IS NOT NULL AND state IN ('ready', 'delayed', 'suspended',
 --@function x_jobs.queue_stats
 --@function x_jobs.job_counters
 --@function x_jobs.progress
+--@function x_jobs.list_outbox
+--@function x_jobs.outbox_message
 
 ALTER TABLE x_jobs.job ENABLE ROW LEVEL SECURITY;
 ALTER TABLE x_jobs.job FORCE ROW LEVEL SECURITY;
