@@ -186,6 +186,7 @@ def test_install_gives_the_schema_create_extension_gives(plain_dsn: str, dsn: st
         "queue_snapshot",
         "schedule",
         "step",
+        "tenant_binding",
         "webhook_ledger",
         "worker",
     }
