@@ -741,7 +741,9 @@ BEGIN
     WHERE j.id = progress.id
         AND j.state::text = 'running' -- by id only: see job_running_idx
         AND j.claimed_by = progress.worker
-        AND (progress.attempt IS NULL OR j.attempt = progress.attempt);
+        AND (progress.attempt IS NULL OR j.attempt = progress.attempt)
+        -- A bound worker reports on its tenants' runs only (see x_jobs._tenant_scope).
+        AND (x_jobs._tenant_scope() IS NULL OR j.tenant_id = ANY (x_jobs._tenant_scope()));
     RETURN FOUND;
 END
 $$;

@@ -797,19 +797,18 @@ BEGIN
 END
 $$;
 
--- The tenant a received webhook is recorded for, and its id unique within: the request's
--- tenant_id, else 'none' (the tenant of a job that names none), so that the ledger row and the
--- job it becomes name one tenant. Kept apart from receive_webhook so that the tenant scope
--- (the caller's bindings, x_jobs.tenant) decides it here and nowhere else. STABLE, not
--- IMMUTABLE: that scope is fixed for a statement, not for ever. Called by receive_webhook, as its
--- owner; granted to nobody.
+-- The tenant a received webhook is recorded for, and its id unique within: the one its job is
+-- stamped with, so that the ledger row and the job name one tenant. A receiver login bound to
+-- tenants records for the request's tenant_id if it is one of them (else XJ060) or for its only
+-- one; an unbound login for the request's tenant_id, else 'none'. STABLE: the scope is fixed for
+-- a statement. Called by receive_webhook, as its owner; granted to nobody.
 CREATE FUNCTION x_jobs._webhook_tenant(request jsonb)
 RETURNS text
 LANGUAGE sql
 STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT coalesce(_webhook_tenant.request ->> 'tenant_id', 'none')
+    SELECT coalesce(x_jobs._stamp_tenant(_webhook_tenant.request ->> 'tenant_id', x_jobs._tenant_scope()), 'none')
 $$;
 
 -- A webhook received from `source` with its sender's message id: in one transaction, the

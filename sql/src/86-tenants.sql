@@ -80,14 +80,14 @@ AS $$
 $$;
 
 -- Row-level security, forced, on the tables that hold tenant rows and that a role is granted
--- SELECT on (job and outbox to workers; job_error, step and event to admins), so that a direct
+-- SELECT on (job and outbox to workers; job_error, step, event and webhook_ledger to admins), so that a direct
 -- SELECT, and the functions that run as their caller (the admins' readers and acts: cancel,
 -- retry, list_jobs, job_detail, resolve_step, ...), see and change only the caller's tenants.
 -- Two permissive policies a table, OR'ed:
 --   * tenant_scope, to every role: a row is visible when the call's scope (_tenant_scope, once
 --     per statement as an InitPlan) is NULL, i.e. an unbound role without x_jobs.tenant, or
 --     holds the row's tenant (job_error and step: their job's).
---   * owner_functions, to x_jobs_owner alone: true. FORCE makes the owner subject to the
+--   * owner_functions, to x_jobs_owner alone (or the installer that owns the objects): true. FORCE makes the owner subject to the
 --     policies, and the owner is who runs the SECURITY DEFINER functions (enqueue, claim, the
 --     settles, steps, publish, the outbox): for it the planner folds `true OR ...` to true, so
 --     the claim and settle path pays nothing per row nor per statement. Those functions scope
@@ -98,19 +98,16 @@ ALTER TABLE x_jobs.job ENABLE ROW LEVEL SECURITY;
 ALTER TABLE x_jobs.job FORCE ROW LEVEL SECURITY;
 CREATE POLICY tenant_scope ON x_jobs.job
 USING ((SELECT x_jobs._tenant_scope()) IS NULL OR tenant_id = any((SELECT x_jobs._tenant_scope())::text[]));
-CREATE POLICY owner_functions ON x_jobs.job TO x_jobs_owner USING (TRUE) WITH CHECK (TRUE);
 
 ALTER TABLE x_jobs.outbox ENABLE ROW LEVEL SECURITY;
 ALTER TABLE x_jobs.outbox FORCE ROW LEVEL SECURITY;
 CREATE POLICY tenant_scope ON x_jobs.outbox
 USING ((SELECT x_jobs._tenant_scope()) IS NULL OR tenant_id = any((SELECT x_jobs._tenant_scope())::text[]));
-CREATE POLICY owner_functions ON x_jobs.outbox TO x_jobs_owner USING (TRUE) WITH CHECK (TRUE);
 
 ALTER TABLE x_jobs.event ENABLE ROW LEVEL SECURITY;
 ALTER TABLE x_jobs.event FORCE ROW LEVEL SECURITY;
 CREATE POLICY tenant_scope ON x_jobs.event
 USING ((SELECT x_jobs._tenant_scope()) IS NULL OR tenant_id = any((SELECT x_jobs._tenant_scope())::text[]));
-CREATE POLICY owner_functions ON x_jobs.event TO x_jobs_owner USING (TRUE) WITH CHECK (TRUE);
 
 ALTER TABLE x_jobs.job_error ENABLE ROW LEVEL SECURITY;
 ALTER TABLE x_jobs.job_error FORCE ROW LEVEL SECURITY;
@@ -122,7 +119,6 @@ USING (
         WHERE j.id = job_error.job_id AND j.tenant_id = any((SELECT x_jobs._tenant_scope())::text[])
     )
 );
-CREATE POLICY owner_functions ON x_jobs.job_error TO x_jobs_owner USING (TRUE) WITH CHECK (TRUE);
 
 ALTER TABLE x_jobs.step ENABLE ROW LEVEL SECURITY;
 ALTER TABLE x_jobs.step FORCE ROW LEVEL SECURITY;
@@ -134,6 +130,30 @@ USING (
         WHERE j.id = step.job_id AND j.tenant_id = any((SELECT x_jobs._tenant_scope())::text[])
     )
 );
-CREATE POLICY owner_functions ON x_jobs.step TO x_jobs_owner USING (TRUE) WITH CHECK (TRUE);
+
+-- The webhook ledger: an admin repairs it by hand (SELECT, DELETE), a bound one its tenants' rows.
+ALTER TABLE x_jobs.webhook_ledger ENABLE ROW LEVEL SECURITY;
+ALTER TABLE x_jobs.webhook_ledger FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_scope ON x_jobs.webhook_ledger
+USING ((SELECT x_jobs._tenant_scope()) IS NULL OR tenant_id = any((SELECT x_jobs._tenant_scope())::text[]));
+
+-- The owner policies, one a table: to x_jobs_owner, who owns the functions that run as their
+-- owner; where an install by a database owner left the objects to it (no x_jobs_owner, see
+-- 05-roles.sql), to that installer, who then owns them.
+DO $$
+DECLARE
+    v_owner name := CASE
+        WHEN EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname = 'x_jobs_owner') THEN 'x_jobs_owner'
+        ELSE current_user
+    END;
+    v_table text;
+BEGIN
+    FOREACH v_table IN ARRAY ARRAY['job', 'outbox', 'event', 'job_error', 'step', 'webhook_ledger'] LOOP
+        EXECUTE pg_catalog.format(
+            'CREATE POLICY owner_functions ON x_jobs.%I TO %I USING (TRUE) WITH CHECK (TRUE)', v_table, v_owner
+        );
+    END LOOP;
+END
+$$;
 
 -- Tests: tests/pgtap/46-tenants.sql, tests/python/test_tenants.py

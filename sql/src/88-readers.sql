@@ -168,7 +168,9 @@ CREATE TYPE x_jobs.outbox_entry AS (
     available_at timestamptz,
     relay text,
     delivered_at timestamptz,
-    last_error text
+    last_error text,
+    -- Last, where the update that added it (ALTER TYPE ADD ATTRIBUTE) put it.
+    tenant_id text
 );
 
 -- The operator's listing of the outbox: messages newest first, optionally of one state, one
@@ -223,7 +225,8 @@ BEGIN
         RETURN QUERY
         SELECT p.* FROM (
             SELECT o.id, o.created_at, o.max_attempts, o.topic, o.key, o.headers, o.payload,
-                   o.state::text, o.attempt, o.available_at, o.relay, o.delivered_at, o.last_error
+                   o.state::text, o.attempt, o.available_at, o.relay, o.delivered_at, o.last_error,
+                   o.tenant_id
             FROM x_jobs.outbox AS o
             WHERE o.state = 'pending' AND o.key IS NULL
                 AND list_outbox.key IS NULL
@@ -231,7 +234,8 @@ BEGIN
                 AND (list_outbox.before_id IS NULL OR o.id < list_outbox.before_id)
             UNION ALL
             SELECT o.id, o.created_at, o.max_attempts, o.topic, o.key, o.headers, o.payload,
-                   o.state::text, o.attempt, o.available_at, o.relay, o.delivered_at, o.last_error
+                   o.state::text, o.attempt, o.available_at, o.relay, o.delivered_at, o.last_error,
+                   o.tenant_id
             FROM x_jobs.outbox AS o
             WHERE o.state = 'pending' AND o.key IS NOT NULL
                 AND (list_outbox.key IS NULL OR o.key = list_outbox.key)
@@ -245,7 +249,8 @@ BEGIN
 
     RETURN QUERY
     SELECT o.id, o.created_at, o.max_attempts, o.topic, o.key, o.headers, o.payload, o.state::text,
-           o.attempt, o.available_at, o.relay, o.delivered_at, o.last_error
+           o.attempt, o.available_at, o.relay, o.delivered_at, o.last_error,
+           o.tenant_id
     FROM x_jobs.outbox AS o
     WHERE (v_state IS NULL OR o.state = v_state)
         AND (list_outbox.topic IS NULL OR o.topic = list_outbox.topic)
@@ -265,7 +270,8 @@ STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT o.id, o.created_at, o.max_attempts, o.topic, o.key, o.headers, o.payload, o.state::text,
-           o.attempt, o.available_at, o.relay, o.delivered_at, o.last_error
+           o.attempt, o.available_at, o.relay, o.delivered_at, o.last_error,
+           o.tenant_id
     FROM x_jobs.outbox AS o
     WHERE o.id = outbox_message.id
 $$;

@@ -268,6 +268,8 @@ DROP INDEX x_jobs.job_idempotency_key_idx;
 CREATE UNIQUE INDEX job_idempotency_key_idx ON x_jobs.job (tenant_id, idempotency_key)
 WHERE idempotency_key IS NOT NULL AND state IN ('ready', 'delayed', 'suspended', 'running');
 
+ALTER TYPE x_jobs.outbox_entry ADD ATTRIBUTE tenant_id text;
+
 --@function x_jobs._tenant_scope
 --@function x_jobs._stamp_tenant
 --@function x_jobs._refuse_cross_tenant
@@ -284,24 +286,23 @@ WHERE idempotency_key IS NOT NULL AND state IN ('ready', 'delayed', 'suspended',
 --@function x_jobs.resume_queue
 --@function x_jobs.queue_stats
 --@function x_jobs.job_counters
+--@function x_jobs.list_outbox
+--@function x_jobs.outbox_message
 
 ALTER TABLE x_jobs.job ENABLE ROW LEVEL SECURITY;
 ALTER TABLE x_jobs.job FORCE ROW LEVEL SECURITY;
 CREATE POLICY tenant_scope ON x_jobs.job
 USING ((SELECT x_jobs._tenant_scope()) IS NULL OR tenant_id = any((SELECT x_jobs._tenant_scope())::text[]));
-CREATE POLICY owner_functions ON x_jobs.job TO x_jobs_owner USING (TRUE) WITH CHECK (TRUE);
 
 ALTER TABLE x_jobs.outbox ENABLE ROW LEVEL SECURITY;
 ALTER TABLE x_jobs.outbox FORCE ROW LEVEL SECURITY;
 CREATE POLICY tenant_scope ON x_jobs.outbox
 USING ((SELECT x_jobs._tenant_scope()) IS NULL OR tenant_id = any((SELECT x_jobs._tenant_scope())::text[]));
-CREATE POLICY owner_functions ON x_jobs.outbox TO x_jobs_owner USING (TRUE) WITH CHECK (TRUE);
 
 ALTER TABLE x_jobs.event ENABLE ROW LEVEL SECURITY;
 ALTER TABLE x_jobs.event FORCE ROW LEVEL SECURITY;
 CREATE POLICY tenant_scope ON x_jobs.event
 USING ((SELECT x_jobs._tenant_scope()) IS NULL OR tenant_id = any((SELECT x_jobs._tenant_scope())::text[]));
-CREATE POLICY owner_functions ON x_jobs.event TO x_jobs_owner USING (TRUE) WITH CHECK (TRUE);
 
 ALTER TABLE x_jobs.job_error ENABLE ROW LEVEL SECURITY;
 ALTER TABLE x_jobs.job_error FORCE ROW LEVEL SECURITY;
@@ -313,7 +314,6 @@ USING (
         WHERE j.id = job_error.job_id AND j.tenant_id = any((SELECT x_jobs._tenant_scope())::text[])
     )
 );
-CREATE POLICY owner_functions ON x_jobs.job_error TO x_jobs_owner USING (TRUE) WITH CHECK (TRUE);
 
 ALTER TABLE x_jobs.step ENABLE ROW LEVEL SECURITY;
 ALTER TABLE x_jobs.step FORCE ROW LEVEL SECURITY;
@@ -325,7 +325,6 @@ USING (
         WHERE j.id = step.job_id AND j.tenant_id = any((SELECT x_jobs._tenant_scope())::text[])
     )
 );
-CREATE POLICY owner_functions ON x_jobs.step TO x_jobs_owner USING (TRUE) WITH CHECK (TRUE);
 -- Rate limits per key (x_jobs.rate_limit, set_rate_limit, drop_rate_limit, rate_limits), named
 -- by a job at enqueue or by its declaration (rate_limit_key), enforced by the claim. The jobs'
 -- keys are in a table of their own, x_jobs.job_rate: a column of x_jobs.job would change the
@@ -409,6 +408,31 @@ GRANT EXECUTE ON FUNCTION x_jobs.set_rate_limit(text, integer, interval) TO x_jo
 GRANT EXECUTE ON FUNCTION x_jobs.rate_limits() TO x_jobs_worker, pg_monitor;
 GRANT EXECUTE ON FUNCTION x_jobs.drop_rate_limit(text) TO x_jobs_admin;
 GRANT SELECT, DELETE ON x_jobs.job_rate TO x_jobs_admin;
+
+-- The webhook ledger: an admin repairs it by hand (SELECT, DELETE), a bound one its tenants' rows.
+ALTER TABLE x_jobs.webhook_ledger ENABLE ROW LEVEL SECURITY;
+ALTER TABLE x_jobs.webhook_ledger FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_scope ON x_jobs.webhook_ledger
+USING ((SELECT x_jobs._tenant_scope()) IS NULL OR tenant_id = any((SELECT x_jobs._tenant_scope())::text[]));
+
+-- The owner policies, one a table: to x_jobs_owner, who owns the functions that run as their
+-- owner; where an install by a database owner left the objects to it (no x_jobs_owner, see
+-- 05-roles.sql), to that installer, who then owns them.
+DO $$
+DECLARE
+    v_owner name := CASE
+        WHEN EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname = 'x_jobs_owner') THEN 'x_jobs_owner'
+        ELSE current_user
+    END;
+    v_table text;
+BEGIN
+    FOREACH v_table IN ARRAY ARRAY['job', 'outbox', 'event', 'job_error', 'step', 'webhook_ledger'] LOOP
+        EXECUTE pg_catalog.format(
+            'CREATE POLICY owner_functions ON x_jobs.%I TO %I USING (TRUE) WITH CHECK (TRUE)', v_table, v_owner
+        );
+    END LOOP;
+END
+$$;
 
 -- Nothing new left to PUBLIC (a new function is executable by PUBLIC until revoked); the
 -- functions from before hold no PUBLIC right, so this changes none of theirs.

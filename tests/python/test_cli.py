@@ -148,13 +148,15 @@ def test_enqueue_then_list_shows_the_job(dsn: str, conn: Conn) -> None:
     assert re.search(rf"^run_id\s+{run_id}\s*$", human.stdout, re.MULTILINE), human.stdout
     assert re.search(r"^deduped\s+no\s*$", human.stdout, re.MULTILINE), human.stdout
 
-    # The same key again (of the same tenant: keys are unique per tenant): the live row
-    # answers, nothing new is enqueued.
+    # The same key of the same tenant again (keys are per tenant): the live row answers,
+    # nothing new is enqueued.
     again = x_jobs(
         "enqueue",
         "send_email",
         "--input",
         "{}",
+        "--tenant",
+        "acme",
         "--idempotency-key",
         "welcome:ada",
         "--tenant",
@@ -1180,6 +1182,7 @@ def test_outbox_show_prints_every_column(dsn: str, conn: Conn) -> None:
         "created": created[0].astimezone(UTC).isoformat(sep=" ", timespec="seconds"),
         "delivered": "-",
         "last error": "HTTP 500: [red]boom[/red]",  # then its next lines, markup as it is
+        "tenant": "none",
     }
     assert "<html>Internal Server Error</html>" in shown
     assert re.search(r'^headers\s+\{\s*$\s+"trace": "t-1"', shown, re.MULTILINE), shown

@@ -70,11 +70,12 @@ class OutboxRow:
     relay: str | None
     delivered_at: datetime | None
     last_error: str | None
+    tenant_id: str
 
 
 OUTBOX_COLUMNS: LiteralString = """
     id, created_at, max_attempts, topic, key, headers, payload, state::text AS state, attempt,
-    available_at, relay, delivered_at, last_error
+    available_at, relay, delivered_at, last_error, tenant_id
 """
 OUTBOX_STATES: LiteralString = "SELECT pg_catalog.enum_range(NULL::x_jobs.outbox_state)::text[]"
 # Newest first, paged by id as x_jobs.list_jobs pages jobs. The state is checked against
@@ -219,6 +220,7 @@ def outbox_show(
                 ("created", _when(row.created_at)),
                 ("delivered", _when(row.delivered_at)),
                 ("last error", _or_dash(row.last_error)),
+                ("tenant", row.tenant_id),
                 ("headers", _json_view(row.headers)),
                 ("payload", _json_view(row.payload)),
             ]
