@@ -87,9 +87,9 @@ $$;
 --   * tenant_scope, to every role: a row is visible when the call's scope (_tenant_scope, once
 --     per statement as an InitPlan) is NULL, i.e. an unbound role without x_jobs.tenant, or
 --     holds the row's tenant (job_error and step: their job's).
---   * owner_functions, to x_jobs_owner alone (or the installer that owns the objects): true. FORCE makes the owner subject to the
---     policies, and the owner is who runs the SECURITY DEFINER functions (enqueue, claim, the
---     settles, steps, publish, the outbox): for it the planner folds `true OR ...` to true, so
+--   * owner_functions, to x_jobs_owner alone (or the installer that owns the objects): true.
+--     FORCE makes the owner subject to the policies, and the owner is who runs the SECURITY
+--     DEFINER functions (enqueue, claim, the settles, steps, publish, the outbox): for it the planner folds `true OR ...` to true, so
 --     the claim and settle path pays nothing per row nor per statement. Those functions scope
 --     themselves, from _tenant_scope() computed once per call, which reads _caller(), not
 --     current_user. Nobody logs in as x_jobs_owner nor is a member of it (05-roles.sql).

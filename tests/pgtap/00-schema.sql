@@ -485,7 +485,8 @@ SELECT tables_are(
         'event_lock'
     ],
     'The x_jobs schema should hold exactly the tables job, job_error, queue_pause, worker, queue_snapshot, counter, '
-    'step, event, outbox, webhook_ledger, job_type, schedule, worker_login, tenant_binding, rate_limit, job_rate and event_lock'
+    'step, event, outbox, webhook_ledger, job_type, schedule, worker_login, tenant_binding, rate_limit, job_rate '
+    'and event_lock'
 );
 
 SELECT sequences_are(
