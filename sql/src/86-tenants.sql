@@ -89,10 +89,11 @@ $$;
 --     holds the row's tenant (job_error and step: their job's).
 --   * owner_functions, to x_jobs_owner alone (or the installer that owns the objects): true.
 --     FORCE makes the owner subject to the policies, and the owner is who runs the SECURITY
---     DEFINER functions (enqueue, claim, the settles, steps, publish, the outbox): for it the planner folds `true OR ...` to true, so
---     the claim and settle path pays nothing per row nor per statement. Those functions scope
---     themselves, from _tenant_scope() computed once per call, which reads _caller(), not
---     current_user. Nobody logs in as x_jobs_owner nor is a member of it (05-roles.sql).
+--     DEFINER functions (enqueue, claim, the settles, steps, publish, the outbox): for it the
+--     planner folds `true OR ...` to true, so the claim and settle path pays nothing per row nor
+--     per statement. Those functions scope themselves, from _tenant_scope() computed once per
+--     call, which reads _caller(), not current_user. Nobody logs in as x_jobs_owner nor is a
+--     member of it (05-roles.sql).
 -- A superuser bypasses row-level security, as ever.
 ALTER TABLE x_jobs.job ENABLE ROW LEVEL SECURITY;
 ALTER TABLE x_jobs.job FORCE ROW LEVEL SECURITY;
