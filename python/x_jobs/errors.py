@@ -329,6 +329,8 @@ class CrossTenant(XJobsError):
     on every tenant's jobs of it)."""
 
     code, sqlstate = "X_CROSS_TENANT", "XJ062"
+
+
 class RateLimitInvalid(InvalidArgument):
     """A rate limit key is empty or longer than 400 characters, max_starts is below 1, or per is
     not a positive interval up to 366 days."""
