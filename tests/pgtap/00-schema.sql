@@ -1201,9 +1201,12 @@ SELECT set_eq(
             SELECT FROM unnest(p.proconfig) AS s (setting) WHERE s.setting LIKE 'search\_path=%'
         )
     $$,
-    ARRAY['now', '_minute', '_shard', '_max_payload_bytes', '_payload_bytes', '_clock', '_filled', '_schedule_request'],
+    ARRAY[
+        'now', '_minute', '_shard', '_max_payload_bytes', '_payload_bytes', '_clock', '_filled', '_schedule_request',
+        '_caller'
+    ],
     'Every function should pin search_path except the tiny SQL helpers now, _minute, _shard, _max_payload_bytes, '
-    '_payload_bytes, _clock, _filled and _schedule_request'
+    '_payload_bytes, _clock, _filled, _schedule_request and _caller'
 );
 
 SELECT is_empty(
@@ -1214,7 +1217,8 @@ SELECT is_empty(
     WHERE
         p.pronamespace = 'x_jobs'::regnamespace
         AND p.proname IN (
-            'now', '_minute', '_shard', '_max_payload_bytes', '_payload_bytes', '_clock', '_filled', '_schedule_request'
+            'now', '_minute', '_shard', '_max_payload_bytes', '_payload_bytes', '_clock', '_filled', '_schedule_request',
+            '_caller'
         )
         AND (l.lanname <> 'sql' OR p.proconfig IS NOT NULL OR p.prosecdef)
     $$,
