@@ -30,8 +30,14 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
 ('_require_lease', '{interval,text}', 'void', 'IMMUTABLE', NULL),
 ('_notify', '{text,text}', 'void', 'VOLATILE', NULL),
 -- Notifications carry tags (0.4.2): both read the secret, which only the owner may.
-('_notify_tag', '{text,text}', 'text', 'STABLE', 'so that every notify sends the tag of a name, made of a secret no role may read'),
-('notify_tags', '{text,text[]}', 'text[]', 'STABLE', 'so that a listener learns the tags of the names it names, never the secret'),
+(
+    '_notify_tag', '{text,text}', 'text', 'STABLE',
+    'so that every notify sends the tag of a name, made of a secret no role may read'
+),
+(
+    'notify_tags', '{text,text[]}', 'text[]', 'STABLE',
+    'so that a listener learns the tags of the names it names, never the secret'
+),
 ('_caller', '{}', 'name', 'STABLE', NULL),
 -- The fence (0.4.2): a worker id is its first claimer's login's (see _fence).
 (
@@ -492,7 +498,8 @@ SELECT tables_are(
         'event_lock', 'notify_secret'
     ],
     'The x_jobs schema should hold exactly the tables job, job_error, queue_pause, worker, queue_snapshot, counter, '
-    'step, event, outbox, webhook_ledger, job_type, schedule, worker_login, tenant_binding, rate_limit, job_rate, event_lock and notify_secret'
+    'step, event, outbox, webhook_ledger, job_type, schedule, worker_login, tenant_binding, rate_limit, job_rate, '
+    'event_lock and notify_secret'
 );
 
 SELECT sequences_are(

@@ -254,7 +254,5 @@ def test_a_bulk_retry_wakes_the_workers_of_its_queues(conn: Conn, connect: Conne
     assert _one(conn, "SELECT x_jobs.retry_jobs(queue => 'media')") == 2
     assert _one(conn, "SELECT x_jobs.retry_jobs(queue => 'left')") == 1
     queue = notify_names(conn, "x_jobs", ["mail", "media", "left"])
-    heard = [
-        queue(n.payload) for n in listener.notifies(timeout=DEADLINE_SECONDS, stop_after=3)
-    ]
+    heard = [queue(n.payload) for n in listener.notifies(timeout=DEADLINE_SECONDS, stop_after=3)]
     assert heard == ["mail", "media", "left"]

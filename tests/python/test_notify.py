@@ -232,36 +232,39 @@ def test_a_login_of_no_x_jobs_role_hears_tags_only_while_a_worker_is_woken_at_on
     or put, and when, but neither the queue nor the topic. A worker (a login of x_jobs_worker,
     which asks the tags of its queues) is still woken by the notification: it polls only every
     minute here, and takes each job within seconds."""
-    with login(admin) as nobody, login(admin, "x_jobs_worker") as worker_role:
-        with psycopg.connect(f"{dsn} user={nobody}", autocommit=True) as eavesdropper:
-            eavesdropper.execute("LISTEN x_jobs")
-            eavesdropper.execute("LISTEN x_jobs_outbox")
-            app = x_jobs.App(f"{dsn} user={worker_role}")
-            ran: queue.Queue[int] = queue.Queue()
+    with (
+        login(admin) as nobody,
+        login(admin, "x_jobs_worker") as worker_role,
+        psycopg.connect(f"{dsn} user={nobody}", autocommit=True) as eavesdropper,
+    ):
+        eavesdropper.execute("LISTEN x_jobs")
+        eavesdropper.execute("LISTEN x_jobs_outbox")
+        app = x_jobs.App(f"{dsn} user={worker_role}")
+        ran: queue.Queue[int] = queue.Queue()
 
-            @app.job(name="payroll-run", queue="payroll-secret")
-            def payroll(input: dict[str, int]) -> None:
-                ran.put(input["n"])
+        @app.job(name="payroll-run", queue="payroll-secret")
+        def payroll(input: dict[str, int]) -> None:
+            ran.put(input["n"])
 
-            worker = x_jobs.Worker(app, concurrency=1, poll_interval=60, grace=1)
-            thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
-            thread.start()
-            try:
-                wait_for(lambda: _listening(conn), "the worker's listener to LISTEN")
-                for n in range(3):
-                    conn.execute(
-                        "SELECT x_jobs.enqueue('payroll-run', %s, queue => 'payroll-secret')",
-                        [Jsonb({"n": n})],
-                    )
-                    # The first may be taken by the claim the listener makes once it listens;
-                    # the others only by a wake-up (the next poll is a minute away).
-                    assert ran.get(timeout=10) == n
-                conn.execute("SELECT x_jobs.outbox_put('payroll.salaries-secret', '{}')")
-            finally:
-                worker.stop()
-                thread.join(timeout=30)
-                app.close()
-            heard = _drain(eavesdropper, conn)
+        worker = x_jobs.Worker(app, concurrency=1, poll_interval=60, grace=1)
+        thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+        thread.start()
+        try:
+            wait_for(lambda: _listening(conn), "the worker's listener to LISTEN")
+            for n in range(3):
+                conn.execute(
+                    "SELECT x_jobs.enqueue('payroll-run', %s, queue => 'payroll-secret')",
+                    [Jsonb({"n": n})],
+                )
+                # The first may be taken by the claim the listener makes once it listens;
+                # the others only by a wake-up (the next poll is a minute away).
+                assert ran.get(timeout=10) == n
+            conn.execute("SELECT x_jobs.outbox_put('payroll.salaries-secret', '{}')")
+        finally:
+            worker.stop()
+            thread.join(timeout=30)
+            app.close()
+        heard = _drain(eavesdropper, conn)
     assert len([h for h in heard if h[0] == "x_jobs"]) >= 3, heard
     assert [h for h in heard if h[0] == "x_jobs_outbox"], heard
     for channel, payload in heard:
@@ -302,13 +305,15 @@ def _drain(listener: Conn, sender: Conn) -> list[tuple[str, str]]:
 def test_the_listener_matches_names_on_a_database_of_0_4_1(admin: Conn) -> None:
     """A database of 0.4.1 has no notify_tags and sends the names: the listener matches those;
     on 0.4.2 it matches the tags notify_tags answers."""
-    with fresh_database(admin, "template0", prefix="x_jobs_notify_041") as conninfo:
-        with psycopg.connect(conninfo, autocommit=True) as old:
-            old.execute("CREATE EXTENSION x_jobs VERSION '0.4.1'")
-            assert _payloads(old, "x_jobs", {"a", "b"}, "test") == {"a", "b"}
-            assert _payloads(old, "x_jobs", None, "test") is None
-            old.execute("ALTER EXTENSION x_jobs UPDATE TO '0.4.2'")
-            tags = _payloads(old, "x_jobs", {"a", "b"}, "test")
-            assert tags is not None and tags.isdisjoint({"a", "b"}) and len(tags) == 2
-            name = notify_names(old, "x_jobs", ["a", "b"])
-            assert sorted(name(tag) for tag in tags) == ["a", "b"]
+    with (
+        fresh_database(admin, "template0", prefix="x_jobs_notify_041") as conninfo,
+        psycopg.connect(conninfo, autocommit=True) as old,
+    ):
+        old.execute("CREATE EXTENSION x_jobs VERSION '0.4.1'")
+        assert _payloads(old, "x_jobs", {"a", "b"}, "test") == frozenset({"a", "b"})
+        assert _payloads(old, "x_jobs", None, "test") is None
+        old.execute("ALTER EXTENSION x_jobs UPDATE TO '0.4.2'")
+        tags = _payloads(old, "x_jobs", {"a", "b"}, "test")
+        assert tags is not None and tags.isdisjoint({"a", "b"}) and len(tags) == 2
+        name = notify_names(old, "x_jobs", ["a", "b"])
+        assert sorted(name(tag) for tag in tags) == ["a", "b"]
