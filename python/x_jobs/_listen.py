@@ -10,6 +10,12 @@ channel of its own, sends itself a notification there from another connection (t
 enqueued by) and waits for it a bounded time. When it never comes, the listener warns once,
 with the fix (a direct or session-mode DSN for the listener), listens on nothing, and tries
 again a while later; the loop polls meanwhile. The proof is made again on every new connection.
+
+What a notification carries is an opaque tag of a queue or topic (any login may LISTEN, so the
+database never sends the names): on each connection, once, before it listens, the listener asks
+x_jobs.notify_tags for the tags of the names it wants and matches payloads against those, so a
+wake-up costs no round trip. A database of 0.4.1 has no notify_tags and sends the names: the
+listener then matches the names.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ PROBE_SECONDS = 5.0
 REPROBE_SECONDS = 300.0
 
 NOTIFY: LiteralString = "SELECT pg_catalog.pg_notify(%s, %s)"
+NOTIFY_TAGS: LiteralString = "SELECT x_jobs.notify_tags(channel => %s, names => %s)"
 
 
 def listen(
@@ -60,7 +67,8 @@ def listen(
     reprobe_seconds: float = REPROBE_SECONDS,
 ) -> None:
     """LISTEN on ``channel`` over ``dsn`` while ``running()``; a notification whose payload is
-    in ``wanted`` (any payload when None) sets ``notified`` and ``wake``. A hint only: the loops
+    for a name in ``wanted`` (any payload when None) sets ``notified`` and ``wake``; payloads
+    are the names' tags (see the module), asked for on each connection. A hint only: the loops
     poll (every ``poll_interval``) as well, so a dropped connection here loses nothing; it
     reconnects with backoff. Each connection first proves that notifications reach it (see the
     module), the probe sent over ``notify_dsn``."""
@@ -84,13 +92,19 @@ def listen(
                             extra={"listener": application_name},
                         )
                         warned = False
+                    payloads = _payloads(conn, channel, wanted, application_name)
                     conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
                     # What came while nothing listened (before a reconnect, during the probe)
                     # is taken now: one claim that may find nothing.
                     notified.set()
                     wake.set()
                     _serve(
-                        conn, channel, wanted=wanted, notified=notified, wake=wake, running=running
+                        conn,
+                        channel,
+                        wanted=payloads,
+                        notified=notified,
+                        wake=wake,
+                        running=running,
                     )
                     continue
             if not warned:
@@ -111,6 +125,37 @@ def listen(
             # later, on a new connection.
             _pause(delay, running)
             delay = min(delay * 2, 5.0)
+
+
+def _payloads(
+    conn: psycopg.Connection[Any],
+    channel: str,
+    wanted: Collection[str] | None,
+    application_name: str,
+) -> frozenset[str] | None:
+    """The payloads on ``channel`` that stand for the names in ``wanted``: their tags, or the
+    names themselves from a database of 0.4.1 (no notify_tags); None (any payload) stays None.
+    A lost connection raises, for the caller to reconnect."""
+    if wanted is None:
+        return None
+    names = sorted(set(wanted))
+    try:
+        row = conn.execute(NOTIFY_TAGS, [channel, names]).fetchone()
+    except DB_GONE:
+        raise
+    except psycopg.errors.UndefinedFunction:
+        return frozenset(names)  # 0.4.1 sends the names
+    except psycopg.Error as err:
+        # The listener's login may not ask (no x_jobs_worker, e.g. another --listen-dsn): no
+        # notification will match, and the loop polls. Said once per connection.
+        logger.warning(
+            f"the listener cannot ask the tags of its notifications ({err.sqlstate}: {err}); it"
+            " wakes at each poll only. Grant x_jobs_worker to the listener's login",
+            extra={"listener": application_name},
+        )
+        return frozenset()
+    tags = row[0] if row is not None else None
+    return frozenset(tags or ())
 
 
 def _probe(

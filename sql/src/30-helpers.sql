@@ -303,11 +303,64 @@ BEGIN
 END
 $$;
 
+-- What notifications carry is a tag, not a name: LISTEN cannot be restricted in PostgreSQL, so
+-- any login that may connect hears every payload on 'x_jobs' and 'x_jobs_outbox'. A tag is the
+-- first 16 hex digits of sha256(secret, channel, name); the secret is this one row, made at
+-- install (and by the update to 0.4.2), readable by the owner alone (no grant, not registered
+-- with pg_extension_config_dump, so a dump carries no secret: a restore makes a new one). A
+-- listener that may name what it waits for asks notify_tags for their tags once and matches
+-- payloads against them; any other login learns that something of some tag was notified, when
+-- and how often, and not what.
+CREATE TABLE x_jobs.notify_secret (
+    one boolean NOT NULL DEFAULT TRUE,
+    secret text NOT NULL,
+    CONSTRAINT notify_secret_pkey PRIMARY KEY (one),
+    CONSTRAINT notify_secret_one_row CHECK (one)
+);
+
+INSERT INTO x_jobs.notify_secret (secret)
+VALUES (pg_catalog.gen_random_uuid()::text || pg_catalog.gen_random_uuid()::text);
+
+-- The tag of `p_name` on `p_channel`: every pg_notify of x_jobs sends this and nothing else (see
+-- notify_secret). SECURITY DEFINER: the secret is the owner's alone; the admins' functions,
+-- which run as their caller, notify too (granted to x_jobs_admin, see Grants).
+CREATE FUNCTION x_jobs._notify_tag(p_channel text, p_name text)
+RETURNS text
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.left(pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(
+        s.secret || E'\n' || p_channel || E'\n' || p_name, 'UTF8'
+    )), 'hex'), 16)
+    FROM x_jobs.notify_secret AS s
+$$;
+
+-- The tags of `names` on `channel`, in their order ('x_jobs': queues, 'x_jobs_outbox': topics):
+-- what a worker's or a relay's listener matches payloads against, asked once per connection.
+-- SECURITY DEFINER: the tags are made of the secret, which no role may read; a role granted this
+-- learns the tag of a name it names, and never the secret.
+CREATE FUNCTION x_jobs.notify_tags(channel text, names text[])
+RETURNS text[]
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT ARRAY(
+        SELECT x_jobs._notify_tag(notify_tags.channel, n.name)
+        FROM unnest(notify_tags.names) WITH ORDINALITY AS n (name, i)
+        ORDER BY n.i
+    )
+$$;
+
 -- Every NOTIFY of a producer's call (enqueue, publish, outbox puts) goes through here, so that
 -- a producer that wants throughput more than a wake-up can turn them off: SET x_jobs.notify =
 -- off (per session, role or database). PostgreSQL serializes the commits of transactions that
 -- notified, which costs concurrent producers about a third of their commits (docs/benchmarks.md);
 -- workers and relays poll as well, so without notifications work waits at most a poll interval.
+-- `p_payload` is the queue or topic: what goes out is its tag (_notify_tag).
 CREATE FUNCTION x_jobs._notify(p_channel text, p_payload text)
 RETURNS void
 LANGUAGE plpgsql
@@ -316,7 +369,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF coalesce(pg_catalog.current_setting('x_jobs.notify', true), '') <> 'off' THEN
-        PERFORM pg_catalog.pg_notify(p_channel, p_payload);
+        PERFORM pg_catalog.pg_notify(p_channel, x_jobs._notify_tag(p_channel, p_payload));
     END IF;
 END
 $$;

@@ -776,7 +776,8 @@ BEGIN
     FROM released AS r;
 
     -- Another worker should take them now, not at its next poll.
-    PERFORM pg_catalog.pg_notify('x_jobs', q.queue) FROM unnest(v_queues) AS q (queue);
+    PERFORM pg_catalog.pg_notify('x_jobs', x_jobs._notify_tag('x_jobs', q.queue))
+        FROM unnest(v_queues) AS q (queue);
     RETURN QUERY SELECT unnest(v_ids);
 END
 $$;

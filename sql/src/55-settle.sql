@@ -361,7 +361,7 @@ BEGIN
 
     -- A retry due at once is work for the queue now: wake it like an enqueue does.
     IF v_state = 'ready' THEN
-        PERFORM pg_catalog.pg_notify('x_jobs', v_queue);
+        PERFORM pg_catalog.pg_notify('x_jobs', x_jobs._notify_tag('x_jobs', v_queue));
     END IF;
     RETURN v_state;
 END

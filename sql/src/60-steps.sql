@@ -683,7 +683,7 @@ BEGIN
         UPDATE x_jobs.job AS j
         SET state = 'ready', run_at = v_now, updated_at = v_now
         WHERE j.id = resolve_step.job;
-        PERFORM pg_catalog.pg_notify('x_jobs', v_job.queue);
+        PERFORM pg_catalog.pg_notify('x_jobs', x_jobs._notify_tag('x_jobs', v_job.queue));
     END IF;
     RETURN v_step;
 END

@@ -761,7 +761,8 @@ BEGIN
     )
     SELECT count(*), pg_catalog.array_agg(DISTINCT r.topic) INTO v_count, v_topics FROM redriven AS r;
 
-    PERFORM pg_catalog.pg_notify('x_jobs_outbox', t.topic) FROM unnest(v_topics) AS t (topic);
+    PERFORM pg_catalog.pg_notify('x_jobs_outbox', x_jobs._notify_tag('x_jobs_outbox', t.topic))
+        FROM unnest(v_topics) AS t (topic);
     RETURN v_count;
 END
 $$;

@@ -120,7 +120,7 @@ BEGIN
                 HINT = 'Wait for the live job to finish, or cancel it, then retry this one.';
     END;
 
-    PERFORM pg_catalog.pg_notify('x_jobs', v_job.queue);
+    PERFORM pg_catalog.pg_notify('x_jobs', x_jobs._notify_tag('x_jobs', v_job.queue));
     RETURN TRUE;
 END
 $$;
@@ -518,7 +518,8 @@ BEGIN
                 SELECT count(*)::integer, coalesce(pg_catalog.array_agg(DISTINCT r.queue), ARRAY[]::text[])
                 INTO v_n, v_queues
                 FROM retried AS r;
-                PERFORM pg_catalog.pg_notify('x_jobs', q.queue) FROM unnest(v_queues) AS q (queue);
+                PERFORM pg_catalog.pg_notify('x_jobs', x_jobs._notify_tag('x_jobs', q.queue))
+                    FROM unnest(v_queues) AS q (queue);
             EXCEPTION
                 WHEN unique_violation THEN
                     -- Undone with the block: retry each row as retry does, skipping a taken key.
@@ -664,7 +665,7 @@ BEGIN
     END IF;
     DELETE FROM x_jobs.queue_pause AS p WHERE p.queue = resume_queue.queue;
     IF FOUND THEN
-        PERFORM pg_catalog.pg_notify('x_jobs', resume_queue.queue);
+        PERFORM pg_catalog.pg_notify('x_jobs', x_jobs._notify_tag('x_jobs', resume_queue.queue));
         RETURN TRUE;
     END IF;
     RETURN FALSE;

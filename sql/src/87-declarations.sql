@@ -74,7 +74,8 @@ BEGIN
     )
     SELECT coalesce(pg_catalog.array_agg(DISTINCT w.queue), '{}') INTO v_queues FROM woken AS w;
 
-    PERFORM pg_catalog.pg_notify('x_jobs', q.queue) FROM unnest(v_queues) AS q (queue);
+    PERFORM pg_catalog.pg_notify('x_jobs', x_jobs._notify_tag('x_jobs', q.queue))
+        FROM unnest(v_queues) AS q (queue);
     RETURN pg_catalog.cardinality(v_ids);
 END
 $$;

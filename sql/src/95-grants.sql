@@ -45,11 +45,17 @@ GRANT EXECUTE ON FUNCTION x_jobs.fail(bigint, text, text, text, interval, boolea
 GRANT EXECUTE ON FUNCTION x_jobs.announce_worker(text, text[], text, boolean, interval, text[]) TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.queue_demand() TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.queue_gauges(interval, text[]) TO x_jobs_worker;
+-- The tags a worker's or a relay's listener matches notifications against (notify_tags runs as
+-- its owner: the secret is the owner's alone).
+GRANT EXECUTE ON FUNCTION x_jobs.notify_tags(text, text[]) TO x_jobs_worker;
 
 -- Admins: operate the queues and run retention. These functions run as the caller: an admin
 -- holds the rights on the rows they change.
 GRANT EXECUTE ON FUNCTION x_jobs.cancel(bigint) TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs.retry(bigint) TO x_jobs_admin;
+-- The admins' functions that wake (retry, resume_queue, redrive, resolve_step) notify as their
+-- caller: the tag of a name runs as its owner (the secret is the owner's alone).
+GRANT EXECUTE ON FUNCTION x_jobs._notify_tag(text, text) TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs.list_jobs(text, text, bigint, integer, text) TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs._bulk_states(
     text, text, x_jobs.job_state[], x_jobs.job_state[], text, timestamptz, timestamptz, integer

@@ -498,4 +498,29 @@ GRANT EXECUTE ON FUNCTION x_jobs.progress(bigint, text, double precision, double
 TO x_jobs_worker;
 GRANT EXECUTE ON FUNCTION x_jobs.hand_back(bigint[], text, interval, integer[]) TO x_jobs_worker;
 
+-- Notifications carry an opaque tag per queue or topic, not its name: any login may LISTEN (see
+-- x_jobs.notify_secret). The secret is made here as at install; every function that notifies
+-- sends the tag. A worker or relay of 0.4.1 still listening for names hears none of them until
+-- it restarts (it polls meanwhile, see CHANGELOG).
+CREATE TABLE x_jobs.notify_secret (
+    one boolean NOT NULL DEFAULT TRUE,
+    secret text NOT NULL,
+    CONSTRAINT notify_secret_pkey PRIMARY KEY (one),
+    CONSTRAINT notify_secret_one_row CHECK (one)
+);
+INSERT INTO x_jobs.notify_secret (secret)
+VALUES (pg_catalog.gen_random_uuid()::text || pg_catalog.gen_random_uuid()::text);
+REVOKE ALL ON TABLE x_jobs.notify_secret FROM public;
+--@function x_jobs._notify_tag
+--@function x_jobs.notify_tags
+--@function x_jobs._notify
+--@function x_jobs.resolve_step
+--@function x_jobs.outbox_redrive
+--@function x_jobs.retry
+--@function x_jobs._wake_parked
+REVOKE ALL ON FUNCTION x_jobs._notify_tag(text, text) FROM public;
+REVOKE ALL ON FUNCTION x_jobs.notify_tags(text, text[]) FROM public;
+GRANT EXECUTE ON FUNCTION x_jobs._notify_tag(text, text) TO x_jobs_admin;
+GRANT EXECUTE ON FUNCTION x_jobs.notify_tags(text, text[]) TO x_jobs_worker;
+
 SELECT x_jobs._adopt();

@@ -2,7 +2,7 @@
 -- volatile it is, whose rights it runs with, which settings it pins, and who may use what.
 -- A change to any of these is a change to the API: it shows up here first, on purpose.
 BEGIN;
-SELECT plan(1365);
+SELECT plan(1390);
 
 -- The functions of the API, one row each, with what 00-schema pins about them. `args` is how
 -- pgTAP's catalog view spells the argument types (regtype output: 'timestamp with time zone',
@@ -29,6 +29,15 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
 ('_require_worker', '{text,text}', 'void', 'IMMUTABLE', NULL),
 ('_require_lease', '{interval,text}', 'void', 'IMMUTABLE', NULL),
 ('_notify', '{text,text}', 'void', 'VOLATILE', NULL),
+-- Notifications carry tags (0.4.2): both read the secret, which only the owner may.
+(
+    '_notify_tag', '{text,text}', 'text', 'STABLE',
+    'so that every notify sends the tag of a name, made of a secret no role may read'
+),
+(
+    'notify_tags', '{text,text[]}', 'text[]', 'STABLE',
+    'so that a listener learns the tags of the names it names, never the secret'
+),
 ('_caller', '{}', 'name', 'STABLE', NULL),
 -- The fence (0.4.2): a worker id is its first claimer's login's (see _fence).
 (
@@ -325,6 +334,10 @@ INSERT INTO api_grant (fn, lowest_role, to_pg_monitor) VALUES
 ('_role_problems', 'x_jobs_worker', TRUE),
 ('health', 'x_jobs_worker', TRUE),
 ('_notify', NULL, FALSE),
+-- The admins' functions that wake run as their caller and call _notify_tag; workers' and
+-- relays' listeners ask notify_tags (0.4.2).
+('_notify_tag', 'x_jobs_admin', FALSE),
+('notify_tags', 'x_jobs_worker', FALSE),
 -- The admins' functions that run as their caller name it in their refusals (0.4.2).
 ('_caller', 'x_jobs_admin', FALSE),
 ('_fence', NULL, FALSE),
@@ -482,11 +495,11 @@ SELECT tables_are(
     ARRAY[
         'job', 'job_error', 'queue_pause', 'worker', 'queue_snapshot', 'counter', 'step', 'event', 'outbox',
         'webhook_ledger', 'job_type', 'schedule', 'worker_login', 'tenant_binding', 'rate_limit', 'job_rate',
-        'event_lock'
+        'event_lock', 'notify_secret'
     ],
     'The x_jobs schema should hold exactly the tables job, job_error, queue_pause, worker, queue_snapshot, counter, '
-    'step, event, outbox, webhook_ledger, job_type, schedule, worker_login, tenant_binding, rate_limit, job_rate '
-    'and event_lock'
+    'step, event, outbox, webhook_ledger, job_type, schedule, worker_login, tenant_binding, rate_limit, job_rate, '
+    'event_lock and notify_secret'
 );
 
 SELECT sequences_are(
@@ -1495,6 +1508,7 @@ INSERT INTO api_param (fn, arguments) VALUES
 ('tenant_bindings', ''),
 ('set_rate_limit', 'key text, max_starts integer, per interval'),
 ('drop_rate_limit', 'key text'),
+('notify_tags', 'channel text, names text[]'),
 ('rate_limits', '');
 
 SELECT set_eq(
@@ -1811,6 +1825,12 @@ FROM (
     ('tenant_binding', 'x_jobs_admin', '{}'),
     ('tenant_binding', 'pg_monitor', '{}'),
     ('tenant_binding', 'public', '{}'),
+    ('notify_secret', 'x_jobs_producer', '{}'),
+    ('notify_secret', 'x_jobs_worker', '{}'),
+    ('notify_secret', 'x_jobs_admin', '{}'),
+    ('notify_secret', 'x_jobs_webhook', '{}'),
+    ('notify_secret', 'pg_monitor', '{}'),
+    ('notify_secret', 'public', '{}'),
     ('rate_limit', 'x_jobs_producer', '{}'),
     ('rate_limit', 'x_jobs_worker', '{}'),
     ('rate_limit', 'x_jobs_admin', '{}'),

@@ -8,7 +8,7 @@
 -- the test; each block runs under SET ROLE and ends with RESET ROLE. The clock is moved with
 -- SET LOCAL "x_jobs.fake_now", which only a superuser's session may do (the last block).
 BEGIN;
-SELECT plan(180);
+SELECT plan(192);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 10:00:00+00';
 
@@ -355,6 +355,112 @@ RESET ROLE;
 SELECT is_empty(
     $$SELECT * FROM x_jobs.job WHERE name = 't80_nobody'$$,
     'The refused enqueue should have inserted nothing'
+);
+
+------------------------------------------------------------------------------------------------
+-- Notifications: any login may LISTEN, so a payload is a tag made of a secret only the owner
+-- reads; a worker (listener) asks the tags of the names it names.
+------------------------------------------------------------------------------------------------
+
+SET ROLE t80_nobody;
+
+SELECT throws_ok(
+    $$SELECT secret FROM x_jobs.notify_secret$$,
+    '42501',
+    'permission denied for schema x_jobs',
+    'A role without a grant should not be able to read the secret notifications are tagged with'
+);
+
+SELECT throws_ok(
+    $$SELECT x_jobs.notify_tags(channel => 'x_jobs', names => ARRAY['t80-q'])$$,
+    '42501',
+    'permission denied for schema x_jobs',
+    'A role without a grant should not be able to ask the tag of a queue'
+);
+
+SET ROLE t80_producer;
+
+SELECT throws_ok(
+    $$SELECT secret FROM x_jobs.notify_secret$$,
+    '42501',
+    'permission denied for table notify_secret',
+    'A producer should not be able to read the secret notifications are tagged with'
+);
+
+SELECT throws_ok(
+    $$SELECT x_jobs.notify_tags(channel => 'x_jobs', names => ARRAY['t80-q'])$$,
+    '42501',
+    'permission denied for function notify_tags',
+    'A producer should not be able to ask the tag of a queue'
+);
+
+SELECT throws_ok(
+    $$SELECT x_jobs._notify_tag('x_jobs', 't80-q')$$,
+    '42501',
+    'permission denied for function _notify_tag',
+    'A producer should not be able to make the tag of a queue'
+);
+
+SET ROLE t80_monitor;
+
+SELECT throws_ok(
+    $$SELECT secret FROM x_jobs.notify_secret$$,
+    '42501',
+    'permission denied for table notify_secret',
+    'A monitor should not be able to read the secret notifications are tagged with'
+);
+
+SET ROLE t80_admin;
+
+SELECT throws_ok(
+    $$SELECT secret FROM x_jobs.notify_secret$$,
+    '42501',
+    'permission denied for table notify_secret',
+    'An admin should not be able to read the secret notifications are tagged with'
+);
+
+SET ROLE t80_worker;
+
+SELECT throws_ok(
+    $$SELECT secret FROM x_jobs.notify_secret$$,
+    '42501',
+    'permission denied for table notify_secret',
+    'A worker should not be able to read the secret notifications are tagged with'
+);
+
+CREATE TEMP TABLE t80_tags ON COMMIT DROP AS
+SELECT x_jobs.notify_tags(channel => 'x_jobs', names => ARRAY['t80-q', 'default']) AS tags;
+
+RESET ROLE;
+
+SELECT is(
+    (SELECT t.tags FROM t80_tags AS t),
+    ARRAY[x_jobs._notify_tag('x_jobs', 't80-q'), x_jobs._notify_tag('x_jobs', 'default')],
+    'A worker should be told the tags notifications carry for its queues, in the order it named them'
+);
+
+SELECT ok(
+    x_jobs._notify_tag('x_jobs', 't80-q') ~ '^[0-9a-f]{16}$'
+    AND x_jobs._notify_tag('x_jobs', 't80-q') <> 't80-q',
+    'The tag of a queue should be 16 hex digits, not its name'
+);
+
+SELECT isnt(
+    x_jobs._notify_tag('x_jobs', 't80-q'),
+    x_jobs._notify_tag('x_jobs_outbox', 't80-q'),
+    'A queue and a topic of the same name should have different tags'
+);
+
+-- No function sends a name: each pg_notify of the extension's sends a tag.
+SELECT is_empty(
+    $$
+    SELECT p.proname
+    FROM pg_catalog.pg_proc AS p
+    WHERE p.pronamespace = 'x_jobs'::regnamespace
+        AND (SELECT count(*) FROM regexp_matches(p.prosrc, 'pg_notify\(', 'g'))
+        <> (SELECT count(*) FROM regexp_matches(p.prosrc, 'pg_notify\([^,]+, x_jobs\._notify_tag\(', 'g'))
+    $$,
+    'Every notification the extension sends should carry a tag made by _notify_tag, never a name'
 );
 
 ------------------------------------------------------------------------------------------------

@@ -214,6 +214,18 @@ def serving(app: x_jobs.App, concurrency: int = 4, **options: Any) -> Iterator[x
         app.close()
 
 
+def notify_names(conn: Conn, channel: str, names: Sequence[str]) -> Callable[[str], str]:
+    """What a notification's payload on ``channel`` stands for: one of ``names`` (its tag, as
+    x_jobs.notify_tags answers it), else ``untagged:<payload>``, so that a test comparing names
+    fails on a payload that is a bare name."""
+    row = conn.execute(
+        "SELECT x_jobs.notify_tags(channel => %s, names => %s)", [channel, list(names)]
+    ).fetchone()
+    assert row is not None
+    by_tag = dict(zip(row[0], names, strict=True))
+    return lambda payload: by_tag.get(payload, f"untagged:{payload}")
+
+
 @contextmanager
 def connections(dsn: str) -> Iterator[Connect]:
     """A ``Connect`` for ``dsn`` that closes every connection it opened on exit."""

@@ -27,7 +27,7 @@ from typing import Any, LiteralString
 
 import psycopg
 import pytest
-from conftest import DEADLINE_SECONDS, Conn, Connect, wait_for_lock_waiters
+from conftest import DEADLINE_SECONDS, Conn, Connect, notify_names, wait_for_lock_waiters
 from psycopg.types.json import Jsonb
 
 from x_jobs.errors import IsolationUnsupported, translate
@@ -541,7 +541,8 @@ def test_a_wait_that_times_out_makes_its_run_claimable_and_fails_its_step(conn: 
 def _notifications_after(
     listener: Conn, producer: Conn, action: Callable[[], object]
 ) -> list[tuple[str, int]]:
-    """Run ``action``; answer the (payload, pid) of every x_jobs notification it caused."""
+    """Run ``action``; answer the (queue, pid) of every x_jobs notification it caused."""
+    queue = notify_names(producer, "x_jobs", ["mail", "sms"])
     action()
     sentinel = f"sentinel-{uuid.uuid4()}"
     producer.execute("SELECT pg_notify('x_jobs', %s)", [sentinel])
@@ -552,7 +553,7 @@ def _notifications_after(
             assert note.channel == "x_jobs"
             if note.payload == sentinel:
                 return got
-            got.append((note.payload, note.pid))
+            got.append((queue(note.payload), note.pid))
     pytest.fail(f"the sentinel notification never arrived (got {got})")
 
 

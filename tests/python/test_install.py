@@ -183,6 +183,7 @@ def test_install_gives_the_schema_create_extension_gives(plain_dsn: str, dsn: st
         "job_error",
         "job_rate",
         "job_type",
+        "notify_secret",
         "outbox",
         "queue_pause",
         "queue_snapshot",

@@ -1,4 +1,5 @@
-"""NOTIFY x_jobs: work due now wakes its queue (payload: the queue name); nothing else does.
+"""NOTIFY x_jobs: work due now wakes its queue (payload: the queue's tag, never its name);
+nothing else does. Any login may LISTEN: one of no x_jobs role hears tags only.
 
 To show that an action sent no notification without sleeping, the producer sends a sentinel
 notification after it: notifications reach a listener in commit order, so once the sentinel
@@ -8,14 +9,21 @@ arrives everything the action sent has arrived before it.
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import psycopg
 import pytest
-from conftest import DEADLINE_SECONDS, Conn, Connect
+from conftest import DEADLINE_SECONDS, Conn, Connect, fresh_database, notify_names, wait_for
+from psycopg import sql
 from psycopg.types.json import Jsonb
+
+import x_jobs
+from x_jobs._listen import _payloads
 
 logger = logging.getLogger(__name__)
 
@@ -25,10 +33,11 @@ class Listener:
 
     def __init__(self, conn: Conn) -> None:
         self.conn = conn
+        self.name = notify_names(conn, "x_jobs", QUEUES)
         conn.execute("LISTEN x_jobs")
 
     def after(self, producer: Conn, action: Callable[[], object]) -> list[tuple[str, int]]:
-        """Run ``action``; answer the (payload, pid) of every x_jobs notification it caused."""
+        """Run ``action``; answer the (queue, pid) of every x_jobs notification it caused."""
         action()
         sentinel = f"sentinel-{uuid.uuid4()}"
         producer.execute("SELECT pg_notify('x_jobs', %s)", [sentinel])
@@ -39,8 +48,15 @@ class Listener:
                 assert note.channel == "x_jobs"
                 if note.payload == sentinel:
                     return got
-                got.append((note.payload, note.pid))
+                got.append((self.name(note.payload), note.pid))
         pytest.fail(f"the sentinel notification never arrived (got {got})")
+
+
+#: The queues of this module's tests: the listener tells their tags from other payloads.
+QUEUES = (
+    "default", "mail", "later", "undone", "outbox", "qa", "qb", "qc", "qd", "qe", "retry",
+    "held", "flows", "other",
+)  # fmt: skip
 
 
 @pytest.fixture
@@ -192,3 +208,112 @@ def test_a_producer_with_x_jobs_notify_off_sends_nothing(
         conn, lambda: conn.execute("SELECT x_jobs.enqueue(name => 'c', queue => 'default')")
     )
     assert got == [("default", pid)]
+
+
+@contextmanager
+def login(admin: Conn, *roles: str) -> Iterator[str]:
+    """A LOGIN role that is a member of ``roles`` (none: of no x_jobs role); its name."""
+    role = f"x_jobs_test_notify_{uuid.uuid4().hex[:8]}"
+    admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    for member_of in roles:
+        admin.execute(
+            sql.SQL("GRANT {} TO {}").format(sql.Identifier(member_of), sql.Identifier(role))
+        )
+    try:
+        yield role
+    finally:
+        admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_a_login_of_no_x_jobs_role_hears_tags_only_while_a_worker_is_woken_at_once(
+    admin: Conn, dsn: str, conn: Conn
+) -> None:
+    """Any login may LISTEN: one granted nothing of x_jobs hears that something was enqueued
+    or put, and when, but neither the queue nor the topic. A worker (a login of x_jobs_worker,
+    which asks the tags of its queues) is still woken by the notification: it polls only every
+    minute here, and takes each job within seconds."""
+    with (
+        login(admin) as nobody,
+        login(admin, "x_jobs_worker") as worker_role,
+        psycopg.connect(f"{dsn} user={nobody}", autocommit=True) as eavesdropper,
+    ):
+        eavesdropper.execute("LISTEN x_jobs")
+        eavesdropper.execute("LISTEN x_jobs_outbox")
+        app = x_jobs.App(f"{dsn} user={worker_role}")
+        ran: queue.Queue[int] = queue.Queue()
+
+        @app.job(name="payroll-run", queue="payroll-secret")
+        def payroll(input: dict[str, int]) -> None:
+            ran.put(input["n"])
+
+        worker = x_jobs.Worker(app, concurrency=1, poll_interval=60, grace=1)
+        thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+        thread.start()
+        try:
+            wait_for(lambda: _listening(conn), "the worker's listener to LISTEN")
+            for n in range(3):
+                conn.execute(
+                    "SELECT x_jobs.enqueue('payroll-run', %s, queue => 'payroll-secret')",
+                    [Jsonb({"n": n})],
+                )
+                # The first may be taken by the claim the listener makes once it listens;
+                # the others only by a wake-up (the next poll is a minute away).
+                assert ran.get(timeout=10) == n
+            conn.execute("SELECT x_jobs.outbox_put('payroll.salaries-secret', '{}')")
+        finally:
+            worker.stop()
+            thread.join(timeout=30)
+            app.close()
+        heard = _drain(eavesdropper, conn)
+    assert len([h for h in heard if h[0] == "x_jobs"]) >= 3, heard
+    assert [h for h in heard if h[0] == "x_jobs_outbox"], heard
+    for channel, payload in heard:
+        assert "payroll" not in payload and "secret" not in payload, heard
+        assert len(payload) == 16 and set(payload) <= set("0123456789abcdef"), (channel, payload)
+
+
+def _listening(conn: Conn) -> bool:
+    return bool(
+        conn.execute(
+            "SELECT count(*) > 0 FROM pg_catalog.pg_stat_activity"
+            " WHERE datname = pg_catalog.current_database()"
+            " AND application_name = 'x_jobs listener' AND query = 'LISTEN \"x_jobs\"'"
+        ).fetchone()
+        == (True,)
+    )
+
+
+def _drain(listener: Conn, sender: Conn) -> list[tuple[str, str]]:
+    """Every (channel, payload) ``listener`` heard before a sentinel on each channel."""
+    sentinel = f"sentinel-{uuid.uuid4()}"
+    for channel in ("x_jobs", "x_jobs_outbox"):
+        sender.execute("SELECT pg_notify(%s, %s)", [channel, sentinel])
+    heard: list[tuple[str, str]] = []
+    seen = 0
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    while time.monotonic() < deadline:
+        for note in listener.notifies(timeout=1.0):
+            if note.payload == sentinel:
+                seen += 1
+                if seen == 2:
+                    return heard
+            else:
+                heard.append((note.channel, note.payload))
+    pytest.fail(f"the sentinel notifications never arrived (heard {heard})")
+
+
+def test_the_listener_matches_names_on_a_database_of_0_4_1(admin: Conn) -> None:
+    """A database of 0.4.1 has no notify_tags and sends the names: the listener matches those;
+    on 0.4.2 it matches the tags notify_tags answers."""
+    with (
+        fresh_database(admin, "template0", prefix="x_jobs_notify_041") as conninfo,
+        psycopg.connect(conninfo, autocommit=True) as old,
+    ):
+        old.execute("CREATE EXTENSION x_jobs VERSION '0.4.1'")
+        assert _payloads(old, "x_jobs", {"a", "b"}, "test") == frozenset({"a", "b"})
+        assert _payloads(old, "x_jobs", None, "test") is None
+        old.execute("ALTER EXTENSION x_jobs UPDATE TO '0.4.2'")
+        tags = _payloads(old, "x_jobs", {"a", "b"}, "test")
+        assert tags is not None and tags.isdisjoint({"a", "b"}) and len(tags) == 2
+        name = notify_names(old, "x_jobs", ["a", "b"])
+        assert sorted(name(tag) for tag in tags) == ["a", "b"]

@@ -27,6 +27,7 @@ from conftest import (
     Connect,
     connections,
     fresh_database,
+    notify_names,
     wait_for_lock_waiters,
 )
 from plans import PlanLog, nodes, rows_read
@@ -325,6 +326,7 @@ class Listener:
 
     def __init__(self, conn: Conn) -> None:
         self.conn = conn
+        self.topic = notify_names(conn, self.CHANNEL, TOPICS)
         conn.execute("LISTEN x_jobs_outbox")
 
     def after(self, sender: Conn, action: Callable[[], object]) -> list[tuple[str, int]]:
@@ -340,8 +342,12 @@ class Listener:
                 assert note.channel == self.CHANNEL
                 if note.payload == sentinel:
                     return got
-                got.append((note.payload, note.pid))
+                got.append((self.topic(note.payload), note.pid))
         pytest.fail(f"the sentinel notification never arrived (got {got})")
+
+
+#: The topics the listener's tests put to: it tells their tags from other payloads.
+TOPICS = ("orders.created", "orders.paid")
 
 
 @pytest.fixture
