@@ -119,8 +119,12 @@ DECLARE
     -- The tenants the worker's role acts for (NULL: all). A bound worker takes only their rows:
     -- a filter in each arm, on rows the index hands out in order, so an unbound worker pays a
     -- NULL test a row read. A bound worker on a queue shared with other tenants reads past their
-    -- due rows: give a bound tenant's jobs queues of their own.
-    v_scope text[] := x_jobs._tenant_scope();
+    -- due rows: give a bound tenant's jobs queues of their own. With no binding in the database
+    -- and no x_jobs.tenant set, the scope is NULL without the call (20 us of a 500 us claim).
+    v_scope text[] := CASE
+        WHEN EXISTS (SELECT FROM x_jobs.tenant_binding)
+            OR pg_catalog.current_setting('x_jobs.tenant', TRUE) <> '' THEN x_jobs._tenant_scope()
+    END;
     v_rated_ids bigint[] := ARRAY[]::bigint[];
     v_rated_at tid[] := ARRAY[]::tid[];
 BEGIN
@@ -155,8 +159,15 @@ BEGIN
     END IF;
     -- The fence (see x_jobs._fence): the first claim with an id binds it to the caller's login,
     -- and only that login claims, and then settles, with it. Claiming with another login's id
-    -- would hand it rows it could settle in that worker's name, so that is refused (XJ052).
-    PERFORM x_jobs._require_fence(claim.worker);
+    -- would hand it rows it could settle in that worker's name, so that is refused (XJ052). An id
+    -- bound to the caller within the day needs neither binding nor renewal: one probe here
+    -- instead of two nested calls (40 us of a 500 us claim).
+    IF NOT EXISTS (
+        SELECT FROM x_jobs.worker_login AS l
+        WHERE l.worker = claim.worker AND l.login = x_jobs._caller() AND l.bound_at >= v_now - interval '1 day'
+    ) THEN
+        PERFORM x_jobs._require_fence(claim.worker);
+    END IF;
 
     -- While the server was down no holder could heartbeat: every lease that ran out meanwhile
     -- looks lapsed once it is back, and the first worker to reconnect took the jobs of the
