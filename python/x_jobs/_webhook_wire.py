@@ -406,18 +406,26 @@ class ThreadingWSGIServer(socketserver.ThreadingMixIn, WSGIServer):
                 request,
                 raw_answer((503, {"error": "the receiver is busy; send it again shortly"})),
             )
-            # A lingering close: what the client still sends is read and dropped until it
-            # closes (or a second passed), since closing on unread bytes resets the connection,
-            # and the reset can reach the client before it read the answer.
-            deadline = time.monotonic() + 1.0
-            try:
-                request.shutdown(socket.SHUT_WR)
-                while (left := deadline - time.monotonic()) > 0:
-                    request.settimeout(left)
-                    if not request.recv(65536):
-                        break
-            except OSError:
-                pass
             self.shutdown_request(request)
         finally:
             self._refusals.release()
+
+    def shutdown_request(self, request: Any) -> None:
+        linger(request)
+        super().shutdown_request(request)
+
+
+def linger(sock: socket.socket) -> None:
+    """A lingering close: after the answer, what the client still sends (the rest of a body
+    refused 413 or 503) is read and dropped until it closes, for a second at most. Closing on
+    unread bytes resets the connection, and the reset can reach the client before it read the
+    answer, which it then retries as a network error."""
+    deadline = time.monotonic() + 1.0
+    try:
+        sock.shutdown(socket.SHUT_WR)
+        while (left := deadline - time.monotonic()) > 0:
+            sock.settimeout(left)
+            if not sock.recv(65536):
+                break
+    except OSError:
+        pass
