@@ -142,6 +142,12 @@ def test_a_worker_declares_the_limit_and_enqueues_name_the_key(dsn: str, conn: C
     def charge(input: dict[str, Any]) -> None:
         ran.append(int(input["n"]))
 
+    plain_ran: list[int] = []
+
+    @app.job(name="plain", queue="rl-app")
+    def plain(input: dict[str, Any]) -> None:
+        plain_ran.append(int(input["n"]))
+
     try:
         # Before any worker declared it the key has no limit: the enqueue is refused, coded.
         with pytest.raises(x_jobs.RateLimitUnknown):
@@ -159,7 +165,10 @@ def test_a_worker_declares_the_limit_and_enqueues_name_the_key(dsn: str, conn: C
             for n in range(5):
                 charge.enqueue({"n": n})
             wait_for(lambda: len(ran) >= 3, "three runs of the limited job")
-            time.sleep(1.0)
+            # A job without a key, enqueued after them, runs: the worker claimed again since,
+            # with the other two of the key due, and passed them over.
+            plain.enqueue({"n": 0})
+            wait_for(lambda: plain_ran == [0], "the run of the job without a key")
             # Three an hour: the other two wait, parked.
             assert len(ran) == 3
             row = conn.execute(
