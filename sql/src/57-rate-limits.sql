@@ -226,9 +226,15 @@ BEGIN
             v_last := v_key;
             v_visits := v_visits - 1;
 
+            -- p_now is the claim's transaction start, so a claim that began before a window's
+            -- end can take the lock after one that began in the next window: its window is
+            -- closed then, and it starts nothing (counting its starts in the old window afresh
+            -- would spend that window's budget twice).
             SELECT l.per,
-                   l.max_starts - CASE
-                       WHEN l.window_start = x_jobs._rate_window(l.per, p_now) THEN l.starts ELSE 0
+                   CASE
+                       WHEN l.window_start > x_jobs._rate_window(l.per, p_now) THEN 0
+                       WHEN l.window_start = x_jobs._rate_window(l.per, p_now) THEN l.max_starts - l.starts
+                       ELSE l.max_starts
                    END
             INTO v_per, v_room
             FROM x_jobs.rate_limit AS l

@@ -5,7 +5,7 @@
 -- x_jobs.fake_now (windows of a minute, aligned to the epoch).
 
 BEGIN;
-SELECT plan(28);
+SELECT plan(30);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:00:10+00';
 
@@ -194,6 +194,23 @@ SELECT is(
     (SELECT count(*)::integer FROM x_jobs.claim(ARRAY['tq'], 'w4', '10 minutes', 100)),
     2,
     'The waiting rows of a dropped limit should run without one'
+);
+
+-- A claim whose clock (its transaction's start) is behind the window a later claim opened
+-- starts nothing: the old window is closed, and its budget must not be counted afresh.
+SELECT x_jobs.set_rate_limit('late', 2, '1 minute');
+SELECT x_jobs.enqueue('t', queue => 'lq', rate_limit_key => 'late') FROM generate_series(1, 6);
+SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:06:00+00';
+SELECT is(
+    (SELECT count(*)::integer FROM x_jobs.claim(ARRAY['lq'], 'w5', '10 minutes', 10)),
+    2,
+    'A claim in a fresh window should start the whole budget'
+);
+SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:05:59.9+00';
+SELECT is(
+    (SELECT count(*)::integer FROM x_jobs.claim(ARRAY['lq'], 'w5', '10 minutes', 10)),
+    0,
+    'A claim whose clock is in the window before the limit''s current one should start none'
 );
 
 SELECT * FROM finish();
