@@ -127,6 +127,12 @@ DECLARE
     END;
     v_rated_ids bigint[] := ARRAY[]::bigint[];
     v_rated_at tid[] := ARRAY[]::tid[];
+    -- The fair queues among v_queues (x_jobs.queue_policy), and what _claim_fair locked in them.
+    v_fair text[];
+    v_fair_at tid[];
+    v_fair_priority smallint[];
+    v_fair_run_at timestamptz[];
+    v_fair_seq integer[];
 BEGIN
     IF claim.queues IS NULL OR pg_catalog.cardinality(claim.queues) = 0
         OR EXISTS (SELECT FROM unnest(claim.queues) AS q WHERE q IS NULL OR q = '') THEN
@@ -184,11 +190,16 @@ BEGIN
 
     -- A queue named twice would be two scans over one queue, and rows this statement locked are
     -- not skipped by itself: the repeat would spend slots on rows already picked.
-    v_queues := ARRAY(
-        SELECT DISTINCT q.queue
+    -- Fair queues (see x_jobs._claim_fair) are found in the same statement: a probe a queue.
+    SELECT coalesce(pg_catalog.array_agg(q.queue), '{}'),
+           coalesce(pg_catalog.array_agg(q.queue) FILTER (WHERE q.fair), '{}')
+    INTO v_queues, v_fair
+    FROM (
+        SELECT DISTINCT q.queue,
+               EXISTS (SELECT FROM x_jobs.queue_policy AS f WHERE f.queue = q.queue AND f.fair) AS fair
         FROM unnest(claim.queues) AS q (queue)
         WHERE NOT EXISTS (SELECT FROM x_jobs.queue_pause AS p WHERE p.queue = q.queue)
-    );
+    ) AS q;
 
     WHILE v_pass < 3 AND v_got < claim.qty AND pg_catalog.cardinality(v_queues) > 0 LOOP
         v_pass := v_pass + 1;
@@ -238,6 +249,7 @@ BEGIN
                             AND j.state = 'ready' AND j.concurrency_key IS NULL
                             AND j.run_at <= v_now
                             AND (v_scope IS NULL OR j.tenant_id = ANY (v_scope))
+                            AND o.queue <> ALL (v_fair)
                         ORDER BY j.priority, j.run_at, j.id
                         LIMIT v_want
                     ) AS arm
@@ -248,6 +260,24 @@ BEGIN
                 ORDER BY q.n
             );
             v_peeked := (SELECT sum(l)::integer FROM unnest(v_limits) AS l);
+        END IF;
+
+        -- A fair queue's ready rows come from _claim_fair, in turns across its tenants, and
+        -- not from the ready arm (whose limit is 0 there).
+        v_fair_at := '{}';
+        IF pg_catalog.cardinality(v_fair) > 0 THEN
+            v_limits := ARRAY(
+                SELECT CASE WHEN q.queue = ANY (v_fair) THEN 0 ELSE q.lim END
+                FROM unnest(v_queues, v_limits) WITH ORDINALITY AS q (queue, lim, n)
+                ORDER BY q.n
+            );
+            SELECT coalesce(pg_catalog.array_agg(f.o_at), '{}'),
+                   coalesce(pg_catalog.array_agg(f.o_priority), '{}'),
+                   coalesce(pg_catalog.array_agg(f.o_run_at), '{}'),
+                   coalesce(pg_catalog.array_agg(f.o_seq), '{}')
+            INTO v_fair_at, v_fair_priority, v_fair_run_at, v_fair_seq
+            FROM unnest(v_fair) AS q (queue)
+            CROSS JOIN LATERAL x_jobs._claim_fair(q.queue, v_want, v_now, v_scope) AS f;
         END IF;
 
         -- Rows with a concurrency key: the oldest due ones of each queue (ready ones in claim
@@ -474,7 +504,7 @@ BEGIN
             FROM unnest(v_queues, v_limits) AS o (queue, lim)
             CROSS JOIN LATERAL (
                 SELECT j.id, j.priority, j.run_at, FALSE AS lapsed, FALSE AS exhausted,
-                       j.concurrency_key, j.attempt, j.claimed_by, j.ctid AS at
+                       j.concurrency_key, j.attempt, j.claimed_by, j.ctid AS at, 0 AS fair_seq
                 FROM x_jobs.job AS j
                 WHERE j.queue = o.queue
                     AND j.state = 'ready' AND j.concurrency_key IS NULL
@@ -489,7 +519,7 @@ BEGIN
             FROM unnest(v_queues) AS o (queue)
             CROSS JOIN LATERAL (
                 SELECT j.id, j.priority, j.run_at, FALSE AS lapsed, FALSE AS exhausted,
-                       j.concurrency_key, j.attempt, j.claimed_by, j.ctid AS at
+                       j.concurrency_key, j.attempt, j.claimed_by, j.ctid AS at, 0 AS fair_seq
                 FROM x_jobs.job AS j
                 WHERE j.queue = o.queue
                     AND j.state IN ('delayed', 'suspended') AND j.concurrency_key IS NULL
@@ -502,16 +532,23 @@ BEGIN
             UNION ALL
             -- Locked above already.
             SELECT j.id, j.priority, j.run_at, FALSE AS lapsed, FALSE AS exhausted,
-                   j.concurrency_key, j.attempt, j.claimed_by, j.ctid AS at
+                   j.concurrency_key, j.attempt, j.claimed_by, j.ctid AS at, 0 AS fair_seq
             FROM x_jobs.job AS j
             WHERE j.id = ANY (v_found)
+            UNION ALL
+            -- Locked by _claim_fair, with the claim order it gave them.
+            SELECT j.id, f.priority, f.run_at, FALSE AS lapsed, FALSE AS exhausted,
+                   j.concurrency_key, j.attempt, j.claimed_by, j.ctid AS at, f.seq AS fair_seq
+            FROM unnest(v_fair_at, v_fair_priority, v_fair_run_at, v_fair_seq) AS f (at, priority, run_at, seq)
+            JOIN x_jobs.job AS j ON j.ctid = f.at
+            WHERE j.ctid = ANY (v_fair_at)
             UNION ALL
             SELECT arm.*
             FROM unnest(v_queues) AS o (queue)
             CROSS JOIN LATERAL (
                 SELECT j.id, j.priority, j.run_at, TRUE AS lapsed,
                        j.attempt >= j.max_attempts AS exhausted,
-                       j.concurrency_key, j.attempt, j.claimed_by, j.ctid AS at
+                       j.concurrency_key, j.attempt, j.claimed_by, j.ctid AS at, 0 AS fair_seq
                 FROM x_jobs.job AS j
                 WHERE j.queue = o.queue
                     AND j.state = 'running'
@@ -523,7 +560,7 @@ BEGIN
                 LIMIT v_want
                 FOR UPDATE SKIP LOCKED
             ) AS arm
-            ORDER BY 2, 3, 1
+            ORDER BY 2, 3, 10, 1
             LIMIT v_want
         ) AS c;
 

@@ -182,6 +182,12 @@ GRANT EXECUTE ON FUNCTION x_jobs.drop_rate_limit(text) TO x_jobs_admin;
 -- purge, which runs as the admin, deletes the rate limit rows of the jobs it deletes.
 GRANT SELECT, DELETE ON x_jobs.job_rate TO x_jobs_admin;
 
+-- Fair queues. Workers and monitors read the policies, through a function that runs as its
+-- owner; admins set them (which builds or drops an index, see set_queue_policy). None holds a
+-- right on the policy tables: every change goes through the checks.
+GRANT EXECUTE ON FUNCTION x_jobs.queue_policies() TO x_jobs_worker, pg_monitor;
+GRANT EXECUTE ON FUNCTION x_jobs.set_queue_policy(text, boolean, jsonb) TO x_jobs_admin;
+
 -- Readers. They run as their caller, who holds SELECT on what each reads: admins (through
 -- x_jobs_worker, and their own grants on job_error, step and counter) read a job, its errors and
 -- steps, the outbox and the counters; workers ask their jobs' states and what they hold.

@@ -523,4 +523,37 @@ REVOKE ALL ON FUNCTION x_jobs.notify_tags(text, text[]) FROM public;
 GRANT EXECUTE ON FUNCTION x_jobs._notify_tag(text, text) TO x_jobs_admin;
 GRANT EXECUTE ON FUNCTION x_jobs.notify_tags(text, text[]) TO x_jobs_worker;
 
+-- Fair queues: a queue's policy, its tenants' weights, and the claim's turns across tenants.
+CREATE TABLE x_jobs.queue_policy (
+    queue text NOT NULL,
+    fair boolean NOT NULL,
+    updated_at timestamptz NOT NULL,
+    updated_by text NOT NULL,
+    CONSTRAINT queue_policy_pkey PRIMARY KEY (queue)
+);
+COMMENT ON TABLE x_jobs.queue_policy IS
+'Queue policies: fair, claims take the queue''s ready rows round-robin across tenants.';
+CREATE TABLE x_jobs.queue_weight (
+    queue text NOT NULL,
+    tenant_id text NOT NULL,
+    weight integer NOT NULL,
+    CONSTRAINT queue_weight_pkey PRIMARY KEY (queue, tenant_id),
+    CONSTRAINT queue_weight_in_range CHECK (weight BETWEEN 1 AND 1000)
+);
+COMMENT ON TABLE x_jobs.queue_weight IS
+'Weights of tenants in fair queues: rows a turn (1 when absent).';
+SELECT pg_catalog.pg_extension_config_dump('x_jobs.queue_policy', '');
+SELECT pg_catalog.pg_extension_config_dump('x_jobs.queue_weight', '');
+REVOKE ALL ON TABLE x_jobs.queue_policy, x_jobs.queue_weight FROM public;
+--@function x_jobs._fair_index
+--@function x_jobs.queue_policies
+--@function x_jobs.set_queue_policy
+--@function x_jobs._claim_fair
+REVOKE ALL ON FUNCTION x_jobs._fair_index(text) FROM public;
+REVOKE ALL ON FUNCTION x_jobs.queue_policies() FROM public;
+REVOKE ALL ON FUNCTION x_jobs.set_queue_policy(text, boolean, jsonb) FROM public;
+REVOKE ALL ON FUNCTION x_jobs._claim_fair(text, integer, timestamptz, text[]) FROM public;
+GRANT EXECUTE ON FUNCTION x_jobs.queue_policies() TO x_jobs_worker, pg_monitor;
+GRANT EXECUTE ON FUNCTION x_jobs.set_queue_policy(text, boolean, jsonb) TO x_jobs_admin;
+
 SELECT x_jobs._adopt();

@@ -2,7 +2,7 @@
 -- volatile it is, whose rights it runs with, which settings it pins, and who may use what.
 -- A change to any of these is a change to the API: it shows up here first, on purpose.
 BEGIN;
-SELECT plan(1390);
+SELECT plan(1438);
 
 -- The functions of the API, one row each, with what 00-schema pins about them. `args` is how
 -- pgTAP's catalog view spells the argument types (regtype output: 'timestamp with time zone',
@@ -303,6 +303,17 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
 (
     'rate_limits', '{}', 'setof record', 'STABLE',
     'so monitoring and workers read the limits and counts with no right on the tables'
+),
+-- Fair queues (0.4.2).
+('_fair_index', '{text}', 'text', 'IMMUTABLE', NULL),
+('_claim_fair', '{text,integer,timestamp with time zone,text[]}', 'setof record', 'VOLATILE', NULL),
+(
+    'set_queue_policy', '{text,boolean,jsonb}', 'x_jobs.queue_policy', 'VOLATILE',
+    'so an admin sets a policy, and its index is made on the owner''s table, with no right on the tables'
+),
+(
+    'queue_policies', '{}', 'setof record', 'STABLE',
+    'so monitoring and workers read the policies with no right on the tables'
 );
 
 -- Who may execute what, as the Grants section states it: the lowest x_jobs role granted
@@ -462,7 +473,13 @@ INSERT INTO api_grant (fn, lowest_role, to_pg_monitor) VALUES
 ('_claim_rated', NULL, FALSE),
 ('set_rate_limit', 'x_jobs_worker', FALSE),
 ('rate_limits', 'x_jobs_worker', TRUE),
-('drop_rate_limit', 'x_jobs_admin', FALSE);
+('drop_rate_limit', 'x_jobs_admin', FALSE),
+-- Fair queues (0.4.2): an admin sets a policy, workers and monitoring read them; the claim's
+-- part runs inside the claim, as its owner.
+('_fair_index', NULL, FALSE),
+('_claim_fair', NULL, FALSE),
+('set_queue_policy', 'x_jobs_admin', FALSE),
+('queue_policies', 'x_jobs_worker', TRUE);
 
 -- The roles a grant is checked for, in the order of their membership chain; NULL: outside it
 -- (x_jobs_webhook is a member of no x_jobs role, and none is a member of it).
@@ -495,11 +512,11 @@ SELECT tables_are(
     ARRAY[
         'job', 'job_error', 'queue_pause', 'worker', 'queue_snapshot', 'counter', 'step', 'event', 'outbox',
         'webhook_ledger', 'job_type', 'schedule', 'worker_login', 'tenant_binding', 'rate_limit', 'job_rate',
-        'event_lock', 'notify_secret'
+        'event_lock', 'notify_secret', 'queue_policy', 'queue_weight'
     ],
     'The x_jobs schema should hold exactly the tables job, job_error, queue_pause, worker, queue_snapshot, counter, '
     'step, event, outbox, webhook_ledger, job_type, schedule, worker_login, tenant_binding, rate_limit, job_rate, '
-    'event_lock and notify_secret'
+    'event_lock, notify_secret, queue_policy and queue_weight'
 );
 
 SELECT sequences_are(
@@ -1086,6 +1103,8 @@ SELECT results_eq(
         ('x_jobs.outbox', ''),
         ('x_jobs.outbox_id_seq', ''),
         ('x_jobs.queue_pause', ''),
+        ('x_jobs.queue_policy', ''),
+        ('x_jobs.queue_weight', ''),
         ('x_jobs.rate_limit', ''),
         ('x_jobs.schedule', ''),
         ('x_jobs.step', ''),
@@ -1093,7 +1112,7 @@ SELECT results_eq(
         ('x_jobs.webhook_ledger', '')
     $$,
     'pg_dump should keep every row of job, job_error, queue_pause, counter, step, event, outbox, webhook_ledger, '
-    'job_type, schedule and tenant_binding, and the three id sequences'
+    'job_type, schedule, tenant_binding, rate_limit, job_rate, queue_policy and queue_weight, and the three id sequences'
 );
 
 -- Every function: return type, volatility, security ------------------------------------------
@@ -1509,7 +1528,9 @@ INSERT INTO api_param (fn, arguments) VALUES
 ('set_rate_limit', 'key text, max_starts integer, per interval'),
 ('drop_rate_limit', 'key text'),
 ('notify_tags', 'channel text, names text[]'),
-('rate_limits', '');
+('rate_limits', ''),
+('set_queue_policy', 'queue text, fair boolean DEFAULT NULL::boolean, weights jsonb DEFAULT NULL::jsonb'),
+('queue_policies', '');
 
 SELECT set_eq(
     $$ SELECT e.fn FROM api_param AS e $$,
@@ -1831,6 +1852,16 @@ FROM (
     ('notify_secret', 'x_jobs_webhook', '{}'),
     ('notify_secret', 'pg_monitor', '{}'),
     ('notify_secret', 'public', '{}'),
+    ('queue_policy', 'x_jobs_producer', '{}'),
+    ('queue_policy', 'x_jobs_worker', '{}'),
+    ('queue_policy', 'x_jobs_admin', '{}'),
+    ('queue_policy', 'pg_monitor', '{}'),
+    ('queue_policy', 'public', '{}'),
+    ('queue_weight', 'x_jobs_producer', '{}'),
+    ('queue_weight', 'x_jobs_worker', '{}'),
+    ('queue_weight', 'x_jobs_admin', '{}'),
+    ('queue_weight', 'pg_monitor', '{}'),
+    ('queue_weight', 'public', '{}'),
     ('rate_limit', 'x_jobs_producer', '{}'),
     ('rate_limit', 'x_jobs_worker', '{}'),
     ('rate_limit', 'x_jobs_admin', '{}'),

@@ -143,7 +143,7 @@ SELECT is_empty(
 -- finds), XJ044 and XJ045 (the bulk operations' filters), XJ047 and XJ048 (declarations), XJ051
 -- (queue_gauges' max_age), 0.4.2 XJ043, XJ046, XJ049 and XJ050 (schedules), XJ052 and XJ053 (the
 -- fence: a worker id another login's, attempts that do not pair with their ids), XJ058..XJ062
--- (tenants), XJ063..XJ065 (rate limits).
+-- (tenants), XJ063..XJ065 (rate limits), XJ066 (queue policies).
 SELECT set_eq(
     $$SELECT sqlstate, code FROM x_jobs.error_codes()$$,
     $$VALUES
@@ -168,6 +168,7 @@ SELECT set_eq(
         ('XJ058', 'X_ROLE_UNKNOWN'), ('XJ059', 'X_TENANT_NOT_BOUND'), ('XJ060', 'X_TENANT_OUT_OF_SCOPE'),
         ('XJ061', 'X_TENANT_AMBIGUOUS'), ('XJ062', 'X_CROSS_TENANT'),
         ('XJ063', 'X_RATE_LIMIT_INVALID'), ('XJ064', 'X_RATE_LIMIT_UNKNOWN'), ('XJ065', 'X_RATE_LIMIT_CONFLICT'),
+        ('XJ066', 'X_QUEUE_POLICY_INVALID'),
         ('40001', 'X_ENQUEUE_RACE')$$,
     'error_codes() should list exactly the documented SQLSTATE and X_ code pairs'
 );

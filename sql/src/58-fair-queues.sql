@@ -1,0 +1,334 @@
+------------------------------------------------------------------------------------------------
+-- Functions: fair queues
+------------------------------------------------------------------------------------------------
+
+-- The name of a fair queue's index on x_jobs.job (see set_queue_policy): from a hash of the
+-- queue's name, which may be up to 200 characters of anything, where an index name is 63 bytes.
+CREATE FUNCTION x_jobs._fair_index(p_queue text)
+RETURNS text
+LANGUAGE sql
+IMMUTABLE
+STRICT
+PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT 'job_fair_' || pg_catalog.left(pg_catalog.md5(p_queue), 20) || '_idx'
+$$;
+
+-- Every queue with a policy: whether it is fair, its tenants' weights (an object, tenant to
+-- rows a turn), its index and whether that is there and valid (a dump restored elsewhere keeps
+-- the policy but not the index: set the policy again to make it), and who set it when.
+-- SECURITY DEFINER: workers, monitors and the CLI read policies without rights on the tables.
+CREATE FUNCTION x_jobs.queue_policies()
+RETURNS TABLE (
+    queue text,
+    fair boolean,
+    weights jsonb,
+    fair_index text,
+    index_ready boolean,
+    updated_at timestamptz,
+    updated_by text
+)
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT p.queue, p.fair,
+           coalesce((
+               SELECT pg_catalog.jsonb_object_agg(w.tenant_id, w.weight)
+               FROM x_jobs.queue_weight AS w
+               WHERE w.queue = p.queue
+           ), '{}'::jsonb),
+           CASE WHEN p.fair THEN x_jobs._fair_index(p.queue) END,
+           CASE WHEN p.fair THEN EXISTS (
+               SELECT FROM pg_catalog.pg_class AS c
+               JOIN pg_catalog.pg_index AS i ON i.indexrelid = c.oid
+               WHERE c.relname = x_jobs._fair_index(p.queue)
+                   AND c.relnamespace = 'x_jobs'::regnamespace
+                   AND i.indisvalid
+           ) END,
+           p.updated_at, p.updated_by
+    FROM x_jobs.queue_policy AS p
+    ORDER BY p.queue COLLATE "C"
+$$;
+
+-- Set the policy of `queue`. fair => true: its claims take ready rows round-robin across
+-- tenants (see x_jobs._claim_fair); false: in the claim's FIFO order again; NULL keeps it.
+-- weights (an object, tenant to a whole number of rows a turn from 1 to 1000) replaces the
+-- queue's weights; '{}' clears them, NULL keeps them. Answers the queue's policy row
+-- (x_jobs.queue_policies has its weights and index too).
+--
+-- Making a queue fair builds its index, a partial index of x_jobs.job on that queue's ready rows
+-- without a concurrency key, tenant first: what lets a claim step from one tenant to the next
+-- with a seek. It is the queue's alone, so no other queue's enqueue or claim writes to it. The
+-- build reads the table and holds off writes to it until this call's transaction commits (a
+-- CREATE INDEX, not CONCURRENTLY, which no function may run): set a policy when the table is
+-- quiet, or before the queue fills. Ending fairness drops the index.
+-- SECURITY DEFINER: the index is made on the owner's table, and admins hold no right to write
+-- the policy tables (every change goes through the checks here).
+CREATE FUNCTION x_jobs.set_queue_policy(queue text, fair boolean DEFAULT NULL, weights jsonb DEFAULT NULL)
+RETURNS x_jobs.queue_policy
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_variable
+DECLARE
+    v_queue text := set_queue_policy.queue;
+    v_fair boolean;
+    v_bad text;
+    v_row x_jobs.queue_policy;
+BEGIN
+    -- A queue is every tenant's: a bound role may not change how it serves the others.
+    IF x_jobs._tenant_scope() IS NOT NULL THEN
+        PERFORM x_jobs._refuse_cross_tenant('set a queue''s policy', NULL);
+    END IF;
+    -- The names enqueue accepts: 1 to 200 characters.
+    IF v_queue IS NULL OR v_queue = '' OR pg_catalog.length(v_queue) > 200 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'XJ002',
+            MESSAGE = pg_catalog.format('X_QUEUE_INVALID: queue %s is not a queue name',
+                coalesce(pg_catalog.quote_literal(v_queue), 'NULL')),
+            HINT = 'Name the queue (1 to 200 characters), such as ''default''.';
+    END IF;
+    IF set_queue_policy.weights IS NOT NULL THEN
+        IF pg_catalog.jsonb_typeof(set_queue_policy.weights) <> 'object' THEN
+            RAISE EXCEPTION USING
+                ERRCODE = 'XJ066',
+                MESSAGE = pg_catalog.format('X_QUEUE_POLICY_INVALID: weights %s is not a JSON object',
+                    pg_catalog.left(set_queue_policy.weights::text, 200)),
+                HINT = 'Pass weights as an object of tenant to rows a turn, such as ''{"acme": 3}''.';
+        END IF;
+        SELECT pg_catalog.format('%s: %s', pg_catalog.to_jsonb(e.key), pg_catalog.left(e.value::text, 100))
+        INTO v_bad
+        FROM pg_catalog.jsonb_each(set_queue_policy.weights) AS e
+        WHERE e.key = '' OR pg_catalog.length(e.key) > 200
+            OR pg_catalog.jsonb_typeof(e.value) <> 'number'
+            OR e.value::text !~ '^[0-9]+$'
+            OR e.value::numeric NOT BETWEEN 1 AND 1000
+        LIMIT 1;
+        IF v_bad IS NOT NULL THEN
+            RAISE EXCEPTION USING
+                ERRCODE = 'XJ066',
+                MESSAGE = pg_catalog.format('X_QUEUE_POLICY_INVALID: weight %s is not a tenant id with a whole number from 1 to 1000', v_bad),
+                HINT = 'Give each tenant (1 to 200 characters) the rows it takes a turn, 1 to 1000; 1 is every tenant''s without a weight.';
+        END IF;
+    END IF;
+
+    v_fair := coalesce(
+        set_queue_policy.fair,
+        (SELECT p.fair FROM x_jobs.queue_policy AS p WHERE p.queue = v_queue),
+        FALSE
+    );
+    INSERT INTO x_jobs.queue_policy AS p (queue, fair, updated_at, updated_by)
+    VALUES (v_queue, v_fair, x_jobs.now(), x_jobs._caller())
+    ON CONFLICT ON CONSTRAINT queue_policy_pkey DO UPDATE
+    SET fair = excluded.fair, updated_at = excluded.updated_at, updated_by = excluded.updated_by
+    RETURNING p.* INTO v_row;
+    IF set_queue_policy.weights IS NOT NULL THEN
+        DELETE FROM x_jobs.queue_weight AS w WHERE w.queue = v_queue;
+        INSERT INTO x_jobs.queue_weight (queue, tenant_id, weight)
+        SELECT v_queue, e.key, e.value::integer
+        FROM pg_catalog.jsonb_each_text(set_queue_policy.weights) AS e;
+    END IF;
+
+    -- The predicate is the claim's (_claim_fair) word for word, with the queue as a literal:
+    -- the planner uses a partial index only where it can prove the predicate.
+    IF v_fair THEN
+        EXECUTE pg_catalog.format(
+            'CREATE INDEX IF NOT EXISTS %I ON x_jobs.job (tenant_id, priority, run_at, id) '
+            'WHERE queue = %L AND state = ''ready'' AND concurrency_key IS NULL',
+            x_jobs._fair_index(v_queue), v_queue
+        );
+    ELSE
+        EXECUTE pg_catalog.format('DROP INDEX IF EXISTS x_jobs.%I', x_jobs._fair_index(v_queue));
+    END IF;
+
+    RETURN v_row;
+END
+$$;
+
+-- The claim's part for a fair queue: lock up to `p_want` of `p_queue`'s ready rows without a
+-- concurrency key, round-robin across its tenants, for x_jobs.claim to hand out. Called by the
+-- claim only, in its transaction (the rows stay locked until it ends).
+--
+-- A turn: each tenant with ready rows, in tenant order, takes its first rows in (priority,
+-- run_at, id) order, its weight's worth (x_jobs.queue_weight, 1 when absent); turns go on until
+-- p_want rows are taken. So A A A A B B C is taken A B C A B A A, and a tenant's million rows
+-- delay another's first row by at most one turn of the tenants between them.
+--
+-- The cost stays flat however many tenants there are: the claim visits at most p_want tenants
+-- (a tenant visited takes a row, or p_want would be reached sooner), stepping from one to the
+-- next with a seek in the queue's index (a loose index scan: x_jobs._fair_index), and reads at
+-- most a few rows of each (the most a tenant can take when the others take one each). It starts
+-- after the tenant the session's last claim of the queue ended its turns on (the cursor, kept
+-- per queue in the session setting x_jobs.claim_fair_cursor) and wraps around, so successive
+-- claims of a session go round every tenant; workers of other sessions go round on their own
+-- (each takes its turns in its own order, and the tenants share every worker). A session that
+-- claims once (a pooled one reset between transactions) starts at the first tenant each time.
+-- A bound worker (p_scope) visits its tenants only, by probe, never reading another's rows.
+--
+-- Answers the rows locked in turn order (o_seq) with the (priority, run_at) of the picks in
+-- claim order given to them in turn order: so the queue competes with the claim's other arms
+-- and queues for as many of the slots as FIFO order would give it, and which of its rows fill
+-- them is decided by the turns.
+CREATE FUNCTION x_jobs._claim_fair(p_queue text, p_want integer, p_now timestamptz, p_scope text[])
+RETURNS TABLE (o_at tid, o_priority smallint, o_run_at timestamptz, o_seq integer)
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_cursors jsonb := coalesce(
+        NULLIF(pg_catalog.current_setting('x_jobs.claim_fair_cursor', TRUE), ''), '{}'
+    )::jsonb;
+    v_last text;
+    -- Tenants with ready rows in the queue, after the cursor then from the first up to it, at
+    -- most p_want: a seek each from one to the next. Bound: the scope's tenants that have one.
+    v_walk constant text := $walk$
+        after AS (
+            (SELECT j.tenant_id AS tenant, 1 AS n
+             FROM x_jobs.job AS j
+             WHERE j.queue = %1$L AND j.state = 'ready' AND j.concurrency_key IS NULL
+                 AND j.tenant_id > $1
+             ORDER BY j.tenant_id
+             LIMIT 1)
+            UNION ALL
+            SELECT s.tenant, a.n + 1
+            FROM after AS a
+            CROSS JOIN LATERAL (
+                SELECT j.tenant_id AS tenant
+                FROM x_jobs.job AS j
+                WHERE j.queue = %1$L AND j.state = 'ready' AND j.concurrency_key IS NULL
+                    AND j.tenant_id > a.tenant
+                ORDER BY j.tenant_id
+                LIMIT 1
+            ) AS s
+            WHERE a.n < $2
+        ),
+        upto AS (
+            (SELECT j.tenant_id AS tenant, 1 AS n
+             FROM x_jobs.job AS j
+             WHERE j.queue = %1$L AND j.state = 'ready' AND j.concurrency_key IS NULL
+                 AND j.tenant_id <= $1
+                 AND (SELECT count(*) FROM after) < $2
+             ORDER BY j.tenant_id
+             LIMIT 1)
+            UNION ALL
+            SELECT s.tenant, u.n + 1
+            FROM upto AS u
+            CROSS JOIN LATERAL (
+                SELECT j.tenant_id AS tenant
+                FROM x_jobs.job AS j
+                WHERE j.queue = %1$L AND j.state = 'ready' AND j.concurrency_key IS NULL
+                    AND j.tenant_id > u.tenant AND j.tenant_id <= $1
+                ORDER BY j.tenant_id
+                LIMIT 1
+            ) AS s
+            WHERE u.n < $2 - (SELECT count(*) FROM after)
+        ),
+        visited AS (
+            SELECT a.tenant, a.n FROM after AS a
+            UNION ALL
+            SELECT u.tenant, u.n + (SELECT count(*) FROM after) FROM upto AS u
+        )
+    $walk$;
+    v_walk_scoped constant text := $walk$
+        visited AS (
+            SELECT s.tenant, pg_catalog.row_number() OVER (ORDER BY s.tenant <= $1, s.tenant) AS n
+            FROM (SELECT DISTINCT t.tenant FROM unnest($4::text[]) AS t (tenant)) AS s
+            WHERE EXISTS (
+                SELECT FROM x_jobs.job AS j
+                WHERE j.queue = %1$L AND j.state = 'ready' AND j.concurrency_key IS NULL
+                    AND j.tenant_id = s.tenant
+            )
+            ORDER BY s.tenant <= $1, s.tenant
+            LIMIT $2
+        )
+    $walk$;
+    -- Each visited tenant's first rows, ranked; locked in turn order until p_want are held.
+    v_pick constant text := $pick$
+        WITH RECURSIVE %2$s,
+        counted AS (SELECT count(*)::integer AS tenants FROM visited),
+        cand AS (
+            SELECT v.n, v.tenant, e.at, e.priority, e.run_at, e.id,
+                   pg_catalog.row_number() OVER (
+                       ORDER BY (e.rank - 1) / w.weight, v.n, e.rank
+                   ) AS turn
+            FROM visited AS v
+            CROSS JOIN counted AS c
+            CROSS JOIN LATERAL (
+                SELECT coalesce((
+                    SELECT q.weight FROM x_jobs.queue_weight AS q
+                    WHERE q.queue = %1$L AND q.tenant_id = v.tenant
+                ), 1) AS weight
+            ) AS w
+            CROSS JOIN LATERAL (
+                SELECT r.at, r.priority, r.run_at, r.id,
+                       pg_catalog.row_number() OVER (ORDER BY r.priority, r.run_at, r.id) AS rank
+                FROM (
+                    SELECT j.ctid AS at, j.priority, j.run_at, j.id
+                    FROM x_jobs.job AS j
+                    WHERE j.queue = %1$L AND j.state = 'ready' AND j.concurrency_key IS NULL
+                        AND j.tenant_id = v.tenant
+                        AND j.run_at <= $3
+                    ORDER BY j.priority, j.run_at, j.id
+                    LIMIT LEAST($2, GREATEST(w.weight, $2 - c.tenants + 1))
+                ) AS r
+            ) AS e
+        ),
+        locked AS MATERIALIZED (
+            SELECT l.at, c.priority, c.run_at, c.id, c.tenant, c.turn
+            FROM (SELECT * FROM cand ORDER BY cand.turn) AS c
+            CROSS JOIN LATERAL (
+                SELECT j.ctid AS at
+                FROM x_jobs.job AS j
+                WHERE j.ctid = c.at
+                    AND j.queue = %1$L AND j.state = 'ready' AND j.concurrency_key IS NULL
+                FOR UPDATE SKIP LOCKED
+            ) AS l
+            ORDER BY c.turn
+            LIMIT $2
+        ),
+        turns AS (
+            SELECT l.at, l.tenant, pg_catalog.row_number() OVER (ORDER BY l.turn) AS seq
+            FROM locked AS l
+        ),
+        keys AS (
+            SELECT l.priority, l.run_at,
+                   pg_catalog.row_number() OVER (ORDER BY l.priority, l.run_at, l.id) AS seq
+            FROM locked AS l
+        )
+        SELECT pg_catalog.array_agg(t.at ORDER BY t.seq),
+               pg_catalog.array_agg(k.priority ORDER BY t.seq),
+               pg_catalog.array_agg(k.run_at ORDER BY t.seq),
+               (pg_catalog.array_agg(t.tenant ORDER BY t.seq DESC))[1]
+        FROM turns AS t
+        JOIN keys AS k ON k.seq = t.seq
+    $pick$;
+    v_at tid[];
+    v_priority smallint[];
+    v_run_at timestamptz[];
+BEGIN
+    EXECUTE pg_catalog.format(
+        v_pick, p_queue, pg_catalog.format(CASE WHEN p_scope IS NULL THEN v_walk ELSE v_walk_scoped END, p_queue)
+    )
+    INTO v_at, v_priority, v_run_at, v_last
+    USING coalesce(v_cursors ->> p_queue, ''), p_want, p_now, p_scope;
+
+    RETURN QUERY
+    SELECT p.at, p.priority, p.run_at, p.seq::integer
+    FROM unnest(v_at, v_priority, v_run_at) WITH ORDINALITY AS p (at, priority, run_at, seq);
+
+    -- The next claim of the queue in this session starts after the tenant this one's last turn
+    -- ended on: the tenants after it, then those before, get their turns first.
+    IF v_last IS NOT NULL THEN
+        PERFORM pg_catalog.set_config('x_jobs.claim_fair_cursor',
+            pg_catalog.jsonb_set(v_cursors, ARRAY[p_queue], pg_catalog.to_jsonb(v_last))::text, FALSE);
+    END IF;
+END
+$$;
+
+-- Tests: tests/pgtap/49-fair-queues.sql, tests/python/test_fair_queues.py
