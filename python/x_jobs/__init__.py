@@ -27,6 +27,7 @@ from x_jobs.errors import (
     JobTenantMissing,
     PermanentError,
     PermissionDenied,
+    QueuePolicyInvalid,
     RateLimitConflict,
     RateLimitInvalid,
     RateLimitUnknown,
@@ -40,6 +41,7 @@ from x_jobs.errors import (
     translate,
 )
 from x_jobs.jobs import Concurrency, Enqueued, Job, RateLimit, Retry
+from x_jobs.queues import QueuePolicy
 from x_jobs.schedules import Cron, Schedule
 from x_jobs.sinks import OutboxMessage
 from x_jobs.steps import AsyncSteps, Steps
@@ -65,6 +67,8 @@ __all__ = [
     "OutboxMessage",
     "PermanentError",
     "PermissionDenied",
+    "QueuePolicy",
+    "QueuePolicyInvalid",
     "RateLimit",
     "RateLimitConflict",
     "RateLimitInvalid",

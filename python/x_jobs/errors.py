@@ -351,6 +351,13 @@ class RateLimitConflict(InvalidArgument):
     code, sqlstate = "X_RATE_LIMIT_CONFLICT", "XJ065"
 
 
+class QueuePolicyInvalid(InvalidArgument):
+    """``set_queue_policy`` got weights that are not a JSON object of tenant ids (1 to 200
+    characters) to whole numbers of rows a turn from 1 to 1000."""
+
+    code, sqlstate = "X_QUEUE_POLICY_INVALID", "XJ066"
+
+
 class EnqueueRace(XJobsError):
     """The call lost a race it cannot settle by itself; calling it again succeeds."""
 
