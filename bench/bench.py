@@ -34,6 +34,9 @@ from the issues as a ratio measured in the same run, because the machines are sh
   schedules      tick_schedules' cost firing 100 due schedules at 100 and at 100,000 schedules,
                  and the lateness of 10,000 schedules due in one minute, ticked by two
                  processes at the minute's turn (bench/schedules.py)
+  fairness       fair queues: the wait of ten small tenants' jobs behind one tenant's 200,000
+                 on a fair queue and on a FIFO queue, one worker draining, and the claim's
+                 latency at 1, 100 and 10,000 tenants with ready rows (bench/fairness.py)
 
 Run it by hand against any server with `python bench/bench.py` (PGHOST etc. name the server;
 it creates and drops its own database). `--quick` shrinks every size for a smoke run.
@@ -940,6 +943,7 @@ def main() -> int:
             "soak",
             "versus",
             "schedules",
+            "fairness",
         ],
         action="append",
         help="run only these parts (repeatable)",
@@ -966,6 +970,7 @@ def main() -> int:
             "soak",
             "versus",
             "schedules",
+            "fairness",
         ]
     )
 
@@ -1198,6 +1203,12 @@ def main() -> int:
             from schedules import bench_schedules  # noqa: PLC0415
 
             lines.extend(bench_schedules(args.quick))
+
+        if "fairness" in parts:
+            # Noisy neighbour and the claim at many tenants, on databases of its own.
+            from fairness import bench_fairness  # noqa: PLC0415
+
+            lines.extend(bench_fairness(args.quick))
 
     width = max(len(line[0]) for line in lines)
     value_width = max(len(line[1]) for line in lines)
