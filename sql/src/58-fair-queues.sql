@@ -184,7 +184,11 @@ DECLARE
     v_cursors jsonb := coalesce(
         NULLIF(pg_catalog.current_setting('x_jobs.claim_fair_cursor', TRUE), ''), '{}'
     )::jsonb;
-    v_last text;
+    -- The cursor: [the tenant the last turn ended on, how many rows it took in that turn].
+    v_cursor jsonb;
+    v_tenant text := '';
+    v_spent integer := 0;
+    v_last jsonb;
     -- Tenants with ready rows in the queue, after the cursor then from the first up to it, at
     -- most p_want: a seek each from one to the next. Bound: the scope's tenants that have one.
     v_walk constant text := $walk$
@@ -192,7 +196,7 @@ DECLARE
             (SELECT j.tenant_id AS tenant, 1 AS n
              FROM x_jobs.job AS j
              WHERE j.queue = %1$L AND j.state = 'ready' AND j.concurrency_key IS NULL
-                 AND j.tenant_id > $1
+                 AND j.tenant_id %2$s $1
              ORDER BY j.tenant_id
              LIMIT 1)
             UNION ALL
@@ -212,7 +216,7 @@ DECLARE
             (SELECT j.tenant_id AS tenant, 1 AS n
              FROM x_jobs.job AS j
              WHERE j.queue = %1$L AND j.state = 'ready' AND j.concurrency_key IS NULL
-                 AND j.tenant_id <= $1
+                 AND j.tenant_id %3$s $1
                  AND (SELECT count(*) FROM after) < $2
              ORDER BY j.tenant_id
              LIMIT 1)
@@ -223,7 +227,7 @@ DECLARE
                 SELECT j.tenant_id AS tenant
                 FROM x_jobs.job AS j
                 WHERE j.queue = %1$L AND j.state = 'ready' AND j.concurrency_key IS NULL
-                    AND j.tenant_id > u.tenant AND j.tenant_id <= $1
+                    AND j.tenant_id > u.tenant AND j.tenant_id %3$s $1
                 ORDER BY j.tenant_id
                 LIMIT 1
             ) AS s
@@ -237,14 +241,14 @@ DECLARE
     $walk$;
     v_walk_scoped constant text := $walk$
         visited AS (
-            SELECT s.tenant, pg_catalog.row_number() OVER (ORDER BY s.tenant <= $1, s.tenant) AS n
+            SELECT s.tenant, pg_catalog.row_number() OVER (ORDER BY s.tenant %3$s $1, s.tenant) AS n
             FROM (SELECT DISTINCT t.tenant FROM unnest($4::text[]) AS t (tenant)) AS s
             WHERE EXISTS (
                 SELECT FROM x_jobs.job AS j
                 WHERE j.queue = %1$L AND j.state = 'ready' AND j.concurrency_key IS NULL
                     AND j.tenant_id = s.tenant
             )
-            ORDER BY s.tenant <= $1, s.tenant
+            ORDER BY s.tenant %3$s $1, s.tenant
             LIMIT $2
         )
     $walk$;
@@ -254,8 +258,9 @@ DECLARE
         counted AS (SELECT count(*)::integer AS tenants FROM visited),
         cand AS (
             SELECT v.n, v.tenant, e.at, e.priority, e.run_at, e.id,
+                   (e.rank - 1 + w.spent) %% w.weight + 1 AS place,
                    pg_catalog.row_number() OVER (
-                       ORDER BY (e.rank - 1) / w.weight, v.n, e.rank
+                       ORDER BY (e.rank - 1 + w.spent) / w.weight, v.n, e.rank
                    ) AS turn
             FROM visited AS v
             CROSS JOIN counted AS c
@@ -264,6 +269,10 @@ DECLARE
                     SELECT q.weight FROM x_jobs.queue_weight AS q
                     WHERE q.queue = %1$L AND q.tenant_id = v.tenant
                 ), 1) AS weight
+            ) AS w0
+            -- The cursor's tenant, when its turn goes on, has spent $5 rows of it already.
+            CROSS JOIN LATERAL (
+                SELECT w0.weight, CASE WHEN v.tenant = $1 THEN $5 ELSE 0 END AS spent
             ) AS w
             CROSS JOIN LATERAL (
                 SELECT r.at, r.priority, r.run_at, r.id,
@@ -280,7 +289,7 @@ DECLARE
             ) AS e
         ),
         locked AS MATERIALIZED (
-            SELECT l.at, c.priority, c.run_at, c.id, c.tenant, c.turn
+            SELECT l.at, c.priority, c.run_at, c.id, c.tenant, c.place, c.turn
             FROM (SELECT * FROM cand ORDER BY cand.turn) AS c
             CROSS JOIN LATERAL (
                 SELECT j.ctid AS at
@@ -293,7 +302,7 @@ DECLARE
             LIMIT $2
         ),
         turns AS (
-            SELECT l.at, l.tenant, pg_catalog.row_number() OVER (ORDER BY l.turn) AS seq
+            SELECT l.at, l.tenant, l.place, pg_catalog.row_number() OVER (ORDER BY l.turn) AS seq
             FROM locked AS l
         ),
         keys AS (
@@ -304,7 +313,7 @@ DECLARE
         SELECT pg_catalog.array_agg(t.at ORDER BY t.seq),
                pg_catalog.array_agg(k.priority ORDER BY t.seq),
                pg_catalog.array_agg(k.run_at ORDER BY t.seq),
-               (pg_catalog.array_agg(t.tenant ORDER BY t.seq DESC))[1]
+               (pg_catalog.array_agg(pg_catalog.jsonb_build_array(t.tenant, t.place) ORDER BY t.seq DESC))[1]
         FROM turns AS t
         JOIN keys AS k ON k.seq = t.seq
     $pick$;
@@ -312,11 +321,27 @@ DECLARE
     v_priority smallint[];
     v_run_at timestamptz[];
 BEGIN
+    -- Where the walk starts: at the cursor's tenant while its turn goes on (it took fewer rows
+    -- than its weight), else after it (it comes last, in the lap from the first tenant).
+    v_cursor := CASE WHEN pg_catalog.jsonb_typeof(v_cursors -> p_queue) = 'array' THEN v_cursors -> p_queue END;
+    IF v_cursor IS NOT NULL THEN
+        v_tenant := v_cursor ->> 0;
+        v_spent := (v_cursor ->> 1)::integer;
+        IF v_spent >= coalesce((
+            SELECT w.weight FROM x_jobs.queue_weight AS w WHERE w.queue = p_queue AND w.tenant_id = v_tenant
+        ), 1) THEN
+            v_spent := 0;
+        END IF;
+    END IF;
     EXECUTE pg_catalog.format(
-        v_pick, p_queue, pg_catalog.format(CASE WHEN p_scope IS NULL THEN v_walk ELSE v_walk_scoped END, p_queue)
+        v_pick, p_queue,
+        pg_catalog.format(
+            CASE WHEN p_scope IS NULL THEN v_walk ELSE v_walk_scoped END, p_queue,
+            CASE WHEN v_spent > 0 THEN '>=' ELSE '>' END, CASE WHEN v_spent > 0 THEN '<' ELSE '<=' END
+        )
     )
     INTO v_at, v_priority, v_run_at, v_last
-    USING coalesce(v_cursors ->> p_queue, ''), p_want, p_now, p_scope;
+    USING v_tenant, p_want, p_now, p_scope, v_spent;
 
     RETURN QUERY
     SELECT p.at, p.priority, p.run_at, p.seq::integer
@@ -326,7 +351,7 @@ BEGIN
     -- ended on: the tenants after it, then those before, get their turns first.
     IF v_last IS NOT NULL THEN
         PERFORM pg_catalog.set_config('x_jobs.claim_fair_cursor',
-            pg_catalog.jsonb_set(v_cursors, ARRAY[p_queue], pg_catalog.to_jsonb(v_last))::text, FALSE);
+            pg_catalog.jsonb_set(v_cursors, ARRAY[p_queue], v_last)::text, FALSE);
     END IF;
 END
 $$;
