@@ -189,6 +189,7 @@ DECLARE
     v_tenant text := '';
     v_spent integer := 0;
     v_last jsonb;
+    v_name text;
     -- Tenants with ready rows in the queue, after the cursor then from the first up to it, at
     -- most p_want: a seek each from one to the next. Bound: the scope's tenants that have one.
     v_walk constant text := $walk$
@@ -333,15 +334,25 @@ BEGIN
             v_spent := 0;
         END IF;
     END IF;
-    EXECUTE pg_catalog.format(
-        v_pick, p_queue,
-        pg_catalog.format(
-            CASE WHEN p_scope IS NULL THEN v_walk ELSE v_walk_scoped END, p_queue,
-            CASE WHEN v_spent > 0 THEN '>=' ELSE '>' END, CASE WHEN v_spent > 0 THEN '<' ELSE '<=' END
-        )
-    )
-    INTO v_at, v_priority, v_run_at, v_last
-    USING v_tenant, p_want, p_now, p_scope, v_spent;
+    -- The statement is the queue's (its name a literal, for the planner to use its index), so
+    -- it is dynamic; planning it costs three times the claim, so each session prepares it once
+    -- and executes it from then on (a session reset between transactions, DISCARD ALL,
+    -- prepares it again). The claim's settings (generic plans, no JIT, index scans) hold for it.
+    v_name := 'x_jobs_fair_' || pg_catalog.left(pg_catalog.md5(
+        p_queue || (p_scope IS NULL)::text || (v_spent > 0)::text), 20);
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_prepared_statements AS p WHERE p.name = v_name) THEN
+        EXECUTE pg_catalog.format(
+            'PREPARE %I (text, integer, timestamptz, text[], integer) AS ', v_name
+        ) || pg_catalog.format(
+            v_pick, p_queue,
+            pg_catalog.format(
+                CASE WHEN p_scope IS NULL THEN v_walk ELSE v_walk_scoped END, p_queue,
+                CASE WHEN v_spent > 0 THEN '>=' ELSE '>' END, CASE WHEN v_spent > 0 THEN '<' ELSE '<=' END
+            )
+        );
+    END IF;
+    EXECUTE pg_catalog.format('EXECUTE %I (%L, %s, %L, %L, %s)', v_name, v_tenant, p_want, p_now, p_scope, v_spent)
+    INTO v_at, v_priority, v_run_at, v_last;
 
     RETURN QUERY
     SELECT p.at, p.priority, p.run_at, p.seq::integer
