@@ -242,6 +242,13 @@ def test_json_shapes_and_exit_codes_are_the_snapshot(dsn: str, conn: Conn, plain
     x.run("queues pause again", "queues", "pause", "mail")
     x.run("queues resume", "queues", "resume", "mail")
     x.run("queues options before pause", "queues", "--json", "pause", "mail")
+    x.run("queues policy empty", "queues", "policy")
+    x.run("queues policy set", "queues", "policy", "shared", "--fair", "--weight", "acme=3")
+    x.run("queues policy", "queues", "policy")
+    x.run("queues policy of one", "queues", "policy", "shared")
+    x.run("queues policy bad weight", "queues", "policy", "shared", "--weight", "acme=0")
+    x.run("queues policy not a weight", "queues", "policy", "shared", "--weight", "acme")
+    x.run("queues policy unfair", "queues", "policy", "shared", "--no-fair", "--clear-weights")
 
     x.run("schedules list empty", "schedules", "list")
     x.run("schedules sync", "schedules", "sync", "apps.scheduled:v1")

@@ -2,9 +2,9 @@
 
 ``worker`` runs the jobs of an App, ``relay`` delivers its outbox. The operator's commands call
 the SQL API and print what it answers: ``enqueue``, ``jobs list|show|retry|cancel``,
-``outbox list|show|redrive``, ``events publish``, ``steps resolve``, ``queues [pause|resume]``,
-``schedules list|show|pause|resume|run|preview|sync``, ``tenants bind|unbind|list``, ``tick``
-(fire the due schedules),
+``outbox list|show|redrive``, ``events publish``, ``steps resolve``,
+``queues [pause|resume|policy]``, ``schedules list|show|pause|resume|run|preview|sync``,
+``tenants bind|unbind|list``, ``rate-limits``, ``tick`` (fire the due schedules),
 ``manifest`` (the job declarations), and ``install`` (the schema without CREATE EXTENSION, see
 :mod:`x_jobs.install`). Each takes ``--dsn`` (default ``DATABASE_URL``, else libpq's PG*
 environment, as ``App()``) and ``--json`` (one JSON document on stdout instead of tables).
@@ -123,6 +123,7 @@ from x_jobs.cli.queues import (
     QueueRow,
     queues_cli,
     queues_pause,
+    queues_policy,
     queues_resume,
 )
 from x_jobs.cli.ratelimits import rate_limits
@@ -302,6 +303,7 @@ __all__ = [
     "outbox_show",
     "queues_cli",
     "queues_pause",
+    "queues_policy",
     "queues_resume",
     "relay",
     "schedules_cli",
