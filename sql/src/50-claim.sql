@@ -191,12 +191,16 @@ BEGIN
     -- A queue named twice would be two scans over one queue, and rows this statement locked are
     -- not skipped by itself: the repeat would spend slots on rows already picked.
     -- Fair queues (see x_jobs._claim_fair) are found in the same statement: a probe a queue.
+    -- One whose function is missing (a restored dump) is claimed in FIFO order.
     SELECT coalesce(pg_catalog.array_agg(q.queue), '{}'),
            coalesce(pg_catalog.array_agg(q.queue) FILTER (WHERE q.fair), '{}')
     INTO v_queues, v_fair
     FROM (
         SELECT DISTINCT q.queue,
-               EXISTS (SELECT FROM x_jobs.queue_policy AS f WHERE f.queue = q.queue AND f.fair) AS fair
+               CASE WHEN EXISTS (SELECT FROM x_jobs.queue_policy AS f WHERE f.queue = q.queue AND f.fair)
+                   THEN pg_catalog.to_regproc('x_jobs.' || x_jobs._fair_function(q.queue)) IS NOT NULL
+                   ELSE FALSE
+               END AS fair
         FROM unnest(claim.queues) AS q (queue)
         WHERE NOT EXISTS (SELECT FROM x_jobs.queue_pause AS p WHERE p.queue = q.queue)
     ) AS q;

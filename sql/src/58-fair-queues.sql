@@ -16,8 +16,9 @@ AS $$
 $$;
 
 -- Every queue with a policy: whether it is fair, its tenants' weights (an object, tenant to
--- rows a turn), its index and whether that is there and valid (a dump restored elsewhere keeps
--- the policy but not the index: set the policy again to make it), and who set it when.
+-- rows a turn), its index, whether that and the queue's function are there and the index valid
+-- (a dump restored elsewhere keeps the policy but not the index: set the policy again to make
+-- it), and who set it when.
 -- SECURITY DEFINER: workers, monitors and the CLI read policies without rights on the tables.
 CREATE FUNCTION x_jobs.queue_policies()
 RETURNS TABLE (
@@ -47,7 +48,7 @@ AS $$
                WHERE c.relname = x_jobs._fair_index(p.queue)
                    AND c.relnamespace = 'x_jobs'::regnamespace
                    AND i.indisvalid
-           ) END,
+           ) AND pg_catalog.to_regproc('x_jobs.' || x_jobs._fair_function(p.queue)) IS NOT NULL END,
            p.updated_at, p.updated_by
     FROM x_jobs.queue_policy AS p
     ORDER BY p.queue COLLATE "C"
@@ -61,12 +62,15 @@ $$;
 --
 -- Making a queue fair builds its index, a partial index of x_jobs.job on that queue's ready rows
 -- without a concurrency key, tenant first: what lets a claim step from one tenant to the next
--- with a seek. It is the queue's alone, so no other queue's enqueue or claim writes to it. The
+-- with a seek. It is the queue's alone, so no other queue's enqueue or claim writes to it. And
+-- it makes the queue's function, the claim's statements with the queue's name in them (see
+-- _claim_fair); a queue without it (a restored dump has neither) is claimed in FIFO order. The
 -- build reads the table and holds off writes to it until this call's transaction commits (a
 -- CREATE INDEX, not CONCURRENTLY, which no function may run): set a policy when the table is
--- quiet, or before the queue fills. Ending fairness drops the index.
--- SECURITY DEFINER: the index is made on the owner's table, and admins hold no right to write
--- the policy tables (every change goes through the checks here).
+-- quiet, or before the queue fills. Ending fairness drops the index and the function.
+-- SECURITY DEFINER: the index is made on the owner's table, the function is the owner's (the
+-- claim runs it as the owner), and admins hold no right to write the policy tables (every
+-- change goes through the checks here).
 CREATE FUNCTION x_jobs.set_queue_policy(queue text, fair boolean DEFAULT NULL, weights jsonb DEFAULT NULL)
 RETURNS x_jobs.queue_policy
 LANGUAGE plpgsql
@@ -142,7 +146,24 @@ BEGIN
             'WHERE queue = %L AND state = ''ready'' AND concurrency_key IS NULL',
             x_jobs._fair_index(v_queue), v_queue
         );
+        -- The queue's claim statements (see _claim_fair); run by the claim only, as its owner.
+        EXECUTE x_jobs._fair_source(v_queue);
+        EXECUTE pg_catalog.format(
+            'REVOKE ALL ON FUNCTION x_jobs.%I(text, integer, timestamptz, text[], integer) FROM PUBLIC',
+            x_jobs._fair_function(v_queue)
+        );
+        -- DROP EXTENSION drops it with the schema (it is no member: made after the scripts ran).
+        IF EXISTS (SELECT FROM pg_catalog.pg_extension AS e WHERE e.extname = 'x_jobs') THEN
+            EXECUTE pg_catalog.format(
+                'ALTER FUNCTION x_jobs.%I(text, integer, timestamptz, text[], integer) DEPENDS ON EXTENSION x_jobs',
+                x_jobs._fair_function(v_queue)
+            );
+        END IF;
     ELSE
+        EXECUTE pg_catalog.format(
+            'DROP FUNCTION IF EXISTS x_jobs.%I(text, integer, timestamptz, text[], integer)',
+            x_jobs._fair_function(v_queue)
+        );
         EXECUTE pg_catalog.format('DROP INDEX IF EXISTS x_jobs.%I', x_jobs._fair_index(v_queue));
     END IF;
 
@@ -163,12 +184,18 @@ $$;
 -- (a tenant visited takes a row, or p_want would be reached sooner), stepping from one to the
 -- next with a seek in the queue's index (a loose index scan: x_jobs._fair_index), and reads at
 -- most a few rows of each (the most a tenant can take when the others take one each). It starts
--- after the tenant the session's last claim of the queue ended its turns on (the cursor, kept
--- per queue in the session setting x_jobs.claim_fair_cursor) and wraps around, so successive
--- claims of a session go round every tenant; workers of other sessions go round on their own
--- (each takes its turns in its own order, and the tenants share every worker). A session that
--- claims once (a pooled one reset between transactions) starts at the first tenant each time.
--- A bound worker (p_scope) visits its tenants only, by probe, never reading another's rows.
+-- where the session's last claim of the queue ended its turns (the cursor, kept per queue in
+-- the session setting x_jobs.claim_fair_cursor: the tenant, and the rows it took of its turn)
+-- and wraps around, so successive claims of a session go round every tenant; workers of other
+-- sessions go round on their own (each takes its turns in its own order, and the tenants share
+-- every worker). A session that claims once (a pooled one reset between transactions) starts at
+-- the first tenant each time. A bound worker (p_scope) visits its tenants only, by probe, never
+-- reading another's rows.
+--
+-- The statements are the queue's own function (x_jobs._fair_function, made with its index by
+-- set_queue_policy, see _fair_source): the queue's name must be a literal in them for the
+-- planner to use its index, and a function's statements are planned once a session, where an
+-- EXECUTE of them would be planned at every call (three times the cost of the claim).
 --
 -- Answers the rows locked in turn order (o_seq) with the (priority, run_at) of the picks in
 -- claim order given to them in turn order: so the queue competes with the claim's other arms
@@ -189,15 +216,73 @@ DECLARE
     v_tenant text := '';
     v_spent integer := 0;
     v_last jsonb;
-    v_name text;
-    -- Tenants with ready rows in the queue, after the cursor then from the first up to it, at
-    -- most p_want: a seek each from one to the next. Bound: the scope's tenants that have one.
+    v_at tid[];
+    v_priority smallint[];
+    v_run_at timestamptz[];
+BEGIN
+    -- Where the walk starts: at the cursor's tenant while its turn goes on (it took fewer rows
+    -- than its weight), else after it (it comes last, in the lap from the first tenant).
+    v_cursor := CASE WHEN pg_catalog.jsonb_typeof(v_cursors -> p_queue) = 'array' THEN v_cursors -> p_queue END;
+    IF v_cursor IS NOT NULL THEN
+        v_tenant := v_cursor ->> 0;
+        v_spent := (v_cursor ->> 1)::integer;
+        IF v_spent >= coalesce((
+            SELECT w.weight FROM x_jobs.queue_weight AS w WHERE w.queue = p_queue AND w.tenant_id = v_tenant
+        ), 1) THEN
+            v_spent := 0;
+        END IF;
+    END IF;
+
+    EXECUTE pg_catalog.format('SELECT * FROM x_jobs.%I($1, $2, $3, $4, $5)', x_jobs._fair_function(p_queue))
+    INTO v_at, v_priority, v_run_at, v_last
+    USING v_tenant, p_want, p_now, p_scope, v_spent;
+
+    RETURN QUERY
+    SELECT p.at, p.priority, p.run_at, p.seq::integer
+    FROM unnest(v_at, v_priority, v_run_at) WITH ORDINALITY AS p (at, priority, run_at, seq);
+
+    -- The next claim of the queue in this session starts where this one's last turn ended.
+    IF v_last IS NOT NULL THEN
+        PERFORM pg_catalog.set_config('x_jobs.claim_fair_cursor',
+            pg_catalog.jsonb_set(v_cursors, ARRAY[p_queue], v_last)::text, FALSE);
+    END IF;
+END
+$$;
+
+-- The name of a fair queue's function (see _claim_fair), from a hash of its name as the index's.
+CREATE FUNCTION x_jobs._fair_function(p_queue text)
+RETURNS text
+LANGUAGE sql
+IMMUTABLE
+STRICT
+PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT '_claim_fair_' || pg_catalog.left(pg_catalog.md5(p_queue), 20)
+$$;
+
+-- The CREATE FUNCTION statement of a fair queue's function (see _claim_fair): its arguments are
+-- the cursor's tenant, the rows wanted, the claim's time, the caller's scope (NULL: every
+-- tenant) and the rows the cursor's tenant took of its turn already (0: its turn is over, and
+-- the walk starts after it); it answers the locked rows' ctids, in turn order, the (priority,
+-- run_at) pairs of the picks in claim order, and the new cursor. Four statements, one for each
+-- way the walk starts (scoped or not, at the cursor's tenant or after it), from one template.
+CREATE FUNCTION x_jobs._fair_source(p_queue text)
+RETURNS text
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $source$
+DECLARE
+    -- Tenants with ready rows in the queue, from the cursor then from the first up to it, at
+    -- most p_want: a seek each from one to the next (%2$s and %3$s: where each lap starts and
+    -- stops, with or without the cursor's tenant).
     v_walk constant text := $walk$
         after AS (
             (SELECT j.tenant_id AS tenant, 1 AS n
              FROM x_jobs.job AS j
              WHERE j.queue = %1$L AND j.state = 'ready' AND j.concurrency_key IS NULL
-                 AND j.tenant_id %2$s $1
+                 AND j.tenant_id %2$s p_tenant
              ORDER BY j.tenant_id
              LIMIT 1)
             UNION ALL
@@ -211,14 +296,14 @@ DECLARE
                 ORDER BY j.tenant_id
                 LIMIT 1
             ) AS s
-            WHERE a.n < $2
+            WHERE a.n < p_want
         ),
         upto AS (
             (SELECT j.tenant_id AS tenant, 1 AS n
              FROM x_jobs.job AS j
              WHERE j.queue = %1$L AND j.state = 'ready' AND j.concurrency_key IS NULL
-                 AND j.tenant_id %3$s $1
-                 AND (SELECT count(*) FROM after) < $2
+                 AND j.tenant_id %3$s p_tenant
+                 AND (SELECT count(*) FROM after) < p_want
              ORDER BY j.tenant_id
              LIMIT 1)
             UNION ALL
@@ -228,11 +313,11 @@ DECLARE
                 SELECT j.tenant_id AS tenant
                 FROM x_jobs.job AS j
                 WHERE j.queue = %1$L AND j.state = 'ready' AND j.concurrency_key IS NULL
-                    AND j.tenant_id > u.tenant AND j.tenant_id %3$s $1
+                    AND j.tenant_id > u.tenant AND j.tenant_id %3$s p_tenant
                 ORDER BY j.tenant_id
                 LIMIT 1
             ) AS s
-            WHERE u.n < $2 - (SELECT count(*) FROM after)
+            WHERE u.n < p_want - (SELECT count(*) FROM after)
         ),
         visited AS (
             SELECT a.tenant, a.n FROM after AS a
@@ -240,17 +325,18 @@ DECLARE
             SELECT u.tenant, u.n + (SELECT count(*) FROM after) FROM upto AS u
         )
     $walk$;
+    -- A bound caller's: the scope's tenants with a ready row, in the same order.
     v_walk_scoped constant text := $walk$
         visited AS (
-            SELECT s.tenant, pg_catalog.row_number() OVER (ORDER BY s.tenant %3$s $1, s.tenant) AS n
-            FROM (SELECT DISTINCT t.tenant FROM unnest($4::text[]) AS t (tenant)) AS s
+            SELECT s.tenant, pg_catalog.row_number() OVER (ORDER BY s.tenant %3$s p_tenant, s.tenant) AS n
+            FROM (SELECT DISTINCT t.tenant FROM unnest(p_scope) AS t (tenant)) AS s
             WHERE EXISTS (
                 SELECT FROM x_jobs.job AS j
                 WHERE j.queue = %1$L AND j.state = 'ready' AND j.concurrency_key IS NULL
                     AND j.tenant_id = s.tenant
             )
-            ORDER BY s.tenant %3$s $1, s.tenant
-            LIMIT $2
+            ORDER BY s.tenant %3$s p_tenant, s.tenant
+            LIMIT p_want
         )
     $walk$;
     -- Each visited tenant's first rows, ranked; locked in turn order until p_want are held.
@@ -269,11 +355,9 @@ DECLARE
                 SELECT coalesce((
                     SELECT q.weight FROM x_jobs.queue_weight AS q
                     WHERE q.queue = %1$L AND q.tenant_id = v.tenant
-                ), 1) AS weight
-            ) AS w0
-            -- The cursor's tenant, when its turn goes on, has spent $5 rows of it already.
-            CROSS JOIN LATERAL (
-                SELECT w0.weight, CASE WHEN v.tenant = $1 THEN $5 ELSE 0 END AS spent
+                ), 1) AS weight,
+                -- The cursor's tenant, when its turn goes on, took p_spent rows of it already.
+                CASE WHEN v.tenant = p_tenant THEN p_spent ELSE 0 END AS spent
             ) AS w
             CROSS JOIN LATERAL (
                 SELECT r.at, r.priority, r.run_at, r.id,
@@ -283,9 +367,9 @@ DECLARE
                     FROM x_jobs.job AS j
                     WHERE j.queue = %1$L AND j.state = 'ready' AND j.concurrency_key IS NULL
                         AND j.tenant_id = v.tenant
-                        AND j.run_at <= $3
+                        AND j.run_at <= p_now
                     ORDER BY j.priority, j.run_at, j.id
-                    LIMIT LEAST($2, GREATEST(w.weight, $2 - c.tenants + 1))
+                    LIMIT LEAST(p_want, GREATEST(w.weight, p_want - c.tenants + 1))
                 ) AS r
             ) AS e
         ),
@@ -300,7 +384,7 @@ DECLARE
                 FOR UPDATE SKIP LOCKED
             ) AS l
             ORDER BY c.turn
-            LIMIT $2
+            LIMIT p_want
         ),
         turns AS (
             SELECT l.at, l.tenant, l.place, pg_catalog.row_number() OVER (ORDER BY l.turn) AS seq
@@ -315,56 +399,39 @@ DECLARE
                pg_catalog.array_agg(k.priority ORDER BY t.seq),
                pg_catalog.array_agg(k.run_at ORDER BY t.seq),
                (pg_catalog.array_agg(pg_catalog.jsonb_build_array(t.tenant, t.place) ORDER BY t.seq DESC))[1]
+        INTO o_at, o_priority, o_run_at, o_last
         FROM turns AS t
-        JOIN keys AS k ON k.seq = t.seq
+        JOIN keys AS k ON k.seq = t.seq;
     $pick$;
-    v_at tid[];
-    v_priority smallint[];
-    v_run_at timestamptz[];
 BEGIN
-    -- Where the walk starts: at the cursor's tenant while its turn goes on (it took fewer rows
-    -- than its weight), else after it (it comes last, in the lap from the first tenant).
-    v_cursor := CASE WHEN pg_catalog.jsonb_typeof(v_cursors -> p_queue) = 'array' THEN v_cursors -> p_queue END;
-    IF v_cursor IS NOT NULL THEN
-        v_tenant := v_cursor ->> 0;
-        v_spent := (v_cursor ->> 1)::integer;
-        IF v_spent >= coalesce((
-            SELECT w.weight FROM x_jobs.queue_weight AS w WHERE w.queue = p_queue AND w.tenant_id = v_tenant
-        ), 1) THEN
-            v_spent := 0;
-        END IF;
-    END IF;
-    -- The statement is the queue's (its name a literal, for the planner to use its index), so
-    -- it is dynamic; planning it costs three times the claim, so each session prepares it once
-    -- and executes it from then on (a session reset between transactions, DISCARD ALL,
-    -- prepares it again). The claim's settings (generic plans, no JIT, index scans) hold for it.
-    v_name := 'x_jobs_fair_' || pg_catalog.left(pg_catalog.md5(
-        p_queue || (p_scope IS NULL)::text || (v_spent > 0)::text), 20);
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_prepared_statements AS p WHERE p.name = v_name) THEN
-        EXECUTE pg_catalog.format(
-            'PREPARE %I (text, integer, timestamptz, text[], integer) AS ', v_name
-        ) || pg_catalog.format(
-            v_pick, p_queue,
-            pg_catalog.format(
-                CASE WHEN p_scope IS NULL THEN v_walk ELSE v_walk_scoped END, p_queue,
-                CASE WHEN v_spent > 0 THEN '>=' ELSE '>' END, CASE WHEN v_spent > 0 THEN '<' ELSE '<=' END
-            )
-        );
-    END IF;
-    EXECUTE pg_catalog.format('EXECUTE %I (%L, %s, %L, %L, %s)', v_name, v_tenant, p_want, p_now, p_scope, v_spent)
-    INTO v_at, v_priority, v_run_at, v_last;
-
-    RETURN QUERY
-    SELECT p.at, p.priority, p.run_at, p.seq::integer
-    FROM unnest(v_at, v_priority, v_run_at) WITH ORDINALITY AS p (at, priority, run_at, seq);
-
-    -- The next claim of the queue in this session starts after the tenant this one's last turn
-    -- ended on: the tenants after it, then those before, get their turns first.
-    IF v_last IS NOT NULL THEN
-        PERFORM pg_catalog.set_config('x_jobs.claim_fair_cursor',
-            pg_catalog.jsonb_set(v_cursors, ARRAY[p_queue], v_last)::text, FALSE);
+    RETURN pg_catalog.format(
+        $fn$CREATE OR REPLACE FUNCTION x_jobs.%1$I(
+    p_tenant text, p_want integer, p_now timestamptz, p_scope text[], p_spent integer,
+    OUT o_at tid[], OUT o_priority smallint[], OUT o_run_at timestamptz[], OUT o_last jsonb
+)
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $body$
+BEGIN
+    IF p_scope IS NULL AND p_spent > 0 THEN
+%2$s
+    ELSIF p_scope IS NULL THEN
+%3$s
+    ELSIF p_spent > 0 THEN
+%4$s
+    ELSE
+%5$s
     END IF;
 END
-$$;
+$body$$fn$,
+        x_jobs._fair_function(p_queue),
+        pg_catalog.format(v_pick, p_queue, pg_catalog.format(v_walk, p_queue, '>=', '<')),
+        pg_catalog.format(v_pick, p_queue, pg_catalog.format(v_walk, p_queue, '>', '<=')),
+        pg_catalog.format(v_pick, p_queue, pg_catalog.format(v_walk_scoped, p_queue, '>=', '<')),
+        pg_catalog.format(v_pick, p_queue, pg_catalog.format(v_walk_scoped, p_queue, '>', '<='))
+    );
+END
+$source$;
 
 -- Tests: tests/pgtap/49-fair-queues.sql, tests/python/test_fair_queues.py

@@ -549,10 +549,14 @@ REVOKE ALL ON TABLE x_jobs.queue_policy, x_jobs.queue_weight FROM public;
 --@function x_jobs.queue_policies
 --@function x_jobs.set_queue_policy
 --@function x_jobs._claim_fair
+--@function x_jobs._fair_function
+--@function x_jobs._fair_source
 REVOKE ALL ON FUNCTION x_jobs._fair_index(text) FROM public;
 REVOKE ALL ON FUNCTION x_jobs.queue_policies() FROM public;
 REVOKE ALL ON FUNCTION x_jobs.set_queue_policy(text, boolean, jsonb) FROM public;
 REVOKE ALL ON FUNCTION x_jobs._claim_fair(text, integer, timestamptz, text[]) FROM public;
+REVOKE ALL ON FUNCTION x_jobs._fair_function(text) FROM public;
+REVOKE ALL ON FUNCTION x_jobs._fair_source(text) FROM public;
 GRANT EXECUTE ON FUNCTION x_jobs.queue_policies() TO x_jobs_worker, pg_monitor;
 GRANT EXECUTE ON FUNCTION x_jobs.set_queue_policy(text, boolean, jsonb) TO x_jobs_admin;
 

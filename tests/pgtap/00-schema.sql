@@ -2,7 +2,7 @@
 -- volatile it is, whose rights it runs with, which settings it pins, and who may use what.
 -- A change to any of these is a change to the API: it shows up here first, on purpose.
 BEGIN;
-SELECT plan(1438);
+SELECT plan(1456);
 
 -- The functions of the API, one row each, with what 00-schema pins about them. `args` is how
 -- pgTAP's catalog view spells the argument types (regtype output: 'timestamp with time zone',
@@ -307,6 +307,8 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
 -- Fair queues (0.4.2).
 ('_fair_index', '{text}', 'text', 'IMMUTABLE', NULL),
 ('_claim_fair', '{text,integer,timestamp with time zone,text[]}', 'setof record', 'VOLATILE', NULL),
+('_fair_function', '{text}', 'text', 'IMMUTABLE', NULL),
+('_fair_source', '{text}', 'text', 'IMMUTABLE', NULL),
 (
     'set_queue_policy', '{text,boolean,jsonb}', 'x_jobs.queue_policy', 'VOLATILE',
     'so an admin sets a policy, and its index is made on the owner''s table, with no right on the tables'
@@ -478,6 +480,8 @@ INSERT INTO api_grant (fn, lowest_role, to_pg_monitor) VALUES
 -- part runs inside the claim, as its owner.
 ('_fair_index', NULL, FALSE),
 ('_claim_fair', NULL, FALSE),
+('_fair_function', NULL, FALSE),
+('_fair_source', NULL, FALSE),
 ('set_queue_policy', 'x_jobs_admin', FALSE),
 ('queue_policies', 'x_jobs_worker', TRUE);
 

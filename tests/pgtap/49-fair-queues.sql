@@ -5,7 +5,7 @@
 -- a bound worker takes its tenants' rows only; bad input is refused with coded errors.
 
 BEGIN;
-SELECT plan(34);
+SELECT plan(40);
 
 -- The tenants of the rows one claim took, sorted (a claim answers its rows in claim order, by
 -- priority, run_at and id, not in the turns that picked them).
@@ -44,6 +44,22 @@ SELECT is(
      WHERE schemaname = 'x_jobs' AND indexname = x_jobs._fair_index('fq')),
     1,
     'A fair queue should have an index of its own'
+);
+SELECT is(
+    (SELECT p.proowner = (SELECT c.relowner FROM pg_catalog.pg_class AS c WHERE c.oid = 'x_jobs.job'::regclass)
+     FROM pg_catalog.pg_proc AS p
+     WHERE p.oid = ('x_jobs.' || x_jobs._fair_function('fq'))::regproc),
+    TRUE,
+    'A fair queue should have a function of its own, the owner''s'
+);
+SELECT ok(
+    NOT has_function_privilege('x_jobs_admin',
+        ('x_jobs.' || x_jobs._fair_function('fq') || '(text, integer, timestamptz, text[], integer)')::regprocedure,
+        'EXECUTE')
+    AND NOT has_function_privilege('public',
+        ('x_jobs.' || x_jobs._fair_function('fq') || '(text, integer, timestamptz, text[], integer)')::regprocedure,
+        'EXECUTE'),
+    'A fair queue''s function should be executable by no role but its owner (the claim runs it)'
 );
 SELECT throws_ok(
     $$SELECT x_jobs.set_queue_policy('', fair => TRUE)$$,
@@ -224,6 +240,24 @@ SELECT throws_ok(
 );
 RESET ROLE;
 
+-- A fair queue whose function is gone (a restored dump) is claimed in FIFO order, and listed
+-- as not ready; setting the policy again makes it.
+SELECT pg_temp.clear();
+SELECT x_jobs.enqueue('t', queue => 'fq', tenant_id => 'A') FROM generate_series(1, 3);
+SELECT x_jobs.enqueue('t', queue => 'fq', tenant_id => 'B') FROM generate_series(1, 3);
+SELECT set_config('x_jobs.test_fair_function', x_jobs._fair_function('fq'), TRUE);
+DO $$ BEGIN
+    EXECUTE format('DROP FUNCTION x_jobs.%I', current_setting('x_jobs.test_fair_function'));
+END $$;
+SELECT is(
+    (SELECT index_ready FROM x_jobs.queue_policies() WHERE queue = 'fq'),
+    FALSE,
+    'queue_policies should list a fair queue without its function as not ready'
+);
+SELECT is(pg_temp.claimed('fq', 3), 'A A A', 'A fair queue without its function should be claimed in FIFO order');
+SELECT x_jobs.set_queue_policy('fq', fair => TRUE);
+SELECT is(pg_temp.claimed('fq', 2), 'B B', 'Setting the policy again should make the queue fair again');
+
 -- Fair no more: the index goes, and the claim takes rows in FIFO order again.
 SELECT x_jobs.set_queue_policy('fq', fair => FALSE);
 SELECT is(
@@ -250,6 +284,10 @@ SELECT is(
     FALSE,
     'A new queue''s policy should not be fair unless asked'
 );
+
+-- DROP EXTENSION takes a fair queue's function with it (the index goes with the table).
+SELECT x_jobs.set_queue_policy('fq', fair => TRUE);
+SELECT lives_ok('DROP EXTENSION x_jobs', 'DROP EXTENSION should drop a fair queue''s function too');
 
 SELECT * FROM finish();
 ROLLBACK;
