@@ -1116,7 +1116,8 @@ SELECT results_eq(
         ('x_jobs.webhook_ledger', '')
     $$,
     'pg_dump should keep every row of job, job_error, queue_pause, counter, step, event, outbox, webhook_ledger, '
-    'job_type, schedule, tenant_binding, rate_limit, job_rate, queue_policy and queue_weight, and the three id sequences'
+    'job_type, schedule, tenant_binding, rate_limit, job_rate, queue_policy and queue_weight, '
+    'and the three id sequences'
 );
 
 -- Every function: return type, volatility, security ------------------------------------------

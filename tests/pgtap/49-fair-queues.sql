@@ -40,25 +40,37 @@ SELECT results_eq(
     'queue_policies should list the fair queue, its index made'
 );
 SELECT is(
-    (SELECT count(*)::integer FROM pg_catalog.pg_indexes
-     WHERE schemaname = 'x_jobs' AND indexname = x_jobs._fair_index('fq')),
+    (
+        SELECT count(*)::integer FROM pg_catalog.pg_indexes
+        WHERE schemaname = 'x_jobs' AND indexname = x_jobs._fair_index('fq')
+    ),
     1,
     'A fair queue should have an index of its own'
 );
 SELECT is(
-    (SELECT p.proowner = (SELECT c.relowner FROM pg_catalog.pg_class AS c WHERE c.oid = 'x_jobs.job'::regclass)
-     FROM pg_catalog.pg_proc AS p
-     WHERE p.oid = ('x_jobs.' || x_jobs._fair_function('fq'))::regproc),
+    (
+        SELECT
+            p.proowner = (
+                SELECT c.relowner FROM pg_catalog.pg_class AS c
+                WHERE c.oid = 'x_jobs.job'::regclass
+            )
+        FROM pg_catalog.pg_proc AS p
+        WHERE p.oid = ('x_jobs.' || x_jobs._fair_function('fq'))::regproc
+    ),
     TRUE,
     'A fair queue should have a function of its own, the owner''s'
 );
 SELECT ok(
-    NOT has_function_privilege('x_jobs_admin',
+    NOT has_function_privilege(
+        'x_jobs_admin',
         ('x_jobs.' || x_jobs._fair_function('fq') || '(text, integer, timestamptz, text[], integer)')::regprocedure,
-        'EXECUTE')
-    AND NOT has_function_privilege('public',
+        'EXECUTE'
+    )
+    AND NOT has_function_privilege(
+        'public',
         ('x_jobs.' || x_jobs._fair_function('fq') || '(text, integer, timestamptz, text[], integer)')::regprocedure,
-        'EXECUTE'),
+        'EXECUTE'
+    ),
     'A fair queue''s function should be executable by no role but its owner (the claim runs it)'
 );
 SELECT throws_ok(
@@ -118,26 +130,39 @@ SELECT is(pg_temp.claimed('fq', 100), 'A B B C C', 'A claim of more than is ther
 
 -- A flood: a tenant's thousand rows delay another's first by one turn.
 SELECT x_jobs.enqueue_many(
-    (SELECT jsonb_agg(jsonb_build_object('name', 't', 'queue', 'fq', 'tenant_id', 'flood')) FROM generate_series(1, 1000))
+    (
+        SELECT jsonb_agg(jsonb_build_object('name', 't', 'queue', 'fq', 'tenant_id', 'flood'))
+        FROM generate_series(1, 1000)
+    )
 );
 SELECT x_jobs.enqueue('t', queue => 'fq', tenant_id => 'late') FROM generate_series(1, 3);
 SELECT is(
     (SELECT count(*)::integer FROM regexp_matches(
         (SELECT string_agg(pg_temp.claimed('fq', 2), ' ' ORDER BY g) FROM generate_series(1, 3) AS g),
-        'late', 'g')),
+        'late', 'g'
+    )),
     3,
     'Three claims of two should take the late tenant''s three rows past a thousand of another'
 );
 SELECT is(
-    (SELECT count(*)::integer FROM x_jobs.job WHERE queue = 'fq' AND tenant_id = 'flood' AND state = 'running'),
+    (
+        SELECT count(*)::integer FROM x_jobs.job
+        WHERE queue = 'fq' AND tenant_id = 'flood' AND state = 'running'
+    ),
     3,
     'and three of the flood'
 );
 
 -- queue_demand counts a fair queue's due rows (and those running) exactly.
 SELECT is(
-    (SELECT d.demand FROM x_jobs.queue_demand() AS d WHERE d.queue = 'fq'),
-    (SELECT count(*) FROM x_jobs.job WHERE queue = 'fq' AND state IN ('ready', 'running')),
+    (
+        SELECT d.demand FROM x_jobs.queue_demand() AS d
+        WHERE d.queue = 'fq'
+    ),
+    (
+        SELECT count(*) FROM x_jobs.job
+        WHERE queue = 'fq' AND state IN ('ready', 'running')
+    ),
     'queue_demand should count every due and running row of a fair queue'
 );
 SELECT pg_temp.clear();
@@ -154,7 +179,10 @@ SELECT is(
 SELECT pg_temp.clear();
 SELECT x_jobs.set_queue_policy('fq', weights => '{"A": 3}');
 SELECT is(
-    (SELECT weights FROM x_jobs.queue_policies() WHERE queue = 'fq'),
+    (
+        SELECT weights FROM x_jobs.queue_policies()
+        WHERE queue = 'fq'
+    ),
     '{"A": 3}'::jsonb,
     'queue_policies should list the weights'
 );
@@ -175,12 +203,18 @@ SELECT is(
 );
 SELECT x_jobs.set_queue_policy('fq', weights => '{}');
 SELECT is(
-    (SELECT weights FROM x_jobs.queue_policies() WHERE queue = 'fq'),
+    (
+        SELECT weights FROM x_jobs.queue_policies()
+        WHERE queue = 'fq'
+    ),
     '{}'::jsonb,
     'Empty weights should clear them'
 );
 SELECT is(
-    (SELECT fair FROM x_jobs.queue_policies() WHERE queue = 'fq'),
+    (
+        SELECT fair FROM x_jobs.queue_policies()
+        WHERE queue = 'fq'
+    ),
     TRUE,
     'Setting the weights alone should keep the queue fair'
 );
@@ -192,13 +226,19 @@ SELECT x_jobs.enqueue('t', queue => 'fq', tenant_id => 'A', run_at => '2030-01-0
 SELECT x_jobs.enqueue('t', queue => 'fq', tenant_id => 'B', run_at => '2030-01-01 13:00:00+00');
 SELECT x_jobs.enqueue('t', queue => 'fq', tenant_id => 'C', concurrency_key => 'k', concurrency_limit => 1);
 SELECT is(
-    (SELECT string_agg(j.tenant_id, ' ' ORDER BY j.tenant_id) FROM x_jobs.claim(ARRAY['fq'], 'w-fair', '10 minutes', 10) AS j),
+    (
+        SELECT string_agg(j.tenant_id, ' ' ORDER BY j.tenant_id)
+        FROM x_jobs.claim(ARRAY['fq'], 'w-fair', '10 minutes', 10) AS j
+    ),
     'A C',
     'A fair queue should hand out its due delayed rows and its keyed rows, and none not due'
 );
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:30:00+00';
 SELECT is(
-    (SELECT string_agg(j.tenant_id, ' ' ORDER BY j.tenant_id) FROM x_jobs.claim(ARRAY['fq'], 'w-fair', '10 minutes', 10) AS j),
+    (
+        SELECT string_agg(j.tenant_id, ' ' ORDER BY j.tenant_id)
+        FROM x_jobs.claim(ARRAY['fq'], 'w-fair', '10 minutes', 10) AS j
+    ),
     'A C',
     'and take its lapsed leases again'
 );
@@ -250,7 +290,10 @@ DO $$ BEGIN
     EXECUTE format('DROP FUNCTION x_jobs.%I', current_setting('x_jobs.test_fair_function'));
 END $$;
 SELECT is(
-    (SELECT index_ready FROM x_jobs.queue_policies() WHERE queue = 'fq'),
+    (
+        SELECT index_ready FROM x_jobs.queue_policies()
+        WHERE queue = 'fq'
+    ),
     FALSE,
     'queue_policies should list a fair queue without its function as not ready'
 );
@@ -261,8 +304,10 @@ SELECT is(pg_temp.claimed('fq', 2), 'B B', 'Setting the policy again should make
 -- Fair no more: the index goes, and the claim takes rows in FIFO order again.
 SELECT x_jobs.set_queue_policy('fq', fair => FALSE);
 SELECT is(
-    (SELECT count(*)::integer FROM pg_catalog.pg_indexes
-     WHERE schemaname = 'x_jobs' AND indexname = x_jobs._fair_index('fq')),
+    (
+        SELECT count(*)::integer FROM pg_catalog.pg_indexes
+        WHERE schemaname = 'x_jobs' AND indexname = x_jobs._fair_index('fq')
+    ),
     0,
     'A queue made fair no more should lose its index'
 );
