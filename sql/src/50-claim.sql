@@ -120,11 +120,13 @@ DECLARE
     -- a filter in each arm, on rows the index hands out in order, so an unbound worker pays a
     -- NULL test a row read. A bound worker on a queue shared with other tenants reads past their
     -- due rows: give a bound tenant's jobs queues of their own. With no binding in the database
-    -- and no x_jobs.tenant set, the scope is NULL without the call (20 us of a 500 us claim).
-    v_scope text[] := CASE
-        WHEN EXISTS (SELECT FROM x_jobs.tenant_binding)
-            OR pg_catalog.current_setting('x_jobs.tenant', TRUE) <> '' THEN x_jobs._tenant_scope()
-    END;
+    -- and no x_jobs.tenant set (v_scoped), the scope is NULL without the call (20 us of a 500 us
+    -- claim).
+    v_scope text[];
+    v_scoped boolean;
+    v_fenced boolean;
+    v_rated boolean;
+    v_any_keyed boolean;
     v_rated_ids bigint[] := ARRAY[]::bigint[];
     v_rated_at tid[] := ARRAY[]::tid[];
     -- The fair queues among v_queues (x_jobs.queue_policy), and what _claim_fair locked in them.
@@ -134,20 +136,27 @@ DECLARE
     v_fair_run_at timestamptz[];
     v_fair_seq integer[];
 BEGIN
+    -- The checks are expressions, no statements, and the shared helpers that word a refusal are
+    -- called only to refuse: each statement or call of a function with settings costs a claim
+    -- several microseconds, of about 300 at qty 1.
     IF claim.queues IS NULL OR pg_catalog.cardinality(claim.queues) = 0
-        OR EXISTS (SELECT FROM unnest(claim.queues) AS q WHERE q IS NULL OR q = '') THEN
+        OR pg_catalog.array_position(claim.queues, NULL) IS NOT NULL OR '' = ANY (claim.queues) THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ010',
             MESSAGE = pg_catalog.format('X_QUEUES_INVALID: queue list %s names no queue',
                 coalesce(claim.queues::text, 'NULL')),
             HINT = 'Pass the queues to serve, such as ARRAY[''default''].';
     END IF;
-    PERFORM x_jobs._require_worker(
-        claim.worker, 'Pass an id unique to the worker process, such as host:pid:random.'
-    );
-    PERFORM x_jobs._require_lease(
-        claim.lease, 'Pass a lease longer than the heartbeat interval, such as ''30 seconds''.'
-    );
+    IF claim.worker IS NULL OR claim.worker = '' OR pg_catalog.length(claim.worker) > 400 THEN
+        PERFORM x_jobs._require_worker(
+            claim.worker, 'Pass an id unique to the worker process, such as host:pid:random.'
+        );
+    END IF;
+    IF claim.lease IS NULL OR claim.lease <= interval '0' OR claim.lease > interval '1000 years' THEN
+        PERFORM x_jobs._require_lease(
+            claim.lease, 'Pass a lease longer than the heartbeat interval, such as ''30 seconds''.'
+        );
+    END IF;
     IF claim.qty IS NULL OR claim.qty < 1 OR claim.qty > 1000 THEN
         RAISE EXCEPTION USING
             ERRCODE = 'XJ013',
@@ -163,16 +172,63 @@ BEGIN
                 pg_catalog.current_setting('transaction_isolation')),
             HINT = 'Call claim in its own READ COMMITTED transaction (autocommit).';
     END IF;
-    -- The fence (see x_jobs._fence): the first claim with an id binds it to the caller's login,
-    -- and only that login claims, and then settles, with it. Claiming with another login's id
-    -- would hand it rows it could settle in that worker's name, so that is refused (XJ052). An id
-    -- bound to the caller within the day needs neither binding nor renewal: one probe here
-    -- instead of two nested calls (40 us of a 500 us claim).
-    IF NOT EXISTS (
-        SELECT FROM x_jobs.worker_login AS l
-        WHERE l.worker = claim.worker AND l.login = x_jobs._caller() AND l.bound_at >= v_now - interval '1 day'
-    ) THEN
+
+    -- What the claim needs to know before it looks for rows, in one statement (a probe each):
+    --   v_queues  the queues named, each once (a queue named twice would be two scans over one
+    --             queue, and rows this statement locked are not skipped by itself: the repeat
+    --             would spend slots on rows already picked), less the paused ones;
+    --   v_fair    those of them that are fair (see x_jobs._claim_fair); one whose function is
+    --             missing (a restored dump) is claimed in FIFO order;
+    --   v_rated   whether any has jobs parked for a rate limit's budget (job_rate_parked_idx);
+    --   v_any_keyed  whether any has due rows with a concurrency key (their two indexes): if none,
+    --                the window of keyed rows below is not read;
+    --   v_fenced  whether the worker id is bound to the caller's login within the day. The
+    --             fence (see x_jobs._fence): the first claim with an id binds it to the caller's
+    --             login, and only that login claims, and then settles, with it. Claiming with
+    --             another login's id would hand it rows it could settle in that worker's name,
+    --             so that is refused (XJ052). An id bound within the day needs neither binding
+    --             nor renewal;
+    --   v_scoped  whether a tenant binding exists or x_jobs.tenant is set: only then is the
+    --             caller's scope worked out (see the declaration of v_scope).
+    SELECT coalesce(pg_catalog.array_agg(q.queue), '{}'),
+           coalesce(pg_catalog.array_agg(q.queue) FILTER (WHERE q.fair), '{}'),
+           coalesce(bool_or(q.rated), FALSE),
+           coalesce(bool_or(q.keyed), FALSE),
+           EXISTS (
+               SELECT FROM x_jobs.worker_login AS l
+               WHERE l.worker = claim.worker AND l.login = x_jobs._caller()
+                   AND l.bound_at >= v_now - interval '1 day'
+           ),
+           EXISTS (SELECT FROM x_jobs.tenant_binding)
+               OR pg_catalog.current_setting('x_jobs.tenant', TRUE) <> ''
+    INTO v_queues, v_fair, v_rated, v_any_keyed, v_fenced, v_scoped
+    FROM (
+        SELECT DISTINCT q.queue,
+               CASE WHEN EXISTS (SELECT FROM x_jobs.queue_policy AS f WHERE f.queue = q.queue AND f.fair)
+                   THEN pg_catalog.to_regproc('x_jobs.' || x_jobs._fair_function(q.queue)) IS NOT NULL
+                   ELSE FALSE
+               END AS fair,
+               EXISTS (
+                   SELECT FROM x_jobs.job_rate AS r
+                   WHERE r.queue = q.queue AND r.parked_state IS NOT NULL
+               ) AS rated,
+               EXISTS (
+                   SELECT FROM x_jobs.job AS j
+                   WHERE j.queue = q.queue
+                       AND j.state = 'ready' AND j.concurrency_key IS NOT NULL
+               ) OR EXISTS (
+                   SELECT FROM x_jobs.job AS j
+                   WHERE j.queue = q.queue
+                       AND j.state IN ('delayed', 'suspended') AND j.concurrency_key IS NOT NULL
+               ) AS keyed
+        FROM unnest(claim.queues) AS q (queue)
+        WHERE NOT EXISTS (SELECT FROM x_jobs.queue_pause AS p WHERE p.queue = q.queue)
+    ) AS q;
+    IF NOT v_fenced THEN
         PERFORM x_jobs._require_fence(claim.worker);
+    END IF;
+    IF v_scoped THEN
+        v_scope := x_jobs._tenant_scope();
     END IF;
 
     -- While the server was down no holder could heartbeat: every lease that ran out meanwhile
@@ -188,22 +244,6 @@ BEGIN
     -- for it only when it meets a lapsed lease (an InitPlan runs on first use), so a claim
     -- with none pays nothing for it.
 
-    -- A queue named twice would be two scans over one queue, and rows this statement locked are
-    -- not skipped by itself: the repeat would spend slots on rows already picked.
-    -- Fair queues (see x_jobs._claim_fair) are found in the same statement: a probe a queue.
-    -- One whose function is missing (a restored dump) is claimed in FIFO order.
-    SELECT coalesce(pg_catalog.array_agg(q.queue), '{}'),
-           coalesce(pg_catalog.array_agg(q.queue) FILTER (WHERE q.fair), '{}')
-    INTO v_queues, v_fair
-    FROM (
-        SELECT DISTINCT q.queue,
-               CASE WHEN EXISTS (SELECT FROM x_jobs.queue_policy AS f WHERE f.queue = q.queue AND f.fair)
-                   THEN pg_catalog.to_regproc('x_jobs.' || x_jobs._fair_function(q.queue)) IS NOT NULL
-                   ELSE FALSE
-               END AS fair
-        FROM unnest(claim.queues) AS q (queue)
-        WHERE NOT EXISTS (SELECT FROM x_jobs.queue_pause AS p WHERE p.queue = q.queue)
-    ) AS q;
 
     WHILE v_pass < 3 AND v_got < claim.qty AND pg_catalog.cardinality(v_queues) > 0 LOOP
         v_pass := v_pass + 1;
@@ -214,14 +254,11 @@ BEGIN
         -- keys with budget are restored, locked and their starts spent (see _claim_rated), and
         -- the arms below look for the rest of the slots. They go first, ahead of the other rows'
         -- claim order: a budget is there to be used while its window lasts. Whether any is
-        -- parked in these queues is one probe of job_rate_parked_idx, so a claim with none pays
-        -- that and no more.
+        -- parked in these queues is one probe of job_rate_parked_idx (v_rated), so a claim with
+        -- none pays that and no more.
         v_rated_ids := ARRAY[]::bigint[];
         v_rated_at := ARRAY[]::tid[];
-        IF v_pass = 1 AND EXISTS (
-            SELECT FROM x_jobs.job_rate AS r
-            WHERE r.queue = ANY (v_queues) AND r.parked_state IS NOT NULL
-        ) THEN
+        IF v_pass = 1 AND v_rated THEN
             SELECT coalesce(pg_catalog.array_agg(r.o_id), ARRAY[]::bigint[]),
                    coalesce(pg_catalog.array_agg(r.o_at), ARRAY[]::tid[])
             INTO v_rated_ids, v_rated_at
@@ -288,70 +325,75 @@ BEGIN
         -- order, waiting ones in run_at order), ranked per key in grant order; each key's first
         -- ones up to its room are locked in claim order until v_want are held.
         v_window := 10 * v_want + 100;
-        WITH win AS (
-            SELECT o.queue, FALSE AS waiting, r.*
-            FROM unnest(v_queues) AS o (queue)
-            CROSS JOIN LATERAL (
-                SELECT j.id, j.priority, j.run_at, j.concurrency_key, j.concurrency_limit
-                FROM x_jobs.job AS j
-                WHERE j.queue = o.queue
-                    AND j.state = 'ready' AND j.concurrency_key IS NOT NULL
-                    AND j.run_at <= v_now
-                ORDER BY j.priority, j.run_at, j.id
-                LIMIT v_window
-            ) AS r
-            UNION ALL
-            SELECT o.queue, TRUE AS waiting, r.*
-            FROM unnest(v_queues) AS o (queue)
-            CROSS JOIN LATERAL (
-                SELECT j.id, j.priority, j.run_at, j.concurrency_key, j.concurrency_limit
-                FROM x_jobs.job AS j
-                WHERE j.queue = o.queue
-                    AND j.state IN ('delayed', 'suspended') AND j.concurrency_key IS NOT NULL
-                    AND j.run_at <= v_now
-                ORDER BY j.run_at, j.id
-                LIMIT v_window
-            ) AS r
-        ),
-        ranked AS (
-            SELECT w.id, w.priority, w.run_at, w.concurrency_key, w.concurrency_limit,
-                   pg_catalog.row_number() OVER (
-                       PARTITION BY w.concurrency_key ORDER BY w.priority, w.run_at, w.id
-                   ) AS rank
-            FROM win AS w
-            WHERE w.id <> ALL (v_seen)
-        )
-        SELECT coalesce((
-                   SELECT pg_catalog.array_agg(t.id)
-                   FROM (
-                       SELECT l.id
+        v_found := '{}';
+        v_window_full := FALSE;
+        -- Read only where the queues hold keyed rows (v_any_keyed): a statement saved otherwise.
+        IF v_any_keyed THEN
+            WITH win AS (
+                SELECT o.queue, FALSE AS waiting, r.*
+                FROM unnest(v_queues) AS o (queue)
+                CROSS JOIN LATERAL (
+                    SELECT j.id, j.priority, j.run_at, j.concurrency_key, j.concurrency_limit
+                    FROM x_jobs.job AS j
+                    WHERE j.queue = o.queue
+                        AND j.state = 'ready' AND j.concurrency_key IS NOT NULL
+                        AND j.run_at <= v_now
+                    ORDER BY j.priority, j.run_at, j.id
+                    LIMIT v_window
+                ) AS r
+                UNION ALL
+                SELECT o.queue, TRUE AS waiting, r.*
+                FROM unnest(v_queues) AS o (queue)
+                CROSS JOIN LATERAL (
+                    SELECT j.id, j.priority, j.run_at, j.concurrency_key, j.concurrency_limit
+                    FROM x_jobs.job AS j
+                    WHERE j.queue = o.queue
+                        AND j.state IN ('delayed', 'suspended') AND j.concurrency_key IS NOT NULL
+                        AND j.run_at <= v_now
+                    ORDER BY j.run_at, j.id
+                    LIMIT v_window
+                ) AS r
+            ),
+            ranked AS (
+                SELECT w.id, w.priority, w.run_at, w.concurrency_key, w.concurrency_limit,
+                       pg_catalog.row_number() OVER (
+                           PARTITION BY w.concurrency_key ORDER BY w.priority, w.run_at, w.id
+                       ) AS rank
+                FROM win AS w
+                WHERE w.id <> ALL (v_seen)
+            )
+            SELECT coalesce((
+                       SELECT pg_catalog.array_agg(t.id)
                        FROM (
-                           SELECT r.* FROM ranked AS r
-                           WHERE r.rank <= r.concurrency_limit
+                           SELECT l.id
+                           FROM (
+                               SELECT r.* FROM ranked AS r
+                               WHERE r.rank <= r.concurrency_limit
+                               ORDER BY r.priority, r.run_at, r.id
+                           ) AS r
+                           -- The key's running rows are counted here, for the rows reached in claim
+                           -- order only: counted in the window they cost a seek per key in it.
+                           CROSS JOIN LATERAL (
+                               SELECT j.id FROM x_jobs.job AS j
+                               WHERE j.id = r.id
+                                   AND (v_scope IS NULL OR j.tenant_id = ANY (v_scope))
+                                   AND j.state IN ('ready', 'delayed', 'suspended')
+                                   AND j.run_at <= v_now
+                                   AND r.rank <= r.concurrency_limit - (
+                                       SELECT count(*) FROM x_jobs.job AS h
+                                       WHERE h.concurrency_key = r.concurrency_key AND h.state = 'running'
+                                   )
+                               FOR UPDATE SKIP LOCKED
+                           ) AS l
                            ORDER BY r.priority, r.run_at, r.id
-                       ) AS r
-                       -- The key's running rows are counted here, for the rows reached in claim
-                       -- order only: counted in the window they cost a seek per key in it.
-                       CROSS JOIN LATERAL (
-                           SELECT j.id FROM x_jobs.job AS j
-                           WHERE j.id = r.id
-                               AND (v_scope IS NULL OR j.tenant_id = ANY (v_scope))
-                               AND j.state IN ('ready', 'delayed', 'suspended')
-                               AND j.run_at <= v_now
-                               AND r.rank <= r.concurrency_limit - (
-                                   SELECT count(*) FROM x_jobs.job AS h
-                                   WHERE h.concurrency_key = r.concurrency_key AND h.state = 'running'
-                               )
-                           FOR UPDATE SKIP LOCKED
-                       ) AS l
-                       ORDER BY r.priority, r.run_at, r.id
-                       LIMIT v_want
-                   ) AS t
-               ), '{}'),
-               EXISTS (
-                   SELECT FROM win AS w GROUP BY w.queue, w.waiting HAVING count(*) >= v_window
-               )
-        INTO v_found, v_window_full;
+                           LIMIT v_want
+                       ) AS t
+                   ), '{}'),
+                   EXISTS (
+                       SELECT FROM win AS w GROUP BY w.queue, w.waiting HAVING count(*) >= v_window
+                   )
+            INTO v_found, v_window_full;
+        END IF;
 
         IF v_window_full AND pg_catalog.cardinality(v_found) < v_want THEN
             -- The windows are mostly rows of keys without room: visit the keys instead. Only keys
@@ -715,7 +757,9 @@ BEGIN
             AND coalesce(v_peeked, 0) < v_want;
     END LOOP;
 
-    RETURN QUERY SELECT * FROM unnest(v_buried_all);
+    IF pg_catalog.cardinality(v_buried_all) > 0 THEN
+        RETURN QUERY SELECT * FROM unnest(v_buried_all);
+    END IF;
 END
 $$;
 
