@@ -325,8 +325,8 @@ class TenantAmbiguous(XJobsError):
 
 
 class CrossTenant(XJobsError):
-    """A bound role filtered by a tenant outside its scope, or paused or resumed a queue (an act
-    on every tenant's jobs of it)."""
+    """A bound role filtered by a tenant outside its scope, or paused, resumed or set the policy
+    of a queue (an act on every tenant's jobs of it)."""
 
     code, sqlstate = "X_CROSS_TENANT", "XJ062"
 
