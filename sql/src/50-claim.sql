@@ -192,8 +192,8 @@ BEGIN
     --             caller's scope worked out (see the declaration of v_scope).
     SELECT coalesce(pg_catalog.array_agg(q.queue), '{}'),
            coalesce(pg_catalog.array_agg(q.queue) FILTER (WHERE q.fair), '{}'),
-           coalesce(bool_or(q.rated), FALSE),
-           coalesce(bool_or(q.keyed), FALSE),
+           coalesce(pg_catalog.bool_or(q.rated), FALSE),
+           coalesce(pg_catalog.bool_or(q.keyed), FALSE),
            EXISTS (
                SELECT FROM x_jobs.worker_login AS l
                WHERE l.worker = claim.worker AND l.login = x_jobs._caller()
@@ -870,6 +870,10 @@ BEGIN
            coalesce(pg_catalog.array_agg(DISTINCT r.queue), '{}')
     INTO v_ids, v_queues
     FROM released AS r;
+    -- A released job that names a rate limit key waits for the key's budget again.
+    IF pg_catalog.cardinality(v_ids) > 0 THEN
+        PERFORM x_jobs._repark_rated(v_ids);
+    END IF;
 
     -- Another worker should take them now, not at its next poll.
     PERFORM pg_catalog.pg_notify('x_jobs', x_jobs._notify_tag('x_jobs', q.queue))

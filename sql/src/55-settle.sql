@@ -359,6 +359,10 @@ BEGIN
     )
     SELECT f.state, f.queue INTO v_state, v_queue FROM failed AS f;
 
+    -- A retry of a job that names a rate limit key waits for the key's budget again.
+    IF v_state IN ('ready', 'delayed') THEN
+        PERFORM x_jobs._repark_rated(ARRAY[fail.id]);
+    END IF;
     -- A retry due at once is work for the queue now: wake it like an enqueue does.
     IF v_state = 'ready' THEN
         PERFORM pg_catalog.pg_notify('x_jobs', x_jobs._notify_tag('x_jobs', v_queue));

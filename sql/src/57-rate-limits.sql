@@ -162,6 +162,36 @@ AS $$
     SELECT timestamptz '100000-01-01 00:00:00+00'
 $$;
 
+-- Park again, for their key's budget, the jobs among `p_ids` that name a rate limit key and are
+-- due again (ready or delayed, not parked): a retry after fail, a job released by a worker that
+-- stopped. Its next start is a start as the first was, and spends a start of the budget: else a
+-- key of 2 a minute whose jobs fail and retry at once started a third. (A job handed back by a
+-- worker that does not serve its name never ran, and its lapsed lease is taken again by the
+-- claim's lapsed arm, as any: those two starts are not counted.) A job without a key costs one
+-- probe of job_rate's primary key.
+CREATE FUNCTION x_jobs._repark_rated(p_ids bigint[])
+RETURNS void
+LANGUAGE sql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH parked AS (
+        UPDATE x_jobs.job_rate AS r
+        SET parked_state = j.state, run_at = j.run_at, priority = j.priority
+        FROM x_jobs.job AS j
+        WHERE r.job_id = ANY (p_ids)
+            AND j.id = r.job_id
+            AND j.state IN ('ready', 'delayed')
+            AND j.run_at < x_jobs._rate_parked_at()
+            AND EXISTS (SELECT FROM x_jobs.rate_limit AS l WHERE l.key = r.rate_limit_key)
+        RETURNING r.job_id
+    )
+    UPDATE x_jobs.job AS j
+    SET state = 'delayed', run_at = x_jobs._rate_parked_at()
+    FROM parked AS p
+    WHERE j.id = p.job_id
+$$;
+
 -- The claim's part for jobs parked for a rate limit's budget (x_jobs.job_rate): restore and
 -- lock up to `p_want` of them in `p_queues` whose keys have budget in the current window, and
 -- spend it, one start a job. Called by x_jobs.claim only, in its transaction: the rate_limit

@@ -393,6 +393,7 @@ DROP FUNCTION x_jobs.declare_job(
 --@function x_jobs.drop_rate_limit
 --@function x_jobs.rate_limits
 --@function x_jobs._claim_rated
+--@function x_jobs._repark_rated
 --@function x_jobs._declare
 --@function x_jobs.declare_job
 --@function x_jobs.declare_jobs
@@ -557,6 +558,7 @@ REVOKE ALL ON FUNCTION x_jobs.set_queue_policy(text, boolean, jsonb) FROM public
 REVOKE ALL ON FUNCTION x_jobs._claim_fair(text, integer, timestamptz, text[]) FROM public;
 REVOKE ALL ON FUNCTION x_jobs._fair_function(text) FROM public;
 REVOKE ALL ON FUNCTION x_jobs._fair_source(text) FROM public;
+REVOKE ALL ON FUNCTION x_jobs._repark_rated(bigint[]) FROM public;
 GRANT EXECUTE ON FUNCTION x_jobs.queue_policies() TO x_jobs_worker, pg_monitor;
 GRANT EXECUTE ON FUNCTION x_jobs.set_queue_policy(text, boolean, jsonb) TO x_jobs_admin;
 

@@ -5,7 +5,7 @@
 -- x_jobs.fake_now (windows of a minute, aligned to the epoch).
 
 BEGIN;
-SELECT plan(30);
+SELECT plan(35);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:00:10+00';
 
@@ -211,6 +211,48 @@ SELECT is(
     (SELECT count(*)::integer FROM x_jobs.claim(ARRAY['lq'], 'w5', '10 minutes', 10)),
     0,
     'A claim whose clock is in the window before the limit''s current one should start none'
+);
+
+-- A retry, and a job released by a worker that stopped, start again: they wait for the budget.
+SELECT x_jobs.set_rate_limit('retry', 2, '1 minute');
+SELECT x_jobs.enqueue('t', queue => 'rq', rate_limit_key => 'retry') FROM generate_series(1, 2);
+SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:10:00+00';
+SELECT is(
+    (SELECT count(*)::integer FROM x_jobs.claim(ARRAY['rq'], 'w6', '10 minutes', 10)),
+    2,
+    'A claim should start the budget of two'
+);
+SELECT is(
+    x_jobs.fail(
+        id => (
+            SELECT min(id) FROM x_jobs.job
+            WHERE queue = 'rq'
+        ), worker => 'w6', error => 'boom',
+        retry_delay => '0 seconds'
+    )::text,
+    'ready',
+    'A failed attempt should be retried at once'
+);
+SELECT is(
+    (SELECT array_length(array_agg(r), 1) FROM x_jobs.release(
+        ids => ARRAY[(
+            SELECT max(id) FROM x_jobs.job
+            WHERE queue = 'rq'
+        )], worker => 'w6'
+    ) AS r),
+    1,
+    'A stopping worker should release the other'
+);
+SELECT is(
+    (SELECT count(*)::integer FROM x_jobs.claim(ARRAY['rq'], 'w6', '10 minutes', 10)),
+    0,
+    'The retry and the released job should not start past the window''s spent budget'
+);
+SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:11:00+00';
+SELECT is(
+    (SELECT count(*)::integer FROM x_jobs.claim(ARRAY['rq'], 'w6', '10 minutes', 10)),
+    2,
+    'They should start in the next window'
 );
 
 SELECT * FROM finish();
