@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -139,6 +140,9 @@ class Drain:
     noisy: list[float]
     jobs: int
     seconds: float
+    #: The machine's 1-minute load average as the drain began and as it ended: the drains run
+    #: one after the other, so a neighbour's load during one of them shows here.
+    load: tuple[float, float]
 
 
 def drain_noisy(name: str, fair: bool, sizes: FairSizes) -> Drain:
@@ -154,11 +158,13 @@ def drain_noisy(name: str, fair: bool, sizes: FairSizes) -> Drain:
         total = sizes.noisy_a + sizes.noisy_others * len(OTHERS)
         log(f"{'fair' if fair else 'plain'}: one worker drains {total:,}")
         done = 0
+        load_before = os.getloadavg()[0]
         started = time.perf_counter()
         while ids := claim_ids(conn, 10):
             complete(conn, ids)
             done += len(ids)
         seconds = time.perf_counter() - started
+        load = (load_before, os.getloadavg()[0])
         if done != total:
             raise RuntimeError(f"drained {done:,} jobs, not {total:,}")
         rows = conn.execute(WAITS, [QUEUE]).fetchall()
@@ -169,6 +175,7 @@ def drain_noisy(name: str, fair: bool, sizes: FairSizes) -> Drain:
         noisy=[float(w) for tenant, w in rows if tenant == NOISY],
         jobs=total,
         seconds=seconds,
+        load=load,
     )
 
 
@@ -200,6 +207,12 @@ def noisy_lines(fair: Drain, plain: Drain, sizes: FairSizes) -> list[Line]:
             f"drain, 1 worker, claim 10 + complete_many, {fair.jobs:,} jobs, fair / FIFO",
             f"{fair_rate:,.0f} / {plain_rate:,.0f} jobs/s ({fair_rate / plain_rate:.2f}x; "
             f"{(1 / fair_rate - 1 / plain_rate) * 1e6:+.0f} us a job)",
+            "",
+            "",
+        ),
+        (
+            "  load average (1 min) at the drain's start - end, fair; FIFO",
+            f"{fair.load[0]:.2f} - {fair.load[1]:.2f}; {plain.load[0]:.2f} - {plain.load[1]:.2f}",
             "",
             "",
         ),
