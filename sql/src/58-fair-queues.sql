@@ -339,26 +339,54 @@ DECLARE
             LIMIT p_want
         )
     $walk$;
-    -- Each visited tenant's first rows, ranked; locked in turn order until p_want are held.
+    -- How many rows each visited tenant takes: its first rows, read without locks and ranked,
+    -- in turn order until p_want (at most the few a tenant can take are read of it). Then that
+    -- many of its rows, locked as they are read: SKIP LOCKED steps over a row another claimer
+    -- holds and the tenant's next one stands in (as in the claim's arms), so racing claimers
+    -- take different rows, and no row is locked that the claim does not take.
     v_pick constant text := $pick$
         WITH RECURSIVE %2$s,
         counted AS (SELECT count(*)::integer AS tenants FROM visited),
-        cand AS (
-            SELECT v.n, v.tenant, e.at, e.priority, e.run_at, e.id,
-                   (e.rank - 1 + w.spent) %% w.weight + 1 AS place,
-                   pg_catalog.row_number() OVER (
-                       ORDER BY (e.rank - 1 + w.spent) / w.weight, v.n, e.rank
-                   ) AS turn
+        weighted AS (
+            SELECT v.n, v.tenant,
+                   coalesce((
+                       SELECT q.weight FROM x_jobs.queue_weight AS q
+                       WHERE q.queue = %1$L AND q.tenant_id = v.tenant
+                   ), 1) AS weight,
+                   -- The cursor's tenant, when its turn goes on, took p_spent rows of it already.
+                   CASE WHEN v.tenant = p_tenant THEN p_spent ELSE 0 END AS spent
             FROM visited AS v
-            CROSS JOIN counted AS c
-            CROSS JOIN LATERAL (
-                SELECT coalesce((
-                    SELECT q.weight FROM x_jobs.queue_weight AS q
-                    WHERE q.queue = %1$L AND q.tenant_id = v.tenant
-                ), 1) AS weight,
-                -- The cursor's tenant, when its turn goes on, took p_spent rows of it already.
-                CASE WHEN v.tenant = p_tenant THEN p_spent ELSE 0 END AS spent
-            ) AS w
+        ),
+        shares AS (
+            SELECT t.n, t.tenant, t.weight, t.spent, count(*) AS take
+            FROM (
+                SELECT w.n, w.tenant, w.weight, w.spent
+                FROM weighted AS w
+                CROSS JOIN counted AS c
+                CROSS JOIN LATERAL (
+                    SELECT pg_catalog.row_number() OVER (ORDER BY r.priority, r.run_at, r.id) AS rank
+                    FROM (
+                        SELECT j.priority, j.run_at, j.id
+                        FROM x_jobs.job AS j
+                        WHERE j.queue = %1$L AND j.state = 'ready' AND j.concurrency_key IS NULL
+                            AND j.tenant_id = w.tenant
+                            AND j.run_at <= p_now
+                        ORDER BY j.priority, j.run_at, j.id
+                        LIMIT LEAST(p_want, GREATEST(w.weight, p_want - c.tenants + 1))
+                    ) AS r
+                ) AS e
+                ORDER BY (e.rank - 1 + w.spent) / w.weight, w.n, e.rank
+                LIMIT p_want
+            ) AS t
+            GROUP BY t.n, t.tenant, t.weight, t.spent
+        ),
+        locked AS MATERIALIZED (
+            SELECT s.n, s.tenant, e.at, e.priority, e.run_at, e.id,
+                   (e.rank - 1 + s.spent) %% s.weight + 1 AS place,
+                   pg_catalog.row_number() OVER (
+                       ORDER BY (e.rank - 1 + s.spent) / s.weight, s.n, e.rank
+                   ) AS turn
+            FROM shares AS s
             CROSS JOIN LATERAL (
                 SELECT r.at, r.priority, r.run_at, r.id,
                        pg_catalog.row_number() OVER (ORDER BY r.priority, r.run_at, r.id) AS rank
@@ -366,25 +394,13 @@ DECLARE
                     SELECT j.ctid AS at, j.priority, j.run_at, j.id
                     FROM x_jobs.job AS j
                     WHERE j.queue = %1$L AND j.state = 'ready' AND j.concurrency_key IS NULL
-                        AND j.tenant_id = v.tenant
+                        AND j.tenant_id = s.tenant
                         AND j.run_at <= p_now
                     ORDER BY j.priority, j.run_at, j.id
-                    LIMIT LEAST(p_want, GREATEST(w.weight, p_want - c.tenants + 1))
+                    LIMIT s.take
+                    FOR UPDATE SKIP LOCKED
                 ) AS r
             ) AS e
-        ),
-        locked AS MATERIALIZED (
-            SELECT l.at, c.priority, c.run_at, c.id, c.tenant, c.place, c.turn
-            FROM (SELECT * FROM cand ORDER BY cand.turn) AS c
-            CROSS JOIN LATERAL (
-                SELECT j.ctid AS at
-                FROM x_jobs.job AS j
-                WHERE j.ctid = c.at
-                    AND j.queue = %1$L AND j.state = 'ready' AND j.concurrency_key IS NULL
-                FOR UPDATE SKIP LOCKED
-            ) AS l
-            ORDER BY c.turn
-            LIMIT p_want
         ),
         turns AS (
             SELECT l.at, l.tenant, l.place, pg_catalog.row_number() OVER (ORDER BY l.turn) AS seq
