@@ -357,12 +357,26 @@ DECLARE
                    CASE WHEN v.tenant = p_tenant THEN p_spent ELSE 0 END AS spent
             FROM visited AS v
         ),
+        -- Whether the shares follow from the count alone: one tenant takes them all; as many
+        -- tenants as rows wanted, none weighted, take one each.
+        plain AS (
+            SELECT c.tenants = 1
+                OR (c.tenants = p_want AND NOT EXISTS (SELECT FROM weighted AS w WHERE w.weight > 1)) AS known
+            FROM counted AS c
+        ),
         shares AS (
+            SELECT w.n, w.tenant, w.weight, w.spent, CASE WHEN c.tenants = 1 THEN p_want ELSE 1 END AS take
+            FROM weighted AS w
+            CROSS JOIN counted AS c
+            CROSS JOIN plain AS k
+            WHERE k.known
+            UNION ALL
             SELECT t.n, t.tenant, t.weight, t.spent, count(*) AS take
             FROM (
                 SELECT w.n, w.tenant, w.weight, w.spent
                 FROM weighted AS w
                 CROSS JOIN counted AS c
+                CROSS JOIN plain AS k
                 CROSS JOIN LATERAL (
                     SELECT pg_catalog.row_number() OVER (ORDER BY r.priority, r.run_at, r.id) AS rank
                     FROM (
@@ -375,6 +389,7 @@ DECLARE
                         LIMIT LEAST(p_want, GREATEST(w.weight, p_want - c.tenants + 1))
                     ) AS r
                 ) AS e
+                WHERE NOT k.known
                 ORDER BY (e.rank - 1 + w.spent) / w.weight, w.n, e.rank
                 LIMIT p_want
             ) AS t
