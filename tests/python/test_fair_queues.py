@@ -308,6 +308,30 @@ def test_setting_a_policy_needs_an_admin(conn: Conn, worker_login: tuple[str, st
     assert [(p.queue, p.fair) for p in queue_policies(conn)] == [("mail", True)]
 
 
+def test_a_bound_admin_may_not_set_a_queues_policy(admin: Conn, dsn: str, conn: Conn) -> None:
+    """A queue serves every tenant: a role bound to one is refused (X_CROSS_TENANT, exit 1),
+    and the policy stays as it was."""
+    role = f"x_jobs_test_admin_{uuid.uuid4().hex[:8]}"
+    admin.execute(sql.SQL("CREATE ROLE {} LOGIN IN ROLE x_jobs_admin").format(sql.Identifier(role)))
+    try:
+        bind_tenant(conn, role, "b")
+        params: dict[str, Any] = conninfo_to_dict(dsn)
+        params["user"] = role
+        bound_dsn = make_conninfo("", **params)
+        runner = CliRunner(env={"COLUMNS": None})
+        refused = runner.invoke(cli, ["queues", "policy", "mail", "--fair", "--dsn", bound_dsn])
+        assert refused.exit_code == 1, refused.output
+        assert refused.stderr.startswith("x-jobs: X_CROSS_TENANT: "), refused.stderr
+        with (
+            psycopg.connect(bound_dsn, autocommit=True) as bound,
+            pytest.raises(x_jobs.errors.CrossTenant),
+        ):
+            set_queue_policy(bound, "mail", fair=True)
+    finally:
+        admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+    assert queue_policies(conn) == []
+
+
 def _demand(conn: Conn, queue: str) -> int:
     row = conn.execute(
         "SELECT demand FROM x_jobs.queue_demand() WHERE queue = %s", [queue]
