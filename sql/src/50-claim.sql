@@ -672,7 +672,12 @@ BEGIN
                 WHERE j.ctid = ANY (v_take_at)
                 RETURNING j.*
             )
-            SELECT * FROM claimed AS c ORDER BY c.priority, c.run_at, c.id;
+            -- In claim order; over a fair queue, in the order of the turns that picked them (the
+            -- order of v_take), so that a worker that runs a claim's rows one after another
+            -- keeps to the turns.
+            SELECT * FROM claimed AS c
+            ORDER BY CASE WHEN pg_catalog.cardinality(v_fair_at) > 0 THEN pg_catalog.array_position(v_take, c.id) END,
+                     c.priority, c.run_at, c.id;
         ELSE
             -- Buried rows are answered after every claimed one, so they wait for the last pass.
             WITH buried AS (
@@ -738,7 +743,10 @@ BEGIN
                 WHERE j.id = ANY (v_take)
                 RETURNING j.*
             )
-            SELECT (SELECT pg_catalog.array_agg(ROW(c.*)::x_jobs.job ORDER BY c.priority, c.run_at, c.id) FROM claimed AS c),
+            SELECT (SELECT pg_catalog.array_agg(ROW(c.*)::x_jobs.job ORDER BY
+                        CASE WHEN pg_catalog.cardinality(v_fair_at) > 0 THEN pg_catalog.array_position(v_take, c.id) END,
+                        c.priority, c.run_at, c.id)
+                    FROM claimed AS c),
                    (SELECT pg_catalog.array_agg(ROW(b.*)::x_jobs.job) FROM buried AS b)
             INTO v_claimed, v_buried;
 

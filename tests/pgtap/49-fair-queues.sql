@@ -5,7 +5,7 @@
 -- a bound worker takes its tenants' rows only; bad input is refused with coded errors.
 
 BEGIN;
-SELECT plan(40);
+SELECT plan(41);
 
 -- The tenants of the rows one claim took, sorted (a claim answers its rows in claim order, by
 -- priority, run_at and id, not in the turns that picked them).
@@ -114,6 +114,19 @@ SELECT is(
     'Claims of one should take the tenants in turns'
 );
 SELECT is(pg_temp.claimed('fq', 1), '', 'The fair queue should then be empty');
+
+-- A claim of several answers its rows in the order of the turns.
+SELECT x_jobs.enqueue('t', queue => 'fq', tenant_id => 'A') FROM generate_series(1, 4);
+SELECT x_jobs.enqueue('t', queue => 'fq', tenant_id => 'B') FROM generate_series(1, 2);
+SELECT x_jobs.enqueue('t', queue => 'fq', tenant_id => 'C');
+SELECT set_config('x_jobs.claim_fair_cursor', '', FALSE);
+SELECT is(
+    (SELECT string_agg(c.tenant_id, ' ' ORDER BY c.n)
+     FROM (SELECT j.tenant_id, row_number() OVER () AS n
+           FROM x_jobs.claim(ARRAY['fq'], 'w-fair', '10 minutes', 7) AS j) AS c),
+    'A B C A B A A',
+    'A claim of seven should answer its rows in the order of the turns'
+);
 
 -- A claim of several takes whole turns, and the next claim goes on where it ended.
 SELECT pg_temp.clear();
