@@ -121,9 +121,15 @@ SELECT x_jobs.enqueue('t', queue => 'fq', tenant_id => 'B') FROM generate_series
 SELECT x_jobs.enqueue('t', queue => 'fq', tenant_id => 'C');
 SELECT set_config('x_jobs.claim_fair_cursor', '', FALSE);
 SELECT is(
-    (SELECT string_agg(c.tenant_id, ' ' ORDER BY c.n)
-     FROM (SELECT j.tenant_id, row_number() OVER () AS n
-           FROM x_jobs.claim(ARRAY['fq'], 'w-fair', '10 minutes', 7) AS j) AS c),
+    (
+        SELECT string_agg(c.tenant_id, ' ' ORDER BY c.n)
+        FROM (
+            SELECT
+                j.tenant_id,
+                row_number() OVER () AS n
+            FROM x_jobs.claim(ARRAY['fq'], 'w-fair', '10 minutes', 7) AS j
+        ) AS c
+    ),
     'A B C A B A A',
     'A claim of seven should answer its rows in the order of the turns'
 );
