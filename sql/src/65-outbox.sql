@@ -308,6 +308,8 @@ DECLARE
     v_keys text[];
     v_busy_keys text[];
     v_lapsed boolean;
+    -- A bound relay hands out its tenants' messages only (see x_jobs._tenant_scope).
+    v_scope text[] := x_jobs._tenant_scope();
 BEGIN
     IF relay_outbox.relay IS NULL OR relay_outbox.relay = '' THEN
         RAISE EXCEPTION USING
@@ -484,15 +486,17 @@ BEGIN
             WHERE o.state = 'pending' AND o.key IS NULL
                 AND o.available_at <= v_now
                 AND (relay_outbox.topics IS NULL OR o.topic = ANY (relay_outbox.topics))
+                AND (v_scope IS NULL OR o.tenant_id = ANY (v_scope))
             ORDER BY o.available_at, o.id
             LIMIT relay_outbox.qty
             FOR UPDATE SKIP LOCKED
         ),
-        -- Locked above already.
+        -- Locked above already. A key's head of another tenant is not the bound relay's.
         keyed AS (
             SELECT o.id, o.key, o.available_at
             FROM x_jobs.outbox AS o
             WHERE o.id = ANY (v_heads)
+                AND (v_scope IS NULL OR o.tenant_id = ANY (v_scope))
         ),
         lapsed AS (
             SELECT o.id, o.key, o.available_at
@@ -500,6 +504,7 @@ BEGIN
             WHERE o.state = 'inflight'
                 AND o.available_at <= v_now
                 AND (relay_outbox.topics IS NULL OR o.topic = ANY (relay_outbox.topics))
+                AND (v_scope IS NULL OR o.tenant_id = ANY (v_scope))
             ORDER BY o.available_at, o.id
             LIMIT relay_outbox.qty
             FOR UPDATE SKIP LOCKED
@@ -590,6 +595,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
+    -- A bound relay settles its tenants' messages only (see x_jobs._tenant_scope).
+    v_scope text[] := x_jobs._tenant_scope();
     v_now timestamptz := x_jobs.now();
 BEGIN
     IF outbox_ack.relay IS NULL OR outbox_ack.relay = '' THEN
@@ -605,6 +612,7 @@ BEGIN
     WHERE o.id = ANY (outbox_ack.ids)
         AND o.state = 'inflight'
         AND o.relay = outbox_ack.relay
+        AND (v_scope IS NULL OR o.tenant_id = ANY (v_scope))
     RETURNING o.id;
 END
 $$;
@@ -622,6 +630,9 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
+DECLARE
+    -- A bound relay settles its tenants' messages only (see x_jobs._tenant_scope).
+    v_scope text[] := x_jobs._tenant_scope();
 BEGIN
     IF outbox_extend_lease.relay IS NULL OR outbox_extend_lease.relay = '' THEN
         RAISE EXCEPTION USING
@@ -639,6 +650,7 @@ BEGIN
     WHERE o.id = ANY (outbox_extend_lease.ids)
         AND o.state = 'inflight'
         AND o.relay = outbox_extend_lease.relay
+        AND (v_scope IS NULL OR o.tenant_id = ANY (v_scope))
     RETURNING o.id;
 END
 $$;
@@ -663,6 +675,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
+    -- A bound relay settles its tenants' messages only (see x_jobs._tenant_scope).
+    v_scope text[] := x_jobs._tenant_scope();
     v_now timestamptz := x_jobs.now();
     v_state x_jobs.outbox_state;
 BEGIN
@@ -711,6 +725,7 @@ BEGIN
     WHERE o.id = outbox_nack.id
         AND o.state = 'inflight'
         AND o.relay = outbox_nack.relay
+        AND (v_scope IS NULL OR o.tenant_id = ANY (v_scope))
     RETURNING o.state INTO v_state;
     RETURN v_state;
 END

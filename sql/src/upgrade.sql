@@ -394,6 +394,9 @@ DROP FUNCTION x_jobs.declare_job(
 --@function x_jobs.rate_limits
 --@function x_jobs._claim_rated
 --@function x_jobs._repark_rated
+--@function x_jobs.outbox_nack
+--@function x_jobs.outbox_extend_lease
+--@function x_jobs.outbox_ack
 --@function x_jobs._declare
 --@function x_jobs.declare_job
 --@function x_jobs.declare_jobs

@@ -4,7 +4,7 @@
 -- each refuses as for a missing id, or sees nothing. Roles are reached by SET ROLE from the
 -- superuser session (unbound); tests/python/test_tenants.py logs in as them.
 BEGIN;
-SELECT plan(45);
+SELECT plan(49);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:00:00+00';
 SET LOCAL "x_jobs.notify" = 'off';
@@ -316,6 +316,48 @@ SELECT is(
     1,
     'The other tenant''s row should still be ready'
 );
+
+-- A bound relay hands out and settles its tenant's messages only ------------------------------
+
+RESET ROLE;
+UPDATE x_jobs.outbox SET state = 'delivered', delivered_at = now()
+WHERE state = 'pending';
+SELECT x_jobs.outbox_put('t46-relay', '{"n": 1}');
+SELECT x_jobs.outbox_put('t46-relay', '{"n": 2}', key => 'k');
+UPDATE x_jobs.outbox SET tenant_id = 'globex'
+WHERE topic = 't46-relay';
+SELECT x_jobs.outbox_put('t46-relay', '{"n": 3}');
+SELECT x_jobs.outbox_put('t46-relay', '{"n": 4}', key => 'k2');
+UPDATE x_jobs.outbox SET tenant_id = 'acme'
+WHERE topic = 't46-relay' AND tenant_id <> 'globex';
+SET ROLE t46_worker;
+SELECT results_eq(
+    $$SELECT payload ->> 'n' FROM x_jobs.relay_outbox('t46-relay-1', 10) ORDER BY 1$$,
+    $$VALUES ('3'), ('4')$$,
+    'A bound relay should be handed its tenant''s messages only'
+);
+RESET ROLE;
+SELECT is(
+    (SELECT count(*)::integer FROM x_jobs.relay_outbox('t46-relay-2', 10)),
+    2,
+    'An unbound relay should be handed the other tenant''s messages'
+);
+INSERT INTO u (tag, id)
+SELECT
+    'globex-msg-' || id AS tag,
+    id
+FROM x_jobs.outbox
+WHERE tenant_id = 'globex' AND topic = 't46-relay';
+SET ROLE t46_worker;
+SELECT is_empty(
+    $$SELECT * FROM x_jobs.outbox_ack(ARRAY(SELECT id FROM u WHERE tag LIKE 'globex-msg-%'), 't46-relay-2')$$,
+    'A bound relay should not acknowledge another tenant''s messages, even with their relay''s id'
+);
+SELECT is_empty(
+    $$SELECT * FROM x_jobs.outbox_extend_lease(ARRAY(SELECT id FROM u WHERE tag LIKE 'globex-msg-%'), 't46-relay-2')$$,
+    'A bound relay should not extend another tenant''s leases'
+);
+RESET ROLE;
 
 SELECT * FROM finish();
 ROLLBACK;
