@@ -188,9 +188,9 @@ $$;
 -- the session setting x_jobs.claim_fair_cursor: the tenant, and the rows it took of its turn)
 -- and wraps around, so successive claims of a session go round every tenant; workers of other
 -- sessions go round on their own (each takes its turns in its own order, and the tenants share
--- every worker). A session that claims once (a pooled one reset between transactions) starts at
--- the first tenant each time. A bound worker (p_scope) visits its tenants only, by probe, never
--- reading another's rows.
+-- every worker). A session's first claim starts after the tenant claimed last by any session
+-- (see below), so that sessions that claim once each (a pool that resets them) go round too. A
+-- bound worker (p_scope) visits its tenants only, by probe, never reading another's rows.
 --
 -- The statements are the queue's own function (x_jobs._fair_function, made with its index by
 -- set_queue_policy, see _fair_source): the queue's name must be a literal in them for the
@@ -231,6 +231,17 @@ BEGIN
         ), 1) THEN
             v_spent := 0;
         END IF;
+    ELSE
+        -- A session's first claim of the queue (a new connection, one a pool reset) starts after
+        -- the tenant whose row was claimed last, by any session (the running row with the latest
+        -- lease: one backward step of job_running_idx), so that sessions that claim once each
+        -- still go round the tenants rather than all serve the first one.
+        v_tenant := coalesce((
+            SELECT j.tenant_id FROM x_jobs.job AS j
+            WHERE j.queue = p_queue AND j.state = 'running'
+            ORDER BY j.visible_at DESC, j.id DESC
+            LIMIT 1
+        ), '');
     END IF;
 
     EXECUTE pg_catalog.format('SELECT * FROM x_jobs.%I($1, $2, $3, $4, $5)', x_jobs._fair_function(p_queue))

@@ -95,3 +95,16 @@ def test_racing_workers_run_every_job_of_a_fair_queue_once(conn: Conn, dsn: str)
     ).fetchall()
     # Each of the 2,000 jobs was claimed once and completed, by whichever racer took it.
     assert rows == [("done", 1, 1, 2000)]
+
+
+def test_sessions_that_claim_once_each_go_round_the_tenants(conn: Conn, connect: Connect) -> None:
+    conn.execute("SELECT x_jobs.set_queue_policy(queue => 'fair', fair => true)")
+    _enqueue(conn, ["a", "b", "c"], 3)
+    # Each claim from a new session (as a pool that resets its connections makes them): the
+    # session has no cursor, and starts after the tenant claimed last.
+    taken = []
+    for n in range(6):
+        fresh = connect(name=f"once-{n}")
+        taken += [t for _, t in fresh.execute(CLAIM, [f"once-{n}", 1]).fetchall()]
+        fresh.close()
+    assert taken == ["a", "b", "c", "a", "b", "c"]
