@@ -177,8 +177,9 @@ BEGIN
     --   v_queues  the queues named, each once (a queue named twice would be two scans over one
     --             queue, and rows this statement locked are not skipped by itself: the repeat
     --             would spend slots on rows already picked), less the paused ones;
-    --   v_fair    those of them that are fair (see x_jobs._claim_fair); one whose function is
-    --             missing (a restored dump) is claimed in FIFO order;
+    --   v_fair    those of them that are fair (see x_jobs._claim_fair); one whose function or
+    --             index is missing (a restored dump has the function, not the index) is claimed
+    --             in FIFO order;
     --   v_rated   whether any has jobs parked for a rate limit's budget (job_rate_parked_idx);
     --   v_any_keyed  whether any has due rows with a concurrency key (their two indexes): if none,
     --                the window of keyed rows below is not read;
@@ -206,6 +207,7 @@ BEGIN
         SELECT DISTINCT q.queue,
                CASE WHEN EXISTS (SELECT FROM x_jobs.queue_policy AS f WHERE f.queue = q.queue AND f.fair)
                    THEN pg_catalog.to_regproc('x_jobs.' || x_jobs._fair_function(q.queue)) IS NOT NULL
+                       AND pg_catalog.to_regclass('x_jobs.' || x_jobs._fair_index(q.queue)) IS NOT NULL
                    ELSE FALSE
                END AS fair,
                EXISTS (

@@ -64,7 +64,8 @@ $$;
 -- without a concurrency key, tenant first: what lets a claim step from one tenant to the next
 -- with a seek. It is the queue's alone, so no other queue's enqueue or claim writes to it. And
 -- it makes the queue's function, the claim's statements with the queue's name in them (see
--- _claim_fair); a queue without it (a restored dump has neither) is claimed in FIFO order. The
+-- _claim_fair); a queue without either (a restored dump has the function, not the index) is
+-- claimed in FIFO order. The
 -- build reads the table and holds off writes to it until this call's transaction commits (a
 -- CREATE INDEX, not CONCURRENTLY, which no function may run): set a policy when the table is
 -- quiet, or before the queue fills. Ending fairness drops the index and the function.

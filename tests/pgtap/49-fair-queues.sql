@@ -5,7 +5,7 @@
 -- a bound worker takes its tenants' rows only; bad input is refused with coded errors.
 
 BEGIN;
-SELECT plan(41);
+SELECT plan(43);
 
 -- The tenants of the rows one claim took, sorted (a claim answers its rows in claim order, by
 -- priority, run_at and id, not in the turns that picked them).
@@ -319,6 +319,18 @@ SELECT is(
 SELECT is(pg_temp.claimed('fq', 3), 'A A A', 'A fair queue without its function should be claimed in FIFO order');
 SELECT x_jobs.set_queue_policy('fq', fair => TRUE);
 SELECT is(pg_temp.claimed('fq', 2), 'B B', 'Setting the policy again should make the queue fair again');
+
+-- Likewise without its index (what a restored dump gives: pg_dump keeps the function).
+SELECT pg_temp.clear();
+SELECT x_jobs.enqueue('t', queue => 'fq', tenant_id => 'A') FROM generate_series(1, 3);
+SELECT x_jobs.enqueue('t', queue => 'fq', tenant_id => 'B') FROM generate_series(1, 3);
+SELECT set_config('x_jobs.test_fair_index', x_jobs._fair_index('fq'), TRUE);
+DO $$ BEGIN
+    EXECUTE format('DROP INDEX x_jobs.%I', current_setting('x_jobs.test_fair_index'));
+END $$;
+SELECT is(pg_temp.claimed('fq', 3), 'A A A', 'A fair queue without its index should be claimed in FIFO order');
+SELECT x_jobs.set_queue_policy('fq', fair => TRUE);
+SELECT is(pg_temp.claimed('fq', 2), 'B B', 'Setting the policy again should build the index');
 
 -- Fair no more: the index goes, and the claim takes rows in FIFO order again.
 SELECT x_jobs.set_queue_policy('fq', fair => FALSE);
