@@ -113,6 +113,45 @@ BEGIN
 END
 $$;
 
+-- What queue_stats answers, for a caller bound to tenants (`p_scope`): its tenants' live rows
+-- only, by state, per queue; whether the queue is paused; and as demand, its due rows (of an
+-- unpaused queue) and its running ones. Counted from the heap (the claim's indexes hold no
+-- tenant), and without weighing a concurrency key's room or a rate limit's budget: bound callers
+-- are workers and their tenants' dashboards, not the autoscaler, which counts every tenant's
+-- rows unbound. queue_demand and queue_gauges answer a bound caller this, so that neither shows
+-- it another tenant's rows, nor stores counts of its scope in the snapshot every caller reads.
+CREATE FUNCTION x_jobs._scoped_queue_stats(p_scope text[], p_now timestamptz)
+RETURNS TABLE (
+    queue text,
+    ready bigint,
+    delayed bigint,
+    suspended bigint,
+    running bigint,
+    paused boolean,
+    demand bigint
+)
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT c.queue, c.ready, c.delayed, c.suspended, c.running, c.paused,
+           CASE WHEN c.paused THEN c.running ELSE c.due + c.running END
+    FROM (
+        SELECT j.queue,
+               count(*) FILTER (WHERE j.state = 'ready') AS ready,
+               count(*) FILTER (WHERE j.state = 'delayed') AS delayed,
+               count(*) FILTER (WHERE j.state = 'suspended') AS suspended,
+               count(*) FILTER (WHERE j.state = 'running') AS running,
+               count(*) FILTER (WHERE j.state IN ('ready', 'delayed', 'suspended') AND j.run_at <= p_now) AS due,
+               EXISTS (SELECT FROM x_jobs.queue_pause AS p WHERE p.queue = j.queue) AS paused
+        FROM x_jobs.job AS j
+        WHERE j.tenant_id = ANY (p_scope)
+            AND j.state IN ('ready', 'delayed', 'suspended', 'running')
+        GROUP BY j.queue
+    ) AS c
+    ORDER BY c.queue COLLATE "C"
+$$;
+
 -- Per queue, the rows a serving worker must hold: due rows of unpaused queues; running rows
 -- whose lease holds, unless a live draining worker holds them (it finishes them itself, so no
 -- worker a scaler adds could take them; a claimer with no live row, killed or lapsed, stays
@@ -139,89 +178,103 @@ $$;
 -- being able to read job inputs. It reads only; search_path is pinned.
 CREATE FUNCTION x_jobs.queue_demand()
 RETURNS TABLE (queue text, demand bigint)
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    WITH busy AS (
-        SELECT j.concurrency_key, count(*) AS running
-        FROM x_jobs.job AS j
-        WHERE j.concurrency_key IS NOT NULL AND j.state = 'running'
-        GROUP BY j.concurrency_key
-    ),
-    draining AS (
-        SELECT w.id FROM x_jobs.worker AS w
-        WHERE w.draining_at IS NOT NULL AND w.expires_at > x_jobs.now()
-    )
-    SELECT d.queue, sum(d.n)::bigint AS demand
-    FROM (
-        SELECT o.queue, o.n
-        FROM (
-            SELECT j.queue, count(*) AS n FROM x_jobs.job AS j
-            WHERE j.state = 'ready' AND j.concurrency_key IS NULL AND j.run_at <= x_jobs.now()
-            GROUP BY j.queue
-            UNION ALL
-            SELECT j.queue, count(*) FROM x_jobs.job AS j
-            WHERE j.state IN ('delayed', 'suspended') AND j.concurrency_key IS NULL
-                AND j.run_at <= x_jobs.now()
-            GROUP BY j.queue
-            UNION ALL
-            SELECT j.queue, count(*) FROM x_jobs.job AS j
-            WHERE j.state = 'running' AND j.visible_at <= x_jobs.now()
-            GROUP BY j.queue
-        ) AS o
-        WHERE NOT EXISTS (SELECT FROM x_jobs.queue_pause AS p WHERE p.queue = o.queue)
-        UNION ALL
-        SELECT k.queue, count(*) FILTER (WHERE k.rank <= k.concurrency_limit - coalesce(b.running, 0))
-        FROM (
-            SELECT j.queue, j.concurrency_key, j.concurrency_limit,
-                   pg_catalog.row_number() OVER (
-                       PARTITION BY j.concurrency_key ORDER BY j.priority, j.run_at, j.id
-                   ) AS rank
+#variable_conflict use_column
+DECLARE
+    -- A bound caller is answered its tenants' rows only (see _scoped_queue_stats).
+    v_scope text[] := x_jobs._tenant_scope();
+BEGIN
+    IF v_scope IS NOT NULL THEN
+        RETURN QUERY
+        SELECT s.queue, s.demand FROM x_jobs._scoped_queue_stats(v_scope, x_jobs.now()) AS s
+        WHERE s.demand > 0
+        ORDER BY s.queue COLLATE "C";
+        RETURN;
+    END IF;
+    RETURN QUERY
+        WITH busy AS (
+            SELECT j.concurrency_key, count(*) AS running
             FROM x_jobs.job AS j
-            WHERE j.concurrency_key IS NOT NULL
-                AND j.state IN ('ready', 'delayed', 'suspended')
-                AND j.run_at <= x_jobs.now()
-                AND j.queue <> ALL (ARRAY(SELECT p.queue FROM x_jobs.queue_pause AS p))
-        ) AS k
-        LEFT JOIN busy AS b ON b.concurrency_key = k.concurrency_key
-        GROUP BY k.queue
-        UNION ALL
-        -- Jobs parked for a rate limit's budget (x_jobs.job_rate): as many of each key's due ones,
-        -- in grant order, as its budget in the current window has starts left (every one, for a
-        -- key whose limit was dropped).
-        SELECT k.queue, count(*) FILTER (
-            WHERE l.key IS NULL OR k.rank <= l.max_starts - CASE
-                WHEN l.window_start = x_jobs._rate_window(l.per, x_jobs.now()) THEN l.starts ELSE 0
-            END)
+            WHERE j.concurrency_key IS NOT NULL AND j.state = 'running'
+            GROUP BY j.concurrency_key
+        ),
+        draining AS (
+            SELECT w.id FROM x_jobs.worker AS w
+            WHERE w.draining_at IS NOT NULL AND w.expires_at > x_jobs.now()
+        )
+        SELECT d.queue, sum(d.n)::bigint AS demand
         FROM (
-            SELECT r.queue, r.rate_limit_key,
-                   pg_catalog.row_number() OVER (
-                       PARTITION BY r.rate_limit_key ORDER BY r.priority, r.run_at, r.job_id
-                   ) AS rank
-            FROM x_jobs.job_rate AS r
-            WHERE r.parked_state IS NOT NULL
-                AND r.run_at <= x_jobs.now()
-                AND r.queue <> ALL (ARRAY(SELECT p.queue FROM x_jobs.queue_pause AS p))
-        ) AS k
-        LEFT JOIN x_jobs.rate_limit AS l ON l.key = k.rate_limit_key
-        GROUP BY k.queue
-        UNION ALL
-        SELECT j.queue, count(*) FROM x_jobs.job AS j
-        WHERE j.state = 'running' AND j.visible_at > x_jobs.now()
-            AND NOT EXISTS (SELECT FROM draining)
-        GROUP BY j.queue
-        UNION ALL
-        SELECT j.queue, count(*) FROM x_jobs.job AS j
-        WHERE j.state = 'running' AND j.visible_at > x_jobs.now()
-            AND EXISTS (SELECT FROM draining)
-            AND j.claimed_by NOT IN (SELECT r.id FROM draining AS r)
-        GROUP BY j.queue
-    ) AS d
-    GROUP BY d.queue
-    HAVING sum(d.n) > 0
-    ORDER BY d.queue COLLATE "C"
+            SELECT o.queue, o.n
+            FROM (
+                SELECT j.queue, count(*) AS n FROM x_jobs.job AS j
+                WHERE j.state = 'ready' AND j.concurrency_key IS NULL AND j.run_at <= x_jobs.now()
+                GROUP BY j.queue
+                UNION ALL
+                SELECT j.queue, count(*) FROM x_jobs.job AS j
+                WHERE j.state IN ('delayed', 'suspended') AND j.concurrency_key IS NULL
+                    AND j.run_at <= x_jobs.now()
+                GROUP BY j.queue
+                UNION ALL
+                SELECT j.queue, count(*) FROM x_jobs.job AS j
+                WHERE j.state = 'running' AND j.visible_at <= x_jobs.now()
+                GROUP BY j.queue
+            ) AS o
+            WHERE NOT EXISTS (SELECT FROM x_jobs.queue_pause AS p WHERE p.queue = o.queue)
+            UNION ALL
+            SELECT k.queue, count(*) FILTER (WHERE k.rank <= k.concurrency_limit - coalesce(b.running, 0))
+            FROM (
+                SELECT j.queue, j.concurrency_key, j.concurrency_limit,
+                       pg_catalog.row_number() OVER (
+                           PARTITION BY j.concurrency_key ORDER BY j.priority, j.run_at, j.id
+                       ) AS rank
+                FROM x_jobs.job AS j
+                WHERE j.concurrency_key IS NOT NULL
+                    AND j.state IN ('ready', 'delayed', 'suspended')
+                    AND j.run_at <= x_jobs.now()
+                    AND j.queue <> ALL (ARRAY(SELECT p.queue FROM x_jobs.queue_pause AS p))
+            ) AS k
+            LEFT JOIN busy AS b ON b.concurrency_key = k.concurrency_key
+            GROUP BY k.queue
+            UNION ALL
+            -- Jobs parked for a rate limit's budget (x_jobs.job_rate): as many of each key's due ones,
+            -- in grant order, as its budget in the current window has starts left (every one, for a
+            -- key whose limit was dropped).
+            SELECT k.queue, count(*) FILTER (
+                WHERE l.key IS NULL OR k.rank <= l.max_starts - CASE
+                    WHEN l.window_start = x_jobs._rate_window(l.per, x_jobs.now()) THEN l.starts ELSE 0
+                END)
+            FROM (
+                SELECT r.queue, r.rate_limit_key,
+                       pg_catalog.row_number() OVER (
+                           PARTITION BY r.rate_limit_key ORDER BY r.priority, r.run_at, r.job_id
+                       ) AS rank
+                FROM x_jobs.job_rate AS r
+                WHERE r.parked_state IS NOT NULL
+                    AND r.run_at <= x_jobs.now()
+                    AND r.queue <> ALL (ARRAY(SELECT p.queue FROM x_jobs.queue_pause AS p))
+            ) AS k
+            LEFT JOIN x_jobs.rate_limit AS l ON l.key = k.rate_limit_key
+            GROUP BY k.queue
+            UNION ALL
+            SELECT j.queue, count(*) FROM x_jobs.job AS j
+            WHERE j.state = 'running' AND j.visible_at > x_jobs.now()
+                AND NOT EXISTS (SELECT FROM draining)
+            GROUP BY j.queue
+            UNION ALL
+            SELECT j.queue, count(*) FROM x_jobs.job AS j
+            WHERE j.state = 'running' AND j.visible_at > x_jobs.now()
+                AND EXISTS (SELECT FROM draining)
+                AND j.claimed_by NOT IN (SELECT r.id FROM draining AS r)
+            GROUP BY j.queue
+        ) AS d
+        GROUP BY d.queue
+        HAVING sum(d.n) > 0
+        ORDER BY d.queue COLLATE "C";
+END
 $$;
 
 -- Per queue, how many live rows are in each state, whether the queue is paused, and its demand
@@ -332,6 +385,7 @@ DECLARE
     v_now timestamptz := x_jobs.now();
     v_taken timestamptz;
     v_stats jsonb;
+    v_scope text[];
 BEGIN
     IF queue_gauges.max_age IS NULL OR queue_gauges.max_age < interval '0'
         OR queue_gauges.max_age > interval '1 day' THEN
@@ -341,21 +395,31 @@ BEGIN
                 coalesce(queue_gauges.max_age::text, 'NULL')),
             HINT = 'Pass how old the snapshot may be, from ''0'' (count now) to ''1 day'', such as ''15 seconds''.';
     END IF;
-    SELECT s.taken_at, s.stats INTO v_taken, v_stats FROM x_jobs.queue_snapshot AS s;
-    IF v_taken IS NULL OR v_taken <= v_now - queue_gauges.max_age OR v_taken >= v_now + queue_gauges.max_age THEN
-        IF pg_catalog.current_setting('transaction_read_only')::boolean
-            OR pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
-            v_taken := v_now;
-            v_stats := (SELECT pg_catalog.jsonb_agg(pg_catalog.to_jsonb(q)) FROM x_jobs.queue_stats() AS q);
-        ELSIF pg_catalog.pg_try_advisory_xact_lock(2024061751, 0) THEN
-            SELECT s.taken_at, s.stats INTO v_taken, v_stats FROM x_jobs.queue_snapshot AS s;
-            IF v_taken IS NULL OR v_taken <= v_now - queue_gauges.max_age
-                OR v_taken >= v_now + queue_gauges.max_age THEN
+    -- A bound caller is counted its tenants' rows, now, and neither reads nor stores the
+    -- snapshot of every tenant's (see _scoped_queue_stats).
+    v_scope := x_jobs._tenant_scope();
+    IF v_scope IS NOT NULL THEN
+        v_taken := v_now;
+        v_stats := (
+            SELECT pg_catalog.jsonb_agg(pg_catalog.to_jsonb(q)) FROM x_jobs._scoped_queue_stats(v_scope, v_now) AS q
+        );
+    ELSE
+        SELECT s.taken_at, s.stats INTO v_taken, v_stats FROM x_jobs.queue_snapshot AS s;
+        IF v_taken IS NULL OR v_taken <= v_now - queue_gauges.max_age OR v_taken >= v_now + queue_gauges.max_age THEN
+            IF pg_catalog.current_setting('transaction_read_only')::boolean
+                OR pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
                 v_taken := v_now;
                 v_stats := (SELECT pg_catalog.jsonb_agg(pg_catalog.to_jsonb(q)) FROM x_jobs.queue_stats() AS q);
-                INSERT INTO x_jobs.queue_snapshot AS s (only_row, taken_at, stats)
-                VALUES (TRUE, v_taken, coalesce(v_stats, '[]'))
-                ON CONFLICT (only_row) DO UPDATE SET taken_at = excluded.taken_at, stats = excluded.stats;
+            ELSIF pg_catalog.pg_try_advisory_xact_lock(2024061751, 0) THEN
+                SELECT s.taken_at, s.stats INTO v_taken, v_stats FROM x_jobs.queue_snapshot AS s;
+                IF v_taken IS NULL OR v_taken <= v_now - queue_gauges.max_age
+                    OR v_taken >= v_now + queue_gauges.max_age THEN
+                    v_taken := v_now;
+                    v_stats := (SELECT pg_catalog.jsonb_agg(pg_catalog.to_jsonb(q)) FROM x_jobs.queue_stats() AS q);
+                    INSERT INTO x_jobs.queue_snapshot AS s (only_row, taken_at, stats)
+                    VALUES (TRUE, v_taken, coalesce(v_stats, '[]'))
+                    ON CONFLICT (only_row) DO UPDATE SET taken_at = excluded.taken_at, stats = excluded.stats;
+                END IF;
             END IF;
         END IF;
     END IF;

@@ -4,7 +4,7 @@
 -- each refuses as for a missing id, or sees nothing. Roles are reached by SET ROLE from the
 -- superuser session (unbound); tests/python/test_tenants.py logs in as them.
 BEGIN;
-SELECT plan(49);
+SELECT plan(53);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:00:00+00';
 SET LOCAL "x_jobs.notify" = 'off';
@@ -358,6 +358,39 @@ SELECT is_empty(
     'A bound relay should not extend another tenant''s leases'
 );
 RESET ROLE;
+
+-- A bound worker's queue counts are its tenants' ---------------------------------------------
+
+SELECT x_jobs.enqueue('t46_job', queue => 't46-count', tenant_id => 'globex') FROM generate_series(1, 3);
+SELECT x_jobs.enqueue('t46_job', queue => 't46-count', tenant_id => 'acme');
+SELECT is(
+    (
+        SELECT demand FROM x_jobs.queue_demand()
+        WHERE queue = 't46-count'
+    ), 4::bigint,
+    'An unbound caller''s queue_demand should count every tenant''s rows'
+);
+SET ROLE t46_worker;
+SELECT is(
+    (
+        SELECT demand FROM x_jobs.queue_demand()
+        WHERE queue = 't46-count'
+    ), 1::bigint,
+    'A bound worker''s queue_demand should count its tenant''s rows only'
+);
+SELECT results_eq(
+    $$SELECT ready, demand FROM x_jobs.queue_gauges(max_age => '1 hour', queues => ARRAY['t46-count'])
+      WHERE queue = 't46-count'$$,
+    $$VALUES (1::bigint, 1::bigint)$$,
+    'A bound worker''s queue_gauges should count its tenant''s rows only'
+);
+RESET ROLE;
+SELECT results_eq(
+    $$SELECT ready, demand FROM x_jobs.queue_gauges(max_age => '1 hour', queues => ARRAY['t46-count'])
+      WHERE queue = 't46-count'$$,
+    $$VALUES (4::bigint, 4::bigint)$$,
+    'An unbound caller''s queue_gauges should count every tenant''s rows, the bound one having stored nothing'
+);
 
 SELECT * FROM finish();
 ROLLBACK;
