@@ -135,6 +135,7 @@ DECLARE
     v_fair_priority smallint[];
     v_fair_run_at timestamptz[];
     v_fair_seq integer[];
+    v_parked bigint[];
 BEGIN
     -- The checks are expressions, no statements, and the shared helpers that word a refusal are
     -- called only to refuse: each statement or call of a function with settings costs a claim
@@ -616,6 +617,22 @@ BEGIN
         EXIT WHEN v_picked = 0 AND coalesce(v_peeked, 0) < v_want
             AND pg_catalog.cardinality(v_rated_ids) = 0;
 
+        -- A lapsed lease of a job that names a rate limit key is a start as any: the job waits
+        -- parked for its key's budget again rather than be taken here (its lapse is logged and
+        -- counted below as any other).
+        IF pg_catalog.cardinality(v_lapsed) > 0 THEN
+            v_parked := x_jobs._park_lapsed_rated(ARRAY(
+                SELECT l.id FROM unnest(v_lapsed) AS l (id) WHERE l.id <> ALL (v_bury)
+            ));
+            IF pg_catalog.cardinality(v_parked) > 0 THEN
+                SELECT coalesce(pg_catalog.array_agg(t.id ORDER BY t.n), '{}'),
+                       coalesce(pg_catalog.array_agg(t.at ORDER BY t.n), '{}')
+                INTO v_take, v_take_at
+                FROM unnest(v_take, v_take_at) WITH ORDINALITY AS t (id, at, n)
+                WHERE t.id <> ALL (v_parked);
+            END IF;
+        END IF;
+
         -- The jobs _claim_rated restored and spent budget on are claimed whatever else happens.
         v_take := v_take || v_rated_ids;
         v_take_at := v_take_at || v_rated_at;
@@ -718,7 +735,8 @@ BEGIN
             counted AS (
                 INSERT INTO x_jobs.counter AS c (job, bucket_seconds, bucket_start, shard, retried, failed, dead)
                 SELECT l.name, 60, x_jobs._minute(v_now), x_jobs._shard(),
-                       count(*) FILTER (WHERE l.state = 'running'),
+                       -- Taken again, or parked for its rate limit's budget (see above).
+                       count(*) FILTER (WHERE l.state IN ('running', 'delayed')),
                        count(*) FILTER (WHERE l.state = 'failed'),
                        count(*) FILTER (WHERE l.state = 'dead')
                 FROM (

@@ -166,9 +166,8 @@ $$;
 -- due again (ready or delayed, not parked): a retry after fail, a job released by a worker that
 -- stopped. Its next start is a start as the first was, and spends a start of the budget: else a
 -- key of 2 a minute whose jobs fail and retry at once started a third. (A job handed back by a
--- worker that does not serve its name never ran, and its lapsed lease is taken again by the
--- claim's lapsed arm, as any: those two starts are not counted.) A job without a key costs one
--- probe of job_rate's primary key.
+-- worker that does not serve its name never ran: not counted. A lapsed lease: see
+-- _park_lapsed_rated.) A job without a key costs one probe of job_rate's primary key.
 CREATE FUNCTION x_jobs._repark_rated(p_ids bigint[])
 RETURNS void
 LANGUAGE sql
@@ -190,6 +189,37 @@ AS $$
     SET state = 'delayed', run_at = x_jobs._rate_parked_at()
     FROM parked AS p
     WHERE j.id = p.job_id
+$$;
+
+-- Park, for their key's budget, the jobs among `p_ids` (running rows whose lease lapsed, which
+-- the claim took and would hand out again) that name a rate limit key: their next start spends
+-- a start, as a retry's does (see _repark_rated). They wait 'ready' in job_rate at their old
+-- run_at. Answers the ids parked, which the claim then does not hand out.
+CREATE FUNCTION x_jobs._park_lapsed_rated(p_ids bigint[])
+RETURNS bigint[]
+LANGUAGE sql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH parked AS (
+        UPDATE x_jobs.job_rate AS r
+        SET parked_state = 'ready', run_at = j.run_at, priority = j.priority
+        FROM x_jobs.job AS j
+        WHERE r.job_id = ANY (p_ids)
+            AND j.id = r.job_id
+            AND j.state = 'running'
+            AND EXISTS (SELECT FROM x_jobs.rate_limit AS l WHERE l.key = r.rate_limit_key)
+        RETURNING r.job_id
+    ),
+    moved AS (
+        UPDATE x_jobs.job AS j
+        SET state = 'delayed', run_at = x_jobs._rate_parked_at(), visible_at = NULL, claimed_by = NULL,
+            updated_at = x_jobs.now()
+        FROM parked AS p
+        WHERE j.id = p.job_id
+        RETURNING j.id
+    )
+    SELECT coalesce(pg_catalog.array_agg(m.id), '{}') FROM moved AS m
 $$;
 
 -- The claim's part for jobs parked for a rate limit's budget (x_jobs.job_rate): restore and

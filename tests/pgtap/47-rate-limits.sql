@@ -5,7 +5,7 @@
 -- x_jobs.fake_now (windows of a minute, aligned to the epoch).
 
 BEGIN;
-SELECT plan(35);
+SELECT plan(39);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:00:10+00';
 
@@ -253,6 +253,34 @@ SELECT is(
     (SELECT count(*)::integer FROM x_jobs.claim(ARRAY['rq'], 'w6', '10 minutes', 10)),
     2,
     'They should start in the next window'
+);
+
+-- A lapsed lease taken again is a start too: the job waits for the budget again.
+SELECT x_jobs.set_rate_limit('lapse', 1, '1 hour');
+SELECT x_jobs.enqueue('t', queue => 'lq2', rate_limit_key => 'lapse');
+SET LOCAL "x_jobs.fake_now" = '2030-01-01 13:00:00+00';
+SELECT is(
+    (SELECT count(*)::integer FROM x_jobs.claim(ARRAY['lq2'], 'w7', '1 minute', 10)),
+    1,
+    'A claim should start the budget of one'
+);
+SET LOCAL "x_jobs.fake_now" = '2030-01-01 13:05:00+00';
+SELECT is(
+    (SELECT count(*)::integer FROM x_jobs.claim(ARRAY['lq2'], 'w7', '1 minute', 10)),
+    0,
+    'A lapsed lease of a key out of budget should not be taken again in the window'
+);
+SELECT results_eq(
+    $$SELECT j.state::text, (SELECT count(*)::integer FROM x_jobs.job_error AS e WHERE e.job_id = j.id)
+      FROM x_jobs.job AS j WHERE j.queue = 'lq2'$$,
+    $$VALUES ('delayed', 1)$$,
+    'It should wait parked, its lapse logged'
+);
+SET LOCAL "x_jobs.fake_now" = '2030-01-01 14:00:00+00';
+SELECT is(
+    (SELECT attempt FROM x_jobs.claim(ARRAY['lq2'], 'w7', '1 minute', 10)),
+    2,
+    'It should start again in the next window, its second attempt'
 );
 
 SELECT * FROM finish();
