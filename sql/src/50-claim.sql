@@ -136,6 +136,7 @@ DECLARE
     v_fair_run_at timestamptz[];
     v_fair_seq integer[];
     v_parked bigint[];
+    v_any_rate boolean;
 BEGIN
     -- The checks are expressions, no statements, and the shared helpers that word a refusal are
     -- called only to refuse: each statement or call of a function with settings costs a claim
@@ -191,7 +192,9 @@ BEGIN
     --             so that is refused (XJ052). An id bound within the day needs neither binding
     --             nor renewal;
     --   v_scoped  whether a tenant binding exists or x_jobs.tenant is set: only then is the
-    --             caller's scope worked out (see the declaration of v_scope).
+    --             caller's scope worked out (see the declaration of v_scope);
+    --   v_any_rate  whether any rate limit exists: only then are the picked rows checked for a
+    --             rate limit key (see x_jobs._park_picked_rated).
     SELECT coalesce(pg_catalog.array_agg(q.queue), '{}'),
            coalesce(pg_catalog.array_agg(q.queue) FILTER (WHERE q.fair), '{}'),
            coalesce(pg_catalog.bool_or(q.rated), FALSE),
@@ -202,8 +205,9 @@ BEGIN
                    AND l.bound_at >= v_now - interval '1 day'
            ),
            EXISTS (SELECT FROM x_jobs.tenant_binding)
-               OR pg_catalog.current_setting('x_jobs.tenant', TRUE) <> ''
-    INTO v_queues, v_fair, v_rated, v_any_keyed, v_fenced, v_scoped
+               OR pg_catalog.current_setting('x_jobs.tenant', TRUE) <> '',
+           EXISTS (SELECT FROM x_jobs.rate_limit)
+    INTO v_queues, v_fair, v_rated, v_any_keyed, v_fenced, v_scoped, v_any_rate
     FROM (
         SELECT DISTINCT q.queue,
                CASE WHEN EXISTS (SELECT FROM x_jobs.queue_policy AS f WHERE f.queue = q.queue AND f.fair)
@@ -617,12 +621,15 @@ BEGIN
         EXIT WHEN v_picked = 0 AND coalesce(v_peeked, 0) < v_want
             AND pg_catalog.cardinality(v_rated_ids) = 0;
 
-        -- A lapsed lease of a job that names a rate limit key is a start as any: the job waits
-        -- parked for its key's budget again rather than be taken here (its lapse is logged and
-        -- counted below as any other).
-        IF pg_catalog.cardinality(v_lapsed) > 0 THEN
-            v_parked := x_jobs._park_lapsed_rated(ARRAY(
-                SELECT l.id FROM unnest(v_lapsed) AS l (id) WHERE l.id <> ALL (v_bury)
+        -- A job that names a rate limit key and came due by a path that did not park it (a
+        -- lapsed lease, a resumed suspension, an operator's retry) starts only on its key's
+        -- budget: it waits parked again rather than be taken here (a lapse is logged and counted
+        -- below as any other). Only where some rate limit exists (v_any_rate).
+        -- (The arms see the rows _claim_rated restored, in this transaction: those are not
+        -- parked again.)
+        IF v_any_rate AND pg_catalog.cardinality(v_take) > 0 THEN
+            v_parked := x_jobs._park_picked_rated(ARRAY(
+                SELECT t.id FROM unnest(v_take) AS t (id) WHERE t.id <> ALL (v_rated_ids)
             ));
             IF pg_catalog.cardinality(v_parked) > 0 THEN
                 SELECT coalesce(pg_catalog.array_agg(t.id ORDER BY t.n), '{}'),

@@ -166,8 +166,8 @@ $$;
 -- due again (ready or delayed, not parked): a retry after fail, a job released by a worker that
 -- stopped. Its next start is a start as the first was, and spends a start of the budget: else a
 -- key of 2 a minute whose jobs fail and retry at once started a third. (A job handed back by a
--- worker that does not serve its name never ran: not counted. A lapsed lease: see
--- _park_lapsed_rated.) A job without a key costs one probe of job_rate's primary key.
+-- worker that does not serve its name never ran: not counted. Any other way back: see
+-- _park_picked_rated.) A job without a key costs one probe of job_rate's primary key.
 CREATE FUNCTION x_jobs._repark_rated(p_ids bigint[])
 RETURNS void
 LANGUAGE sql
@@ -191,11 +191,14 @@ AS $$
     WHERE j.id = p.job_id
 $$;
 
--- Park, for their key's budget, the jobs among `p_ids` (running rows whose lease lapsed, which
--- the claim took and would hand out again) that name a rate limit key: their next start spends
--- a start, as a retry's does (see _repark_rated). They wait 'ready' in job_rate at their old
--- run_at. Answers the ids parked, which the claim then does not hand out.
-CREATE FUNCTION x_jobs._park_lapsed_rated(p_ids bigint[])
+-- Park, for their key's budget, the jobs among `p_ids` that name a rate limit key: the rows a
+-- claim picked in its other arms, which it would hand out without spending a start. Those are
+-- jobs due again by a path that did not park them: a lapsed lease, a resumed suspension, an
+-- operator's retry, a resolved step. Each waits parked for its key's budget as its first start
+-- did (as a failed one does, see _repark_rated), 'ready' for a lapsed lease (at its old run_at),
+-- else in its state. Answers the ids parked, which the claim then does not hand out. Called only
+-- where a rate limit exists: a probe of job_rate's primary key a picked row.
+CREATE FUNCTION x_jobs._park_picked_rated(p_ids bigint[])
 RETURNS bigint[]
 LANGUAGE sql
 VOLATILE
@@ -203,11 +206,13 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     WITH parked AS (
         UPDATE x_jobs.job_rate AS r
-        SET parked_state = 'ready', run_at = j.run_at, priority = j.priority
+        SET parked_state = CASE WHEN j.state = 'running' THEN 'ready' ELSE j.state END,
+            run_at = j.run_at,
+            priority = j.priority
         FROM x_jobs.job AS j
         WHERE r.job_id = ANY (p_ids)
             AND j.id = r.job_id
-            AND j.state = 'running'
+            AND j.state IN ('ready', 'delayed', 'suspended', 'running')
             AND EXISTS (SELECT FROM x_jobs.rate_limit AS l WHERE l.key = r.rate_limit_key)
         RETURNING r.job_id
     ),

@@ -394,7 +394,7 @@ DROP FUNCTION x_jobs.declare_job(
 --@function x_jobs.rate_limits
 --@function x_jobs._claim_rated
 --@function x_jobs._repark_rated
---@function x_jobs._park_lapsed_rated
+--@function x_jobs._park_picked_rated
 --@function x_jobs._scoped_queue_stats
 --@function x_jobs.queue_gauges
 --@function x_jobs.outbox_nack
@@ -565,7 +565,7 @@ REVOKE ALL ON FUNCTION x_jobs._claim_fair(text, integer, timestamptz, text[]) FR
 REVOKE ALL ON FUNCTION x_jobs._fair_function(text) FROM public;
 REVOKE ALL ON FUNCTION x_jobs._fair_source(text) FROM public;
 REVOKE ALL ON FUNCTION x_jobs._repark_rated(bigint[]) FROM public;
-REVOKE ALL ON FUNCTION x_jobs._park_lapsed_rated(bigint[]) FROM public;
+REVOKE ALL ON FUNCTION x_jobs._park_picked_rated(bigint[]) FROM public;
 REVOKE ALL ON FUNCTION x_jobs._scoped_queue_stats(text[], timestamptz) FROM public;
 GRANT EXECUTE ON FUNCTION x_jobs.queue_policies() TO x_jobs_worker, pg_monitor;
 GRANT EXECUTE ON FUNCTION x_jobs.set_queue_policy(text, boolean, jsonb) TO x_jobs_admin;

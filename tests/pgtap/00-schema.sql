@@ -293,7 +293,7 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
 ('_park_rated', '{x_jobs.enqueue_request[],bigint[],timestamp with time zone}', 'void', 'VOLATILE', NULL),
 ('_claim_rated', '{text[],integer,timestamp with time zone}', 'setof record', 'VOLATILE', NULL),
 ('_repark_rated', '{bigint[]}', 'void', 'VOLATILE', NULL),
-('_park_lapsed_rated', '{bigint[]}', 'bigint[]', 'VOLATILE', NULL),
+('_park_picked_rated', '{bigint[]}', 'bigint[]', 'VOLATILE', NULL),
 ('_scoped_queue_stats', '{text[],timestamp with time zone}', 'setof record', 'STABLE', NULL),
 (
     'set_rate_limit', '{text,integer,interval}', 'x_jobs.rate_limit', 'VOLATILE',
@@ -477,7 +477,7 @@ INSERT INTO api_grant (fn, lowest_role, to_pg_monitor) VALUES
 ('_park_rated', NULL, FALSE),
 ('_claim_rated', NULL, FALSE),
 ('_repark_rated', NULL, FALSE),
-('_park_lapsed_rated', NULL, FALSE),
+('_park_picked_rated', NULL, FALSE),
 ('_scoped_queue_stats', NULL, FALSE),
 ('set_rate_limit', 'x_jobs_worker', FALSE),
 ('rate_limits', 'x_jobs_worker', TRUE),

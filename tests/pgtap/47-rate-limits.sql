@@ -5,7 +5,7 @@
 -- x_jobs.fake_now (windows of a minute, aligned to the epoch).
 
 BEGIN;
-SELECT plan(39);
+SELECT plan(41);
 
 SET LOCAL "x_jobs.fake_now" = '2030-01-01 12:00:10+00';
 
@@ -281,6 +281,29 @@ SELECT is(
     (SELECT attempt FROM x_jobs.claim(ARRAY['lq2'], 'w7', '1 minute', 10)),
     2,
     'It should start again in the next window, its second attempt'
+);
+
+-- An operator's retry of a failed job is a start too.
+SELECT x_jobs.fail(
+    id => (
+        SELECT id FROM x_jobs.job
+        WHERE queue = 'lq2'
+    ), worker => 'w7', error => 'boom', retryable => FALSE
+);
+SELECT x_jobs.retry((
+    SELECT id FROM x_jobs.job
+    WHERE queue = 'lq2'
+));
+SELECT is(
+    (SELECT count(*)::integer FROM x_jobs.claim(ARRAY['lq2'], 'w7', '1 minute', 10)),
+    0,
+    'A job retried by an operator should not start past the window''s spent budget'
+);
+SET LOCAL "x_jobs.fake_now" = '2030-01-01 15:00:00+00';
+SELECT is(
+    (SELECT count(*)::integer FROM x_jobs.claim(ARRAY['lq2'], 'w7', '1 minute', 10)),
+    1,
+    'It should start in the next window'
 );
 
 SELECT * FROM finish();
