@@ -358,6 +358,27 @@ class QueuePolicyInvalid(InvalidArgument):
     code, sqlstate = "X_QUEUE_POLICY_INVALID", "XJ066"
 
 
+class StreamInvalid(InvalidArgument):
+    """A stream name is missing, empty or longer than 200 characters, an entry's key longer than
+    400, an entry has no payload, or ``stream_append_many`` got something other than an array of
+    objects of a payload and a key."""
+
+    code, sqlstate = "X_STREAM_INVALID", "XJ067"
+
+
+class PositionInvalid(InvalidArgument):
+    """``stream_read`` got an ``after`` that is not a position it answered (``xid/id``)."""
+
+    code, sqlstate = "X_POSITION_INVALID", "XJ068"
+
+
+class CursorInvalid(InvalidArgument):
+    """``save_cursor`` got no consumer name (or one over 200 characters), no key (or one over
+    400), or no cursor."""
+
+    code, sqlstate = "X_CURSOR_INVALID", "XJ069"
+
+
 class EnqueueRace(XJobsError):
     """The call lost a race it cannot settle by itself; calling it again succeeds."""
 

@@ -113,6 +113,9 @@ AS $$
         ('XJ063', 'X_RATE_LIMIT_INVALID', 'A rate limit key is missing, empty or longer than 400 characters, max_starts is below 1, or per is not a positive interval up to 366 days.'),
         ('XJ064', 'X_RATE_LIMIT_UNKNOWN', 'No rate limit has this key (an enqueue named a key no set_rate_limit declared, or drop_rate_limit a key without a limit).'),
         ('XJ065', 'X_RATE_LIMIT_CONFLICT', 'A job named both a rate_limit_key and a concurrency_key.'),
+        ('XJ067', 'X_STREAM_INVALID', 'A stream name is missing, empty or longer than 200 characters, an entry''s key longer than 400, an entry has no payload, or stream_append_many got something other than an array of objects of a payload and a key.'),
+        ('XJ068', 'X_POSITION_INVALID', 'stream_read got an after that is not a position it answered (xid/id).'),
+        ('XJ069', 'X_CURSOR_INVALID', 'save_cursor got a consumer that is missing, empty or longer than 200 characters, a key missing or longer than 400, or no cursor.'),
         ('XJ066', 'X_QUEUE_POLICY_INVALID', 'set_queue_policy got weights that are not an object of tenant ids (1 to 200 characters) to whole numbers from 1 to 1000.'),
         ('40001', 'X_ENQUEUE_RACE', 'An idempotency key kept changing hands during enqueue; retry the call.')
 $$;

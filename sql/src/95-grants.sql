@@ -182,6 +182,14 @@ GRANT EXECUTE ON FUNCTION x_jobs.drop_rate_limit(text) TO x_jobs_admin;
 -- purge, which runs as the admin, deletes the rate limit rows of the jobs it deletes.
 GRANT SELECT, DELETE ON x_jobs.job_rate TO x_jobs_admin;
 
+-- The stream. Producers append in their own transactions; workers (consumers) read and keep
+-- their cursors, through functions that run as their owner. None holds a right on the tables.
+GRANT EXECUTE ON FUNCTION x_jobs.stream_append(text, text, jsonb) TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs.stream_append_many(text, jsonb) TO x_jobs_producer;
+GRANT EXECUTE ON FUNCTION x_jobs.stream_read(text, text, integer, text) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.consumer_cursor(text, text) TO x_jobs_worker;
+GRANT EXECUTE ON FUNCTION x_jobs.save_cursor(text, text, jsonb) TO x_jobs_worker;
+
 -- Fair queues. Workers and monitors read the policies, through a function that runs as its
 -- owner; admins set them (which builds or drops an index, see set_queue_policy). None holds a
 -- right on the policy tables: every change goes through the checks.

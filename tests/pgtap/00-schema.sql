@@ -2,7 +2,7 @@
 -- volatile it is, whose rights it runs with, which settings it pins, and who may use what.
 -- A change to any of these is a change to the API: it shows up here first, on purpose.
 BEGIN;
-SELECT plan(1483);
+SELECT plan(1561);
 
 -- The functions of the API, one row each, with what 00-schema pins about them. `args` is how
 -- pgTAP's catalog view spells the argument types (regtype output: 'timestamp with time zone',
@@ -295,6 +295,14 @@ INSERT INTO api (fn, args, return_type, volatility, runs_as_owner_because) VALUE
 ('_repark_rated', '{bigint[]}', 'void', 'VOLATILE', NULL),
 ('_park_picked_rated', '{bigint[]}', 'bigint[]', 'VOLATILE', NULL),
 ('_scoped_queue_stats', '{text[],timestamp with time zone}', 'setof record', 'STABLE', NULL),
+-- The stream (0.4.2).
+('_require_stream', '{text,text}', 'void', 'IMMUTABLE', NULL),
+('_stream_position', '{xid8,bigint}', 'text', 'IMMUTABLE', NULL),
+('stream_append', '{text,text,jsonb}', 'text', 'VOLATILE', 'so a producer appends with no right on the table'),
+('stream_append_many', '{text,jsonb}', 'setof record', 'VOLATILE', 'so a producer appends with no right on the table'),
+('stream_read', '{text,text,integer,text}', 'setof record', 'STABLE', 'so a consumer reads with no right on the table'),
+('consumer_cursor', '{text,text}', 'jsonb', 'STABLE', 'so a consumer reads its cursor with no right on the table'),
+('save_cursor', '{text,text,jsonb}', 'jsonb', 'VOLATILE', 'so a consumer saves its cursor with no right on the table'),
 (
     'set_rate_limit', '{text,integer,interval}', 'x_jobs.rate_limit', 'VOLATILE',
     'so a worker declares its app''s rate limits with no right on the table'
@@ -479,6 +487,14 @@ INSERT INTO api_grant (fn, lowest_role, to_pg_monitor) VALUES
 ('_repark_rated', NULL, FALSE),
 ('_park_picked_rated', NULL, FALSE),
 ('_scoped_queue_stats', NULL, FALSE),
+-- The stream (0.4.2): producers append, workers read and keep their cursors.
+('_require_stream', NULL, FALSE),
+('_stream_position', NULL, FALSE),
+('stream_append', 'x_jobs_producer', FALSE),
+('stream_append_many', 'x_jobs_producer', FALSE),
+('stream_read', 'x_jobs_worker', FALSE),
+('consumer_cursor', 'x_jobs_worker', FALSE),
+('save_cursor', 'x_jobs_worker', FALSE),
 ('set_rate_limit', 'x_jobs_worker', FALSE),
 ('rate_limits', 'x_jobs_worker', TRUE),
 ('drop_rate_limit', 'x_jobs_admin', FALSE),
@@ -522,16 +538,16 @@ SELECT tables_are(
     ARRAY[
         'job', 'job_error', 'queue_pause', 'worker', 'queue_snapshot', 'counter', 'step', 'event', 'outbox',
         'webhook_ledger', 'job_type', 'schedule', 'worker_login', 'tenant_binding', 'rate_limit', 'job_rate',
-        'event_lock', 'notify_secret', 'queue_policy', 'queue_weight'
+        'event_lock', 'notify_secret', 'queue_policy', 'queue_weight', 'stream_entry', 'consumer_cursor'
     ],
     'The x_jobs schema should hold exactly the tables job, job_error, queue_pause, worker, queue_snapshot, counter, '
     'step, event, outbox, webhook_ledger, job_type, schedule, worker_login, tenant_binding, rate_limit, job_rate, '
-    'event_lock, notify_secret, queue_policy and queue_weight'
+    'event_lock, notify_secret, queue_policy, queue_weight, stream_entry and consumer_cursor'
 );
 
 SELECT sequences_are(
-    'x_jobs', ARRAY['job_id_seq', 'event_id_seq', 'outbox_id_seq'],
-    'The x_jobs schema should hold exactly the identity sequences of job, event and outbox'
+    'x_jobs', ARRAY['job_id_seq', 'event_id_seq', 'outbox_id_seq', 'stream_entry_id_seq'],
+    'The x_jobs schema should hold exactly the identity sequences of job, event, outbox and stream_entry'
 );
 
 SELECT functions_are(
@@ -1102,6 +1118,7 @@ SELECT results_eq(
     $$,
     $$
     VALUES
+        ('x_jobs.consumer_cursor', ''),
         ('x_jobs.counter', ''),
         ('x_jobs.event', ''),
         ('x_jobs.event_id_seq', ''),
@@ -1118,6 +1135,8 @@ SELECT results_eq(
         ('x_jobs.rate_limit', ''),
         ('x_jobs.schedule', ''),
         ('x_jobs.step', ''),
+        ('x_jobs.stream_entry', ''),
+        ('x_jobs.stream_entry_id_seq', ''),
         ('x_jobs.tenant_binding', ''),
         ('x_jobs.webhook_ledger', '')
     $$,
@@ -1539,6 +1558,15 @@ INSERT INTO api_param (fn, arguments) VALUES
 ('set_rate_limit', 'key text, max_starts integer, per interval'),
 ('drop_rate_limit', 'key text'),
 ('notify_tags', 'channel text, names text[]'),
+('stream_append', 'stream text, key text, payload jsonb'),
+('stream_append_many', 'stream text, entries jsonb'),
+(
+    'stream_read',
+    'stream text, after text DEFAULT NULL::text, max_rows integer DEFAULT 100, '
+    'key text DEFAULT NULL::text'
+),
+('consumer_cursor', 'consumer text, key text'),
+('save_cursor', 'consumer text, key text, cursor jsonb'),
 ('rate_limits', ''),
 ('set_queue_policy', 'queue text, fair boolean DEFAULT NULL::boolean, weights jsonb DEFAULT NULL::jsonb'),
 ('queue_policies', '');
@@ -1863,6 +1891,16 @@ FROM (
     ('notify_secret', 'x_jobs_webhook', '{}'),
     ('notify_secret', 'pg_monitor', '{}'),
     ('notify_secret', 'public', '{}'),
+    ('stream_entry', 'x_jobs_producer', '{}'),
+    ('stream_entry', 'x_jobs_worker', '{}'),
+    ('stream_entry', 'x_jobs_admin', '{}'),
+    ('stream_entry', 'pg_monitor', '{}'),
+    ('stream_entry', 'public', '{}'),
+    ('consumer_cursor', 'x_jobs_producer', '{}'),
+    ('consumer_cursor', 'x_jobs_worker', '{}'),
+    ('consumer_cursor', 'x_jobs_admin', '{}'),
+    ('consumer_cursor', 'pg_monitor', '{}'),
+    ('consumer_cursor', 'public', '{}'),
     ('queue_policy', 'x_jobs_producer', '{}'),
     ('queue_policy', 'x_jobs_worker', '{}'),
     ('queue_policy', 'x_jobs_admin', '{}'),

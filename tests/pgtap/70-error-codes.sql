@@ -143,7 +143,7 @@ SELECT is_empty(
 -- finds), XJ044 and XJ045 (the bulk operations' filters), XJ047 and XJ048 (declarations), XJ051
 -- (queue_gauges' max_age), 0.4.2 XJ043, XJ046, XJ049 and XJ050 (schedules), XJ052 and XJ053 (the
 -- fence: a worker id another login's, attempts that do not pair with their ids), XJ058..XJ062
--- (tenants), XJ063..XJ065 (rate limits), XJ066 (queue policies).
+-- (tenants), XJ063..XJ065 (rate limits), XJ066 (queue policies), XJ067..XJ069 (the stream and the consumers' cursors).
 SELECT set_eq(
     $$SELECT sqlstate, code FROM x_jobs.error_codes()$$,
     $$VALUES
@@ -169,6 +169,7 @@ SELECT set_eq(
         ('XJ061', 'X_TENANT_AMBIGUOUS'), ('XJ062', 'X_CROSS_TENANT'),
         ('XJ063', 'X_RATE_LIMIT_INVALID'), ('XJ064', 'X_RATE_LIMIT_UNKNOWN'), ('XJ065', 'X_RATE_LIMIT_CONFLICT'),
         ('XJ066', 'X_QUEUE_POLICY_INVALID'),
+        ('XJ067', 'X_STREAM_INVALID'), ('XJ068', 'X_POSITION_INVALID'), ('XJ069', 'X_CURSOR_INVALID'),
         ('40001', 'X_ENQUEUE_RACE')$$,
     'error_codes() should list exactly the documented SQLSTATE and X_ code pairs'
 );

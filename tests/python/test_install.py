@@ -176,6 +176,7 @@ def test_install_gives_the_schema_create_extension_gives(plain_dsn: str, dsn: st
     # The comparison is of something: the objects x_jobs is made of are there.
     tables = {row[0] for row in extension["relations"] if row[1] == "r"}
     assert tables == {
+        "consumer_cursor",
         "counter",
         "event",
         "event_lock",
@@ -192,6 +193,7 @@ def test_install_gives_the_schema_create_extension_gives(plain_dsn: str, dsn: st
         "rate_limit",
         "schedule",
         "step",
+        "stream_entry",
         "tenant_binding",
         "webhook_ledger",
         "worker",
