@@ -11,8 +11,12 @@ import threading
 import time
 from typing import Any
 
+import pytest
 from conftest import Conn, Connect
 from psycopg.types.json import Jsonb
+
+import x_jobs
+import x_jobs.stream
 
 READ = (
     "SELECT pos, entry_key, payload"
@@ -157,3 +161,30 @@ def test_a_cursor_commits_with_the_batch_or_not_at_all(conn: Conn, connect: Conn
     batch(fail=False)
     handled = [r[0] for r in conn.execute("SELECT n FROM handled ORDER BY n").fetchall()]
     assert handled == list(range(6))
+
+
+def test_the_python_calls_read_a_stream_and_keep_a_cursor_with_the_batch(
+    conn: Conn, connect: Connect
+) -> None:
+    stream = x_jobs.stream
+    first = stream.append(conn, "py", {"n": 0}, key="a")
+    stream.append_many(conn, "py", [{"payload": {"n": n}, "key": "b"} for n in range(1, 4)])
+    entries = stream.read(conn, "py")
+    assert entries[0].pos == first
+    assert [(e.key, e.payload["n"]) for e in entries] == [("a", 0), ("b", 1), ("b", 2), ("b", 3)]
+    assert [e.payload["n"] for e in stream.read(conn, "py", after=entries[1].pos)] == [2, 3]
+    assert [e.payload["n"] for e in stream.read(conn, "py", key="a")] == [0]
+
+    worker = connect(autocommit=False)
+    assert stream.consumer_cursor(worker, "py-consumer") is None
+    stream.save_cursor(worker, "py-consumer", entries[1].pos)
+    worker.rollback()
+    assert stream.consumer_cursor(conn, "py-consumer") is None
+    stream.save_cursor(worker, "py-consumer", entries[1].pos)
+    worker.commit()
+    assert stream.consumer_cursor(conn, "py-consumer") == entries[1].pos
+
+    with pytest.raises(x_jobs.StreamInvalid):
+        stream.append(conn, "", {})
+    with pytest.raises(x_jobs.PositionInvalid):
+        stream.read(conn, "py", after="nope")
