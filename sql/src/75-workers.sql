@@ -328,12 +328,8 @@ AS $$
            coalesce(c.ready, 0)::bigint, coalesce(c.delayed, 0)::bigint,
            coalesce(c.suspended, 0)::bigint, coalesce(c.running, 0)::bigint,
            p.queue IS NOT NULL,
-           -- queue_demand counts every tenant's rows (it runs as its owner, for monitors): a
-           -- scoped caller is answered its own ready rows instead.
-           CASE
-               WHEN (SELECT x_jobs._tenant_scope()) IS NULL THEN coalesce(d.demand, 0)
-               ELSE coalesce(c.ready, 0)::bigint
-           END
+           -- A scoped caller's: queue_demand counts its tenants' rows (see _scoped_queue_stats).
+           coalesce(d.demand, 0)
     FROM (SELECT c.queue FROM counted AS c UNION SELECT p.queue FROM x_jobs.queue_pause AS p) AS q
     LEFT JOIN counted AS c ON c.queue = q.queue
     LEFT JOIN x_jobs.queue_pause AS p ON p.queue = q.queue

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import pytest
-from conftest import Conn, Connect
+from conftest import Conn, Connect, wait_for
 from psycopg.types.json import Jsonb
 
 import x_jobs
@@ -125,10 +125,10 @@ def test_racing_producers_and_a_reader_miss_nothing_and_read_nothing_twice(
     for t in threads:
         t.join()
     # Let the reader catch up with everything committed, then stop it.
-    deadline = time.monotonic() + 30
-    while len(read) < producers * each and time.monotonic() < deadline:
-        time.sleep(0.05)
-    stop.set()
+    try:
+        wait_for(lambda: len(read) >= producers * each, "the reader to read every entry")
+    finally:
+        stop.set()
     reader.join()
     assert errors == []
     assert len(read) == producers * each, "the reader missed entries"
